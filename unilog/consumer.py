@@ -1,0 +1,360 @@
+"""Checkpoint consumers: user handlers whose effects and checkpoint commit in one Postgres transaction.
+
+For each batch the consumer reads entries after its checkpoint from Redis (blocking ``XREAD`` outside any
+transaction, so an idle consumer holds no transaction open), then in one transaction: locks its checkpoint row,
+drops entries whose (producer, epoch, seq) position it already applied (double-sends, re-sends after a streamer
+crash), calls the handler with the rest, saves the new checkpoint and commits.
+
+Guarantee: a crash at any point before the commit leaves neither effect nor checkpoint, so the batch is replayed;
+a crash after it replays nothing. Each record's effect is applied exactly once, as long as the handler's effects
+live in the transaction it is given. The row lock makes two copies of one consumer apply batches one after the
+other, never the same batch twice.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import psycopg
+import redis
+import structlog
+
+from . import engine, store
+from .config import Settings, redact_url, validate_stream_name
+from .errors import ConfigurationError, HandlerNotFound, InjectedCrash
+from .faults import NO_FAULTS, Faults
+
+log = structlog.get_logger(__name__)
+
+
+class Record:
+    """One log record as a handler sees it. ``data`` is decoded from JSON on first access."""
+
+    __slots__ = ("__dict__", "_fields", "id", "stream")
+
+    def __init__(self, stream: str, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
+        self.stream = stream
+        self.id = entry_id.decode()
+        self._fields = fields
+
+    def _text(self, name: bytes) -> str | None:
+        value = self._fields.get(name)
+        return None if value is None else value.decode()
+
+    @cached_property
+    def data(self) -> Any:
+        """The record's payload, decoded from the entry's ``data`` field (None if it has none)."""
+        raw = self._fields.get(b"data")
+        return None if raw is None else json.loads(raw)
+
+    @property
+    def raw_data(self) -> bytes | None:
+        """The payload's JSON text as stored in the stream."""
+        return self._fields.get(b"data")
+
+    @property
+    def action(self) -> str | None:
+        return self._text(b"action")
+
+    @property
+    def object(self) -> str | None:
+        return self._text(b"object")
+
+    @property
+    def key(self) -> str | None:
+        return self._text(b"key")
+
+    @cached_property
+    def producer(self) -> str:
+        """The producer id ('' for entries not written by a unilog streamer)."""
+        return self._text(b"producer") or ""
+
+    @cached_property
+    def position(self) -> tuple[int, int] | None:
+        """(epoch, seq) of the record within its producer, or None for entries without unilog metadata."""
+        seq = self._fields.get(b"seq")
+        if seq is None:
+            return None
+        return int(self._fields.get(b"epoch", b"0")), int(seq)
+
+    @property
+    def seq(self) -> int | None:
+        pos = self.position
+        return None if pos is None else pos[1]
+
+    @property
+    def created_ms(self) -> int | None:
+        value = self._fields.get(b"created")
+        return None if value is None else int(value)
+
+    def __repr__(self) -> str:
+        return f"Record(stream={self.stream!r}, id={self.id!r}, action={self.action!r}, position={self.position})"
+
+
+Handler = Callable[[psycopg.Connection[Any], Sequence[Record]], Any]
+
+
+class Batch(Sequence[Record]):
+    """The records handed to a handler; iterating it is where an injected mid-batch crash happens."""
+
+    def __init__(self, records: list[Record], crash_at: int | None = None) -> None:
+        self._records = records
+        self._crash_at = crash_at
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._records[index]
+
+    def __iter__(self) -> Iterator[Record]:
+        for i, record in enumerate(self._records):
+            if i == self._crash_at:
+                raise InjectedCrash("consumer.crash_mid_batch")
+            yield record
+
+
+@dataclass(frozen=True)
+class ConsumerConfig:
+    """A checkpoint consumer's identity and pacing.
+
+    ``name`` keys its checkpoint; ``stream`` None means ``Settings.stream``. ``block_ms`` is how long one read waits
+    for new entries, so an idle consumer reacts within milliseconds of an ``XADD``.
+    """
+
+    name: str
+    stream: str | None = None
+    batch_size: int = 1000
+    block_ms: int = 1000
+    max_backoff: float = 10.0
+    restart_after_crash: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.name.strip():
+            raise ValueError("a consumer needs a non-empty name")
+        if self.stream is not None:
+            validate_stream_name(self.stream)
+        if self.batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+
+
+@dataclass(frozen=True)
+class ConsumeResult:
+    """What one pass did: entries read, records handed to the handler, duplicates skipped."""
+
+    read: int = 0
+    handled: int = 0
+    skipped: int = 0
+
+
+class Consumer:
+    """Runs a handler over a stream with exactly-once effects. One thread drives one consumer."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        config: ConsumerConfig,
+        handler: Handler,
+        *,
+        faults: Faults = NO_FAULTS,
+    ) -> None:
+        self.settings = settings
+        self.config = config
+        self.stream = config.stream or settings.stream
+        self.handler = handler
+        self.faults = faults
+        self._pg: psycopg.Connection[Any] | None = None
+        self._redis: engine.RedisStreams | None = None
+        self._checkpoint: store.Checkpoint | None = None
+        self.handled_total = 0
+        self.skipped_total = 0
+
+    # -- connections -------------------------------------------------------------------------------------------------
+
+    def _conn(self) -> psycopg.Connection[Any]:
+        if self._pg is None or self._pg.closed:
+            self._checkpoint = None
+            self._pg = store.connect(self.settings.conninfo, application_name=f"unilog-consumer-{self.config.name}")
+            store.check_schema(self._pg)
+            self._pg.commit()
+        return self._pg
+
+    def _engine(self) -> engine.RedisStreams:
+        if self._redis is None:
+            # the socket timeout must outlast a blocking read
+            client = engine.connect(self.settings.redis_url, socket_timeout=self.config.block_ms / 1000 + 10)
+            engine.ping(client, self.settings.redis_url)
+            self._redis = engine.RedisStreams(client)
+        return self._redis
+
+    def connect(self) -> None:
+        """Connect to both servers now and load the checkpoint; raises a one-line-worthy error if either fails."""
+        self._engine()
+        _ = self.checkpoint
+
+    def close(self) -> None:
+        """Close connections; the committed checkpoint is all that carries over."""
+        if self._pg is not None and not self._pg.closed:
+            self._pg.close()
+        self._pg = None
+        self._checkpoint = None
+        if self._redis is not None:
+            self._redis.close()
+            self._redis = None
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def checkpoint(self) -> store.Checkpoint:
+        """The last committed checkpoint (loaded from Postgres, or created at the stream's start)."""
+        if self._checkpoint is None:
+            conn = self._conn()
+            with conn.transaction():
+                cp = store.ensure_checkpoint(conn, self.config.name, self.stream)
+            if cp.stream != self.stream:
+                raise ConfigurationError(
+                    f"consumer {self.config.name!r} has a checkpoint on stream {cp.stream!r}, not {self.stream!r}: "
+                    "use another name or reset it"
+                )
+            self._checkpoint = cp
+        return self._checkpoint
+
+    # -- one pass ----------------------------------------------------------------------------------------------------
+
+    def run_once(self, block_ms: int | None = None) -> ConsumeResult:
+        """Read one batch after the checkpoint and apply it with the checkpoint in one transaction.
+
+        ``block_ms`` overrides how long to wait for entries (0 or None: use the config; negative: don't wait).
+        """
+        wait = self.config.block_ms if not block_ms else (None if block_ms < 0 else block_ms)
+        before = self.checkpoint
+        entries = self._engine().read(self.stream, before.last_id, self.config.batch_size, wait)
+        if not entries:
+            return ConsumeResult()
+        started = time.perf_counter()
+        conn = self._conn()
+        with conn.transaction():
+            current = store.lock_checkpoint(conn, self.config.name)
+            if current is None or current.last_id != before.last_id or current.positions != before.positions:
+                # another copy of this consumer (or a reset) moved the checkpoint: drop what we read, reload
+                self._checkpoint = None
+                log.info("checkpoint moved underneath; re-reading", consumer=self.config.name)
+                return ConsumeResult()
+            after = current.copy()
+            fresh = self._dedupe(entries, after)
+            if fresh:
+                crash_at = self.faults.pick(len(fresh)) if self.faults.fires("consumer.crash_mid_batch") else None
+                self.handler(conn, Batch(fresh, crash_at))
+            self.faults.crash("consumer.crash_before_commit")
+            store.save_checkpoint(conn, after)
+        self._checkpoint = after
+        skipped = len(entries) - len(fresh)
+        self.handled_total += len(fresh)
+        self.skipped_total += skipped
+        log.info(
+            "batch consumed",
+            consumer=self.config.name,
+            records=len(fresh),
+            skipped=skipped,
+            last_id=after.last_id,
+            ms=round((time.perf_counter() - started) * 1000, 2),
+        )
+        return ConsumeResult(len(entries), len(fresh), skipped)
+
+    def _dedupe(self, entries: list[engine.Entry], checkpoint: store.Checkpoint) -> list[Record]:
+        """Records not yet applied, advancing ``checkpoint`` past every entry read."""
+        fresh: list[Record] = []
+        positions = checkpoint.positions
+        for entry_id, fields in entries:
+            record = Record(self.stream, entry_id, fields)
+            pos = record.position
+            if pos is not None:
+                last = positions.get(record.producer)
+                if last is not None and pos <= last:
+                    continue
+                positions[record.producer] = pos
+            fresh.append(record)
+        checkpoint.last_id = entries[-1][0].decode()
+        return fresh
+
+    def drain(self) -> int:
+        """Consume until the stream has nothing after the checkpoint (burst mode); return records handled."""
+        self.connect()
+        total = 0
+        while True:
+            result = self.run_once(block_ms=-1)
+            total += result.handled
+            if result.read == 0 and self._checkpoint is not None:
+                return total
+
+    # -- the loop ----------------------------------------------------------------------------------------------------
+
+    def run(self, stop_event: threading.Event) -> None:
+        """Consume until ``stop_event`` is set, finishing the batch in progress first.
+
+        A handler error rolls the batch back and retries it with exponential back-off (the batch is never
+        skipped); connection failures are retried the same way.
+        """
+        self.connect()
+        log.info(
+            "consumer started",
+            consumer=self.config.name,
+            stream=self.stream,
+            database=redact_url(self.settings.database_url),
+            redis=redact_url(self.settings.redis_url),
+        )
+        backoff = 0.1
+        while not stop_event.is_set():
+            try:
+                self.run_once()
+                backoff = 0.1
+            except InjectedCrash as exc:
+                if not self.config.restart_after_crash:
+                    raise
+                log.warning("consumer crashed (injected); restarting", consumer=self.config.name, point=exc.point)
+                self.close()
+            except (psycopg.OperationalError, redis.RedisError, OSError) as exc:
+                log.error("consumer connection failed; retrying", consumer=self.config.name, error=str(exc))
+                self.close()
+                stop_event.wait(backoff)
+                backoff = min(backoff * 2, self.config.max_backoff)
+            except Exception as exc:
+                log.exception("handler failed; batch rolled back, retrying", consumer=self.config.name, error=str(exc))
+                self._recover()
+                stop_event.wait(backoff)
+                backoff = min(backoff * 2, self.config.max_backoff)
+        log.info("consumer stopped", consumer=self.config.name, handled=self.handled_total)
+
+    def _recover(self) -> None:
+        pg = self._pg
+        if pg is not None and (pg.broken or pg.info.transaction_status != psycopg.pq.TransactionStatus.IDLE):
+            self.close()
+        self._checkpoint = None
+
+
+def load_handler(ref: str) -> Handler:
+    """Import ``module:function`` (or ``module.function``) and return the handler."""
+    module_name, sep, attr = ref.partition(":")
+    if not sep:
+        module_name, _, attr = ref.rpartition(".")
+    if not module_name or not attr:
+        raise HandlerNotFound(f"handler {ref!r} must look like package.module:function")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise HandlerNotFound(f"cannot import {module_name!r} for handler {ref!r}: {exc}") from None
+    handler = getattr(module, attr, None)
+    if handler is None or not callable(handler):
+        raise HandlerNotFound(f"{module_name!r} has no callable {attr!r} (handler {ref!r})")
+    return handler

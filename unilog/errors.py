@@ -1,0 +1,82 @@
+"""The one error hierarchy of unilog.
+
+Everything unilog raises on purpose derives from :class:`UnilogError`, so callers can catch the framework's errors
+in one place. Injected crashes are the exception to that rule on purpose: :class:`InjectedCrash` derives from
+``BaseException`` so that an ``except Exception`` anywhere (in user code, in a retry loop) cannot swallow a
+simulated crash and turn it into a silent success.
+"""
+
+from __future__ import annotations
+
+
+class UnilogError(Exception):
+    """Base class of every error unilog raises deliberately."""
+
+
+# -- producer input ---------------------------------------------------------------------------------------------------
+
+
+class InvalidRecord(UnilogError, ValueError):
+    """A record handed to ``emit`` is malformed; nothing was written and the caller's transaction is still usable."""
+
+
+class PayloadNotSerializable(InvalidRecord):
+    """The record's data cannot be represented as JSON (unsupported type, NaN/Infinity, NUL character)."""
+
+
+class PayloadTooLarge(InvalidRecord):
+    """The record's JSON encoding exceeds the configured size limit."""
+
+
+class InvalidStreamName(InvalidRecord):
+    """A stream name is empty, too long or has characters outside ``[A-Za-z0-9_.:-]``."""
+
+
+class NotInTransaction(UnilogError):
+    """``emit`` was given a connection in autocommit mode with no transaction open.
+
+    Staging outside a transaction would make the record real even if the caller's business change later failed,
+    which defeats the outbox; unilog refuses instead of guessing.
+    """
+
+
+# -- configuration and environment -------------------------------------------------------------------------------------
+
+
+class ConfigurationError(UnilogError):
+    """A setting is missing or malformed (for example a database URL that is not a Postgres URL)."""
+
+
+class ServerUnreachable(UnilogError):
+    """Postgres or Redis could not be reached; the message names the server (password redacted) and the cause."""
+
+
+class SchemaMissing(UnilogError):
+    """The database lacks unilog's tables or is behind the migrations; run ``unilog migrate``."""
+
+
+# -- runtime -----------------------------------------------------------------------------------------------------------
+
+
+class HandlerNotFound(ConfigurationError):
+    """A ``module:function`` handler reference cannot be imported."""
+
+
+class StreamRewound(UnilogError):
+    """The stream's last entry is older than a consumer's checkpoint: Redis lost data it had confirmed."""
+
+
+class PublishError(UnilogError):
+    """Redis rejected or did not confirm a batch; the staged records were kept and will be re-sent."""
+
+
+class InjectedCrash(BaseException):
+    """A crash injected by :mod:`unilog.faults` at a named step.
+
+    Derives from ``BaseException`` so that ``except Exception`` cannot hide it: it must unwind to the process loop
+    exactly as a real crash would abort the transaction that was open.
+    """
+
+    def __init__(self, point: str) -> None:
+        super().__init__(f"injected crash at {point}")
+        self.point = point

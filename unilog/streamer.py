@@ -1,0 +1,318 @@
+"""The streamer: moves committed staged records from Postgres into Redis Streams, in batches.
+
+Guarantees:
+
+* **Nothing committed is skipped.** Records are read only below the transaction-visibility horizon, in (xid, id)
+  order (see :func:`unilog.store.fetch_visible`), so a transaction that commits late is published after, never
+  lost behind, records already streamed.
+* **Nothing is deleted before Redis confirmed it.** A batch is deleted by its exact ids, after ``XADD`` returned,
+  in the transaction that also advances the stream's position. A crash anywhere before that commit leaves the
+  records staged; they are re-sent with the *same* positions, which consumers deduplicate.
+* **Dense, monotone positions.** Each stream's records carry ``seq`` numbers 1, 2, 3, ... per (producer, epoch),
+  assigned in (xid, id) order; a re-send after a crash assigns the same numbers to the same records.
+* **One publisher per stream.** A session-level advisory lock makes one streamer the publisher of a stream; others
+  stand by and take over when its session dies.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+import redis
+import structlog
+
+from . import engine, store
+from .config import Settings, validate_stream_name
+from .errors import InjectedCrash, PublishError, UnilogError
+from .faults import NO_FAULTS, Faults
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class StreamerConfig:
+    """How the streamer batches and waits.
+
+    ``streams`` limits the streamer to these target streams (None: every stream that has staged records; records
+    staged without a stream go to ``Settings.stream``). ``poll_interval`` is the longest sleep between checks when
+    no notification arrives; while committed records wait behind an older open transaction the streamer re-checks
+    after ``horizon_poll`` seconds, doubling up to ``poll_interval``.
+    """
+
+    batch_size: int = 1000
+    poll_interval: float = 1.0
+    horizon_poll: float = 0.005
+    streams: tuple[str, ...] | None = None
+    max_backoff: float = 10.0
+    restart_after_crash: bool = True
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        for s in self.streams or ():
+            validate_stream_name(s)
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """What one pass did: records published, and whether committed records are still waiting behind the horizon."""
+
+    published: int = 0
+    waiting: bool = False
+
+
+class Streamer:
+    """Drains ``staged_log_records`` into Redis Streams. Not thread-safe: one thread drives one streamer."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        config: StreamerConfig | None = None,
+        *,
+        faults: Faults = NO_FAULTS,
+        name: str = "streamer",
+    ) -> None:
+        self.settings = settings
+        self.config = config or StreamerConfig()
+        self.faults = faults
+        self.name = name
+        self._pg: psycopg.Connection[Any] | None = None
+        self._listen: psycopg.Connection[Any] | None = None
+        self._redis: engine.RedisStreams | None = None
+        self._owned: set[str] = set()
+        self.published_total = 0
+
+    # -- connections -------------------------------------------------------------------------------------------------
+
+    def _conn(self) -> psycopg.Connection[Any]:
+        if self._pg is None or self._pg.closed:
+            self._owned.clear()  # advisory locks died with the old session
+            self._pg = store.connect(self.settings.conninfo, application_name=f"unilog-{self.name}")
+            store.check_schema(self._pg)
+            self._pg.commit()
+        return self._pg
+
+    def _engine(self) -> engine.RedisStreams:
+        if self._redis is None:
+            client = engine.connect(self.settings.redis_url)
+            engine.ping(client, self.settings.redis_url)
+            self._redis = engine.RedisStreams(client)
+        return self._redis
+
+    def connect(self) -> None:
+        """Connect to both servers now and check the schema; raises a one-line-worthy error if either fails."""
+        self._conn()
+        self._engine()
+
+    def close(self) -> None:
+        """Close connections (releasing this streamer's stream locks)."""
+        for conn in (self._pg, self._listen):
+            if conn is not None and not conn.closed:
+                conn.close()
+        self._pg = self._listen = None
+        self._owned.clear()
+        if self._redis is not None:
+            self._redis.close()
+            self._redis = None
+
+    def __enter__(self) -> Streamer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- one pass ----------------------------------------------------------------------------------------------------
+
+    def run_once(self) -> BatchResult:
+        """Publish at most one batch per owned source; return what was done.
+
+        Raises on connection failures (the caller backs off and retries); the staged records stay until a later
+        pass has published them.
+        """
+        conn = self._conn()
+        published, waiting = 0, False
+        for source in self._sources(conn):
+            stream = source or self.settings.stream
+            if not self._owns(conn, stream):
+                continue
+            n = self._publish_batch(conn, source, stream)
+            published += n
+            if n == 0:
+                waiting = waiting or store.has_staged(conn, source)
+                conn.commit()
+        return BatchResult(published, waiting)
+
+    def drain(self) -> int:
+        """Publish batches until nothing is visible (burst mode); return the number of records published.
+
+        Records that are committed but still behind an older open transaction are waited for, so that everything
+        committed before ``drain`` was called is published when it returns.
+        """
+        self.connect()
+        total, delay = 0, self.config.horizon_poll
+        while True:
+            result = self.run_once()
+            total += result.published
+            if result.published:
+                delay = self.config.horizon_poll
+                continue
+            if not result.waiting:
+                return total
+            time.sleep(delay)
+            delay = min(delay * 2, self.config.poll_interval)
+
+    def _sources(self, conn: psycopg.Connection[Any]) -> Iterable[str]:
+        sources = store.staged_sources(conn)
+        conn.commit()
+        wanted = self.config.streams
+        if wanted is None:
+            return sources
+        return [s for s in sources if (s or self.settings.stream) in wanted]
+
+    def _owns(self, conn: psycopg.Connection[Any], stream: str) -> bool:
+        if stream in self._owned:
+            return True
+        got = store.try_stream_lock(conn, stream)
+        conn.commit()
+        if got:
+            self._owned.add(stream)
+            log.info("stream lock acquired", stream=stream, streamer=self.name)
+        return got
+
+    def _publish_batch(self, conn: psycopg.Connection[Any], source: str, stream: str) -> int:
+        started = time.perf_counter()
+        rows = store.fetch_visible(conn, source, self.config.batch_size)
+        if not rows:
+            return 0
+        identity = store.producer_identity(conn)
+        first_seq = store.last_published_seq(conn, stream, identity.epoch) + 1
+        entries = [_entry(row, identity, first_seq + i) for i, row in enumerate(rows)]
+        self._send(stream, entries)
+        if self.faults.fires("streamer.double_send"):
+            self._send(stream, entries)
+        self.faults.crash("streamer.crash_after_publish")
+        last_seq = first_seq + len(rows) - 1
+        deleted = store.delete_published(conn, [r.id for r in rows], stream, identity.epoch, last_seq)
+        if deleted != len(rows):
+            conn.rollback()
+            raise UnilogError(
+                f"deleted {deleted} of {len(rows)} published records on {stream}: another streamer is publishing "
+                "the same stream without the lock; the records will be re-sent and deduplicated by position"
+            )
+        conn.commit()
+        self.published_total += len(rows)
+        log.info(
+            "batch streamed",
+            stream=stream,
+            records=len(rows),
+            first_seq=first_seq,
+            last_seq=last_seq,
+            ms=round((time.perf_counter() - started) * 1000, 2),
+        )
+        return len(rows)
+
+    def _send(self, stream: str, entries: list[dict[str, Any]]) -> None:
+        try:
+            self._engine().publish(stream, entries)
+        except (redis.RedisError, OSError) as exc:
+            raise PublishError(f"Redis did not confirm the batch for {stream}: {exc}") from exc
+
+    # -- the loop ----------------------------------------------------------------------------------------------------
+
+    def run(self, stop_event: threading.Event) -> None:
+        """Stream until ``stop_event`` is set, finishing the batch in progress first.
+
+        Sleeps on ``LISTEN`` so a producer's commit wakes it within milliseconds, with a poll fallback. Connection
+        and publish failures are logged and retried with exponential back-off; they never lose a record.
+        """
+        self.connect()
+        log.info("streamer started", streamer=self.name, **self.settings.describe())
+        delay, backoff = self.config.horizon_poll, 0.1
+        while not stop_event.is_set():
+            try:
+                result = self.run_once()
+            except InjectedCrash:
+                if not self.config.restart_after_crash:
+                    raise
+                log.warning("streamer crashed (injected); restarting")
+                self.close()
+                continue
+            except (psycopg.OperationalError, redis.RedisError, OSError, PublishError) as exc:
+                log.error("streamer pass failed; retrying", error=str(exc), retry_in=backoff)
+                self._reset()
+                stop_event.wait(backoff)
+                backoff = min(backoff * 2, self.config.max_backoff)
+                continue
+            backoff = 0.1
+            if result.published:
+                delay = self.config.horizon_poll
+                continue
+            if result.waiting:
+                stop_event.wait(delay)
+                delay = min(delay * 2, self.config.poll_interval)
+                continue
+            delay = self.config.horizon_poll
+            self._wait_for_notify(stop_event)
+        log.info("streamer stopped", streamer=self.name, published=self.published_total)
+
+    def _wait_for_notify(self, stop_event: threading.Event) -> None:
+        """Sleep until a producer commits (NOTIFY), ``poll_interval`` passes, or a stop is requested."""
+        try:
+            if self._listen is None or self._listen.closed:
+                self._listen = store.connect(
+                    self.settings.conninfo, autocommit=True, application_name=f"unilog-{self.name}-listen"
+                )
+                self._listen.execute(f"LISTEN {store.NOTIFY_CHANNEL}")
+                return  # notifications sent before LISTEN are lost: check once more before sleeping
+            deadline = time.monotonic() + self.config.poll_interval
+            while not stop_event.is_set():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                # the generator holds the connection's lock: leave it before draining the rest
+                got = any(True for _ in self._listen.notifies(timeout=min(remaining, 0.25), stop_after=1))
+                if got:
+                    self._drain_notifies()
+                    return
+        except psycopg.OperationalError as exc:
+            log.warning("listen connection lost; polling", error=str(exc))
+            self._listen = None
+            stop_event.wait(self.config.poll_interval)
+
+    def _drain_notifies(self) -> None:
+        assert self._listen is not None
+        for _ in self._listen.notifies(timeout=0, stop_after=1000):
+            pass
+
+    def _reset(self) -> None:
+        pg = self._pg
+        if pg is not None and not pg.closed:
+            try:
+                pg.rollback()
+            except psycopg.Error:
+                pg.close()
+        if pg is not None and pg.broken:
+            pg.close()
+        if self._redis is not None:
+            self._redis.close()
+            self._redis = None
+
+
+def _entry(row: store.StagedRecord, identity: store.ProducerIdentity, seq: int) -> dict[str, Any]:
+    fields: dict[str, Any] = {
+        "data": row.data,
+        "action": row.action,
+        "object": row.object,
+        "producer": identity.producer_id,
+        "epoch": identity.epoch,
+        "seq": seq,
+        "created": row.created_ms,
+    }
+    if row.key is not None:
+        fields["key"] = row.key
+    return fields

