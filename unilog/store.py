@@ -66,16 +66,9 @@ INSERT_STAGED = (
 # -- streamer ---------------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class StagedRecord:
-    """A staged row as the streamer reads it; ``data`` is Postgres's JSON text, passed through without decoding."""
-
-    id: int
-    action: str
-    object: str
-    data: str
-    key: str | None
-    created_ms: int
+# A staged row as the streamer reads it: (id, action, object, data, key, created_ms). ``data`` is Postgres's JSON
+# text, passed through to Redis without decoding; plain tuples because this is the streamer's hot path.
+StagedRow = tuple[int, str, str, str, str | None, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,14 +112,14 @@ FETCH_BATCH = """
 """
 
 
-def fetch_visible(conn: psycopg.Connection[Any], source: str, limit: int) -> list[StagedRecord]:
+def fetch_visible(conn: psycopg.Connection[Any], source: str, limit: int) -> list[StagedRow]:
     """The next ``limit`` staged records of ``source`` below the visibility horizon, in (xid, id) order.
 
     Only rows written by transactions older than every transaction still running are read, so no transaction
     can later commit a row that sorts before one already returned: the order is final, and a late commit is
     published after, never skipped.
     """
-    return [StagedRecord(*row) for row in conn.execute(FETCH_BATCH, (source, limit))]
+    return conn.execute(FETCH_BATCH, (source, limit)).fetchall()
 
 
 def has_staged(conn: psycopg.Connection[Any], source: str) -> bool:

