@@ -1,0 +1,78 @@
+"""unilog's migrations: standalone (`unilog migrate`) and inside an application's own Alembic environment."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from unilog.config import sqlalchemy_url
+from unilog.testing import PostgresHandle
+
+
+def test_app_alembic_env_can_include_unilog_branch(unilog_postgres: PostgresHandle, tmp_path: Path) -> None:
+    """The README's recipe: add `unilog.migrations:versions` to version_locations, then `alembic upgrade heads`."""
+    with psycopg.connect(unilog_postgres.admin_url, autocommit=True) as admin:
+        admin.execute("DROP DATABASE IF EXISTS app_alembic WITH (FORCE)")
+        admin.execute("CREATE DATABASE app_alembic")
+    url = unilog_postgres.url_for("app_alembic")
+    versions = tmp_path / "alembic" / "versions"
+    versions.mkdir(parents=True)
+    (tmp_path / "alembic.ini").write_text(
+        textwrap.dedent(
+            f"""
+            [alembic]
+            script_location = %(here)s/alembic
+            version_locations = %(here)s/alembic/versions unilog.migrations:versions
+            sqlalchemy.url = {sqlalchemy_url(url)}
+            """
+        )
+    )
+    (tmp_path / "alembic" / "env.py").write_text(
+        textwrap.dedent(
+            """
+            from alembic import context
+            from sqlalchemy import create_engine
+            engine = create_engine(context.config.get_main_option("sqlalchemy.url"))
+            with engine.connect() as conn:
+                context.configure(connection=conn, target_metadata=None)
+                with context.begin_transaction():
+                    context.run_migrations()
+            """
+        )
+    )
+    (tmp_path / "alembic" / "script.py.mako").write_text("")
+    (versions / "a1_rides.py").write_text(
+        textwrap.dedent(
+            """
+            from alembic import op
+            revision = "a1"
+            down_revision = None
+            branch_labels = ("app",)
+            def upgrade():
+                op.execute("CREATE TABLE rides (id bigserial primary key, distance float8 not null)")
+            """
+        )
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "alembic", "upgrade", "heads"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    with psycopg.connect(url) as conn:
+        tables = {r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
+        heads = {r[0] for r in conn.execute("SELECT version_num FROM alembic_version")}
+    assert {"rides", "staged_log_records", "unilog_checkpoints", "unilog_producer"} <= tables
+    assert heads == {"a1", "unilog_0001"}
+
+
+def test_migrate_twice_is_idempotent(settings: Any) -> None:
+    from unilog.schema import migrate
+
+    migrate(settings.database_url)
+    migrate(settings.database_url)
+    with psycopg.connect(settings.conninfo) as conn:
+        assert conn.execute("SELECT count(*) FROM unilog_producer").fetchone() == (1,)
