@@ -14,6 +14,7 @@ import redis
 from unilog import Settings
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent.parent))  # services/ (the demo app) is not an installed package
 
 from handlers import APPLIED_DDL
 

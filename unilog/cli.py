@@ -15,10 +15,12 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from enum import IntEnum
+from pathlib import Path
 from typing import Any
 
 from . import __version__
 from .config import Settings
+from .consumer import Handler
 from .errors import (
     ConfigurationError,
     HandlerNotFound,
@@ -56,11 +58,28 @@ _ERROR_CODES: list[tuple[type[BaseException], ExitCode]] = [
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``unilog`` command; return its exit code."""
-    parser = _parser()
+    args = _parser().parse_args(argv)
+    configure_logging(level=args.log_level, json=args.log_json)
+    return _guarded(args.func, args)
+
+
+def consume_main(handler: Handler, argv: Sequence[str] | None = None, *, prog: str = "consumer") -> int:
+    """Run ``handler`` as a consumer with ``unilog consume``'s options (``--name`` etc.), for apps' own entry points.
+
+    ``python -m myapp.consumer --name totals`` can be one line: ``sys.exit(consume_main(handle))``.
+    """
+    parser = argparse.ArgumentParser(prog=prog)
+    _common_args(parser)
+    _consume_args(parser)
     args = parser.parse_args(argv)
     configure_logging(level=args.log_level, json=args.log_json)
+    return _guarded(lambda a: _consume(a, handler), args)
+
+
+def _guarded(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    """Run a command, mapping errors to one line on stderr and a named exit code."""
     try:
-        return int(args.func(args))
+        return int(func(args))
     except InjectedCrash as exc:
         print(f"unilog: {exc}", file=sys.stderr)
         return ExitCode.CRASHED
@@ -136,12 +155,17 @@ def cmd_streamer(args: argparse.Namespace) -> int:
 
 
 def cmd_consume(args: argparse.Namespace) -> int:
-    from .consumer import Consumer, ConsumerConfig, load_handler
+    from .consumer import load_handler
 
-    settings = _settings(args)
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # like `python -m`, find handler modules in the working directory
-    handler = load_handler(args.handler)
+    return _consume(args, load_handler(args.handler))
+
+
+def _consume(args: argparse.Namespace, handler: Handler) -> int:
+    from .consumer import Consumer, ConsumerConfig
+
+    settings = _settings(args)
     config = ConsumerConfig(
         name=args.name,
         stream=args.stream,
@@ -169,7 +193,9 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
-    return ExitCode.OK if run_demo(duration=args.duration, rate=args.rate, seed=args.seed) else ExitCode.FAILURE
+    log_dir = Path(args.log_dir) if args.log_dir else None
+    agree = run_demo(duration=args.duration, rate=args.rate, seed=args.seed, faults=args.faults, log_dir=log_dir)
+    return ExitCode.OK if agree else ExitCode.FAILURE
 
 
 def _run_until_signalled(loop: Callable[[threading.Event], None]) -> None:
@@ -190,10 +216,7 @@ def _run_until_signalled(loop: Callable[[threading.Event], None]) -> None:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="unilog", description="Transactional outbox / unified log over Redis Streams")
     parser.add_argument("--version", action="version", version=f"unilog {__version__}")
-    parser.add_argument("--log-level", default=os.environ.get("UNILOG_LOG_LEVEL", "info"))
-    parser.add_argument(
-        "--log-json", action=argparse.BooleanOptionalAction, default=None, help="JSON logs (default: when not a TTY)"
-    )
+    _common_args(parser)
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("migrate", help="apply unilog's migrations to DATABASE_URL")
@@ -213,13 +236,7 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("consume", help="run a checkpoint consumer: HANDLER is package.module:function")
     p.add_argument("handler")
-    p.add_argument("--name", required=True, help="the consumer's name (its checkpoint key)")
-    _connection_args(p)
-    p.add_argument("--stream", help="stream to read (default: $UNILOG_STREAM)")
-    p.add_argument("--once", action="store_true", help="consume everything in the stream, then exit")
-    p.add_argument("--batch-size", type=_positive_int, default=1000)
-    p.add_argument("--block-ms", type=_positive_int, default=1000)
-    _fault_args(p)
+    _consume_args(p)
     p.set_defaults(func=cmd_consume)
 
     p = sub.add_parser("status", help="streams, staged backlog and consumer lag")
@@ -227,12 +244,33 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_status)
 
-    p = sub.add_parser("demo", help="run the pipeline end to end on embedded Postgres and Redis")
-    p.add_argument("--duration", type=float, default=30.0)
-    p.add_argument("--rate", type=float, default=200.0, help="records per second produced")
-    p.add_argument("--seed", type=int, default=None)
+    p = sub.add_parser("demo", help="run the Rocket Rides fleet on embedded Postgres and Redis, with a verdict")
+    p.add_argument("--duration", type=float, default=30.0, help="seconds of traffic before the verdict")
+    p.add_argument("--rate", type=float, default=50.0, help="rides per second from the simulator")
+    p.add_argument("--seed", type=int, default=None, help="seed for the simulator and the fault schedule")
+    p.add_argument(
+        "--faults", action=argparse.BooleanOptionalAction, default=True, help="inject the reference's 10%% faults"
+    )
+    p.add_argument("--log-dir", help="keep every process's log here (default: a temporary folder)")
     p.set_defaults(func=cmd_demo)
     return parser
+
+
+def _common_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--log-level", default=os.environ.get("UNILOG_LOG_LEVEL", "info"))
+    p.add_argument(
+        "--log-json", action=argparse.BooleanOptionalAction, default=None, help="JSON logs (default: when not a TTY)"
+    )
+
+
+def _consume_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--name", required=True, help="the consumer's name (its checkpoint key)")
+    _connection_args(p)
+    p.add_argument("--stream", help="stream to read (default: $UNILOG_STREAM)")
+    p.add_argument("--once", action="store_true", help="consume everything in the stream, then exit")
+    p.add_argument("--batch-size", type=_positive_int, default=1000)
+    p.add_argument("--block-ms", type=_positive_int, default=1000)
+    _fault_args(p)
 
 
 def _connection_args(p: argparse.ArgumentParser) -> None:

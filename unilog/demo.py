@@ -1,130 +1,247 @@
-"""``unilog demo``: the core pipeline end to end on embedded Postgres and Redis, with faults injected.
+"""``unilog demo``: the Rocket Rides fleet on embedded Postgres and Redis, with a live view and a verdict.
 
-It starts throw-away servers, migrates, and runs one streamer and two checkpoint consumers in threads while a
-producer stages ride records; the streamer double-sends 10 % of its batches and each consumer crashes 10 % of the
-time before committing, as in the reference design. At the end everything drains and each consumer's total,
-count and checksum is compared with the canonical ``rides`` table. Returns whether they all agree.
+It starts throw-away servers (Redis with ``appendfsync always``), prepares the database, and runs the fleet from
+``services/`` as separate processes: the API under gunicorn, the streamer, two distance consumers and the
+simulator. Faults are injected as in the reference design: the streamer double-sends 10 % of its batches and each
+consumer crashes before committing 10 % of the time. A terminal view refreshes every second. After ``duration``
+seconds (or Ctrl-C) the simulator stops, the consumers catch up, and one verdict line says whether every consumer
+equals the canonical totals of the ``rides`` table.
 """
 
 from __future__ import annotations
 
-import random
+import signal
+import sys
+import tempfile
 import threading
 import time
-from collections.abc import Sequence
-from typing import Any
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
 
 import psycopg
 
-from .config import Settings
-from .consumer import Consumer, ConsumerConfig, Record
-from .embedded import EmbeddedPostgres, EmbeddedRedis
-from .faults import FaultConfig, Faults
-from .producer import emit
-from .schema import migrate
-from .streamer import Streamer
+from . import engine, store
+from .embedded import EmbeddedPostgres, EmbeddedRedis, free_port
+from .errors import ConfigurationError
+from .fleet import Fleet, ProcessSpec
 
-DEMO_DDL = """
-CREATE TABLE IF NOT EXISTS rides (id BIGSERIAL PRIMARY KEY, distance_mm BIGINT NOT NULL);
-CREATE TABLE IF NOT EXISTS consumer_states (
-    name TEXT PRIMARY KEY, total_distance_mm BIGINT NOT NULL, ride_count BIGINT NOT NULL, checksum BIGINT NOT NULL
-);
-"""
-
-# Sum of ride ids times a large odd constant, mod 2^63: order-independent, and a lost or doubled ride changes it.
-CHECKSUM_SQL = "(sum((id * 2654435761) % 9223372036854775807) % 9223372036854775807)::bigint"
+STREAM = "rocket-rides-log"
+CONSUMERS = ("consumer0", "consumer1")
+DEFAULT_FAULTS = {
+    "streamer": "streamer.double_send=0.1",
+    "consumer": "consumer.crash_before_commit=0.1",
+}
 
 
-def distance_handler(name: str) -> Any:
-    """The reference design's distance consumer, in exact units (millimetres) plus a count and a checksum."""
-
-    def handle(conn: psycopg.Connection[Any], records: Sequence[Record]) -> None:
-        total = count = checksum = 0
-        for record in records:
-            total += record.data["distance_mm"]
-            count += 1
-            checksum += record.data["id"] * 2654435761 % 9223372036854775807
-        conn.execute(
-            """
-            INSERT INTO consumer_states AS s (name, total_distance_mm, ride_count, checksum)
-            VALUES (%s, %s, %s, %s)
-            ON CONFLICT (name) DO UPDATE SET total_distance_mm = s.total_distance_mm + excluded.total_distance_mm,
-                ride_count = s.ride_count + excluded.ride_count,
-                checksum = mod(s.checksum::numeric + excluded.checksum, 9223372036854775807)::bigint
-            """,
-            (name, total, count, checksum % 9223372036854775807),
-        )
-
-    return handle
+def project_root() -> Path:
+    """The checkout holding ``services/`` (the demo app is not part of the installed package)."""
+    for candidate in (Path(__file__).resolve().parent.parent, Path.cwd()):
+        if (candidate / "services" / "api.py").exists():
+            return candidate
+    raise ConfigurationError("the demo needs the unilog source checkout (services/ not found): run it from there")
 
 
-def run_demo(*, duration: float = 30.0, rate: float = 200.0, seed: int | None = None) -> bool:
-    """Run the demo for ``duration`` seconds; print a verdict line; return True if every consumer agrees."""
-    rng = random.Random(seed)
-    with EmbeddedPostgres() as pg, EmbeddedRedis() as rd:
-        migrate(pg.url)
-        with psycopg.connect(pg.url, autocommit=True) as conn:
-            conn.execute(DEMO_DDL)
-        settings = Settings(database_url=pg.url, redis_url=rd.url, stream="rocket-rides-log")
-        streamer = Streamer(settings, faults=Faults(FaultConfig({"streamer.double_send": 0.1}, seed)))
-        consumers = [
-            Consumer(
-                settings,
-                ConsumerConfig(name=f"consumer{i}", block_ms=200),
-                distance_handler(f"consumer{i}"),
-                faults=Faults(FaultConfig({"consumer.crash_before_commit": 0.1}, None if seed is None else seed + i)),
+@dataclass
+class Snapshot:
+    """What the live view shows, read from the servers themselves."""
+
+    rides: int
+    staged: int
+    stream_length: int
+    consumers: dict[str, tuple[str, int, int]]  # name -> (total distance, ride count, lag in entries)
+    canonical: Any
+    agree: bool
+
+
+def fleet_specs(root: Path, api_port: int, rate: float, faults: bool, seed: int | None) -> list[ProcessSpec]:
+    """The demo's processes, as the Procfile runs them."""
+    py = sys.executable
+    streamer_faults = DEFAULT_FAULTS["streamer"] if faults else ""
+    consumer_faults = DEFAULT_FAULTS["consumer"] if faults else ""
+    seed_env = {} if seed is None else {"UNILOG_FAULT_SEED": str(seed)}
+    specs = [
+        ProcessSpec(
+            "api",
+            [
+                py,
+                "-m",
+                "gunicorn",
+                "--bind",
+                f"127.0.0.1:{api_port}",
+                "--workers",
+                "2",
+                "--threads",
+                "4",
+                "services.api:app",
+            ],
+        ),
+        ProcessSpec(
+            "streamer",
+            [py, "-m", "unilog", "--log-json", "streamer", "--name", "streamer"],
+            {"UNILOG_FAULTS": streamer_faults, **seed_env},
+        ),
+    ]
+    for i, name in enumerate(CONSUMERS):
+        consumer_seed = {} if seed is None else {"UNILOG_FAULT_SEED": str(seed + 1 + i)}
+        specs.append(
+            ProcessSpec(
+                name,
+                [py, "-m", "services.consumer", name, "--log-json", "--block-ms", "250"],
+                {"UNILOG_FAULTS": consumer_faults, **consumer_seed},
             )
-            for i in range(2)
-        ]
-        stop = threading.Event()
-        loops = [streamer.run, *(c.run for c in consumers)]
-        threads = [threading.Thread(target=loop, args=(stop,), daemon=True) for loop in loops]
-        for t in threads:
-            t.start()
-        produced = _produce(pg.url, rate, duration, rng)
-        ok = _settle(pg.url, [c.config.name for c in consumers], produced)
-        stop.set()
-        for t in threads:
-            t.join(10)
-        faults = sum(sum(f.counts.values()) for f in (streamer.faults, *(c.faults for c in consumers)))
-        verdict = "AGREE" if ok else "DISAGREE"
-        print(
-            f"unilog demo: {produced} rides, {faults} faults injected; "
-            f"every consumer equals the canonical totals: {verdict}"
         )
-        streamer.close()
-        for c in consumers:
-            c.close()
-        return ok
+    sim = [py, "-m", "services.simulator", "--api", f"http://127.0.0.1:{api_port}", "--rate", str(rate)]
+    specs.append(ProcessSpec("simulator", sim + ([] if seed is None else ["--seed", str(seed)])))
+    return specs
 
 
-def _produce(url: str, rate: float, duration: float, rng: random.Random) -> int:
-    produced, deadline = 0, time.monotonic() + duration
-    with psycopg.connect(url) as conn:
-        while time.monotonic() < deadline:
-            with conn.transaction():
-                distance = rng.randint(1, 1_000_000)
-                ride_id = conn.execute(
-                    "INSERT INTO rides (distance_mm) VALUES (%s) RETURNING id", (distance,)
-                ).fetchone()
-                assert ride_id is not None
-                emit(conn, action="create", object="ride", data={"id": ride_id[0], "distance_mm": distance})
-            produced += 1
-            time.sleep(rng.expovariate(rate))
-    return produced
+def run_demo(
+    *,
+    duration: float = 30.0,
+    rate: float = 50.0,
+    seed: int | None = None,
+    faults: bool = True,
+    log_dir: Path | None = None,
+    out: TextIO | None = None,
+) -> bool:
+    """Run the demo; print the live view and the verdict to ``out``; return True iff every consumer agrees."""
+    out = out or sys.stdout
+    root = project_root()
+    sys.path.insert(0, str(root))
+    from services.migrate import prepare
+
+    with tempfile.TemporaryDirectory(prefix="unilog-demo-") as tmp, EmbeddedPostgres() as pg, EmbeddedRedis() as rd:
+        prepare(pg.url)
+        api_port = free_port()
+        env = {"DATABASE_URL": pg.url, "REDIS_URL": rd.url, "UNILOG_STREAM": STREAM, "PYTHONPATH": str(root)}
+        fleet = Fleet(log_dir or Path(tmp) / "logs", cwd=root, base_env={**_clean_env(), **env})
+        stop = _stop_on_signals()
+        specs = fleet_specs(root, api_port, rate, faults, seed)
+        try:
+            for spec in specs[:-1]:
+                fleet.start(spec)
+            _wait_for_api(api_port, fleet)
+            fleet.start(specs[-1])
+            fleet.watch()
+            _live(pg.url, rd.url, fleet, stop, duration, out)
+            fleet.stop("simulator")
+            snap = _settle(pg.url, rd.url, fleet, out)
+        finally:
+            codes = fleet.stop_all(order=["simulator", "api", "streamer", *CONSUMERS])
+        _print_verdict(snap, fleet, codes, out)
+        return snap.agree
 
 
-def _settle(url: str, names: list[str], produced: int, timeout: float = 60.0) -> bool:
+def _clean_env() -> dict[str, str]:
+    import os
+
+    return {k: v for k, v in os.environ.items() if not k.startswith(("UNILOG_", "DATABASE_URL", "REDIS_URL"))}
+
+
+def _stop_on_signals() -> threading.Event:
+    stop = threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    return stop
+
+
+def _wait_for_api(port: int, fleet: Fleet, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
-    with psycopg.connect(url, autocommit=True) as conn:
-        canonical = conn.execute(
-            f"SELECT coalesce(sum(distance_mm), 0), count(*), coalesce({CHECKSUM_SQL}, 0) FROM rides"
-        ).fetchone()
-        while True:
-            states = {
-                r[0]: tuple(r[1:])
-                for r in conn.execute("SELECT name, total_distance_mm, ride_count, checksum FROM consumer_states")
-            }
-            if all(states.get(n) == canonical for n in names) or time.monotonic() > deadline:
-                return all(states.get(n) == canonical for n in names)
-            time.sleep(0.2)
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.1)
+    raise ConfigurationError(f"the demo API did not come up; see {fleet.log_dir / 'api.log'}")
+
+
+def snapshot(pg_url: str, redis_url: str) -> Snapshot:
+    """Read the demo's state from Postgres and Redis."""
+    from services.rides import canonical_totals, consumer_totals
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        canonical = canonical_totals(conn)
+        states = consumer_totals(conn)
+        staged, _age = store.staged_backlog(conn)
+        checkpoints = {cp.name: cp for cp in store.list_checkpoints(conn)}
+    client = engine.connect(redis_url)
+    try:
+        streams = engine.RedisStreams(client)
+        length = streams.info(STREAM).length
+        consumers = {}
+        for name in CONSUMERS:
+            state = states.get(name)
+            cp = checkpoints.get(name)
+            lag = streams.entries_after(STREAM, cp.last_id) if cp else length
+            consumers[name] = (str(state.total_distance) if state else "0", state.ride_count if state else 0, lag)
+    finally:
+        client.close()
+    agree = all(states.get(n) == canonical for n in CONSUMERS)
+    return Snapshot(canonical.ride_count, staged, length, consumers, canonical, agree)
+
+
+def _render(snap: Snapshot, fleet: Fleet, elapsed: float, tty: bool) -> str:
+    faults = fleet.faults()
+    fault_text = ", ".join(f"{k}={v}" for k, v in sorted(faults.items())) or "none yet"
+    restarts = sum(v for k, v in fleet.events.items() if k.startswith("restart:"))
+    if not tty:
+        per = " ".join(f"{n}={c[1]}(lag {c[2]})" for n, c in snap.consumers.items())
+        return (
+            f"[{elapsed:5.1f}s] rides={snap.rides} staged={snap.staged} stream={snap.stream_length} {per} "
+            f"faults={sum(faults.values())}"
+        )
+    lines = [
+        f"unilog demo — Rocket Rides   {elapsed:5.1f}s",
+        "",
+        f"  rides created   {snap.rides:>10}   canonical distance {snap.canonical.total_distance}",
+        f"  staged backlog  {snap.staged:>10}",
+        f"  stream length   {snap.stream_length:>10}   ({STREAM})",
+        "",
+        f"  {'consumer':<12}{'total distance':>18}{'rides':>10}{'lag':>8}",
+    ]
+    lines += [f"  {n:<12}{c[0]:>18}{c[1]:>10}{c[2]:>8}" for n, c in snap.consumers.items()]
+    lines += ["", f"  faults injected: {fault_text}", f"  process restarts: {restarts}", "", "  Ctrl-C to stop"]
+    return "\x1b[H\x1b[J" + "\n".join(lines)
+
+
+def _live(pg_url: str, redis_url: str, fleet: Fleet, stop: threading.Event, duration: float, out: TextIO) -> None:
+    started = time.monotonic()
+    tty = out.isatty()
+    while not stop.wait(1.0):
+        elapsed = time.monotonic() - started
+        print(_render(snapshot(pg_url, redis_url), fleet, elapsed, tty), file=out, flush=True)
+        if elapsed >= duration:
+            return
+
+
+def _settle(pg_url: str, redis_url: str, fleet: Fleet, out: TextIO, timeout: float = 90.0) -> Snapshot:
+    """Wait until the backlog is streamed and every consumer equals the canonical totals (or the timeout)."""
+    deadline = time.monotonic() + timeout
+    print("unilog demo: producers stopped; letting the consumers catch up...", file=out, flush=True)
+    while True:
+        snap = snapshot(pg_url, redis_url)
+        if (snap.agree and snap.staged == 0) or time.monotonic() > deadline:
+            return snap
+        time.sleep(0.25)
+
+
+def _print_verdict(snap: Snapshot, fleet: Fleet, codes: dict[str, int | None], out: TextIO) -> None:
+    faults = fleet.faults()
+    fault_text = ", ".join(f"{k}={v}" for k, v in sorted(faults.items())) or "none"
+    print(f"faults injected: {fault_text}", file=out)
+    for name, (total, count, lag) in snap.consumers.items():
+        print(f"  {name}: total_distance={total} rides={count} lag={lag}", file=out)
+    c = snap.canonical
+    print(f"  canonical: total_distance={c.total_distance} rides={c.ride_count} checksum={c.checksum}", file=out)
+    verdict = "AGREE" if snap.agree else "DISAGREE"
+    print(
+        f"unilog demo verdict: {verdict} — {len(snap.consumers)} consumers vs canonical totals of {c.ride_count} rides "
+        f"(total, count and checksum), {sum(faults.values())} faults injected",
+        file=out,
+        flush=True,
+    )

@@ -60,13 +60,15 @@ class RedisHandle:
 
 
 @pytest.fixture(scope="session")
-def unilog_postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PostgresHandle]:
+def unilog_postgres() -> Iterator[PostgresHandle]:
     """The session's Postgres server (``DATABASE_URL`` if set, else an embedded one)."""
     url = os.environ.get("DATABASE_URL")
     if url:
         yield PostgresHandle(admin_url=url)
         return
-    server = EmbeddedPostgres(tmp_path_factory.mktemp("pg")).start()
+    # not under pytest's basetemp: a concurrent pytest run resets /tmp/pytest-of-<user> to 0700, which would cut the
+    # unprivileged Postgres user (when testing as root) off from its data directory mid-run
+    server = EmbeddedPostgres().start()
     try:
         yield PostgresHandle(admin_url=server.url, server=server)
     finally:
@@ -74,13 +76,13 @@ def unilog_postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Postgr
 
 
 @pytest.fixture(scope="session")
-def unilog_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisHandle]:
+def unilog_redis() -> Iterator[RedisHandle]:
     """The session's Redis server (``REDIS_URL`` if set, else an embedded one with AOF fsync always)."""
     url = os.environ.get("REDIS_URL")
     if url:
         yield RedisHandle(url=url)
         return
-    server = EmbeddedRedis(tmp_path_factory.mktemp("redis")).start()
+    server = EmbeddedRedis().start()
     try:
         yield RedisHandle(url=server.url, server=server)
     finally:

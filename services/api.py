@@ -1,0 +1,127 @@
+"""The Rocket Rides API: ``POST /rides`` creates a ride and stages its log record in one transaction.
+
+Flask, because it is the most widely known Python web framework and it is synchronous, like unilog's producer
+call: the request's SQLAlchemy session *is* the transaction the record is staged in, with no async driver or
+thread hand-off in between. It runs under gunicorn in the fleet (``flask --app services.api run`` for development).
+
+The transaction is SERIALIZABLE, as in the reference design, and serialization failures are retried. Input is
+validated before anything is written: a missing, non-numeric, negative, NaN or infinite ``distance`` gets a 422
+with a JSON error naming the field.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+import structlog
+from flask import Flask, jsonify, request
+from sqlalchemy import create_engine, text
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session, sessionmaker
+
+import unilog
+from unilog.config import sqlalchemy_url
+from unilog.log import configure_logging
+
+from .rides import STREAM, Ride
+
+log = structlog.get_logger(__name__)
+
+MAX_ATTEMPTS = 10
+MAX_DISTANCE = Decimal("100000000")  # fits NUMERIC(14, 3)
+
+
+class ValidationError(ValueError):
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def parse_distance(payload: dict[str, Any]) -> Decimal:
+    """The ride's distance, rounded to metres; raises :class:`ValidationError` naming the field."""
+    raw = payload.get("distance")
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        raise ValidationError("distance", "distance is required")
+    if isinstance(raw, bool) or not isinstance(raw, int | float | str):
+        raise ValidationError("distance", f"distance must be a number, got {type(raw).__name__}")
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValidationError("distance", f"distance must be a number, got {raw!r}") from None
+    if not math.isfinite(value):
+        raise ValidationError("distance", f"distance must be finite, got {raw!r}")
+    if value < 0:
+        raise ValidationError("distance", f"distance must not be negative, got {raw!r}")
+    try:
+        distance = Decimal(str(raw).strip() if isinstance(raw, str) else repr(value)).quantize(Decimal("0.001"))
+    except InvalidOperation:
+        raise ValidationError("distance", f"distance must be a number, got {raw!r}") from None
+    if distance >= MAX_DISTANCE:
+        raise ValidationError("distance", f"distance must be below {MAX_DISTANCE}, got {raw!r}")
+    return distance
+
+
+def create_ride(sessions: sessionmaker[Session], distance: Decimal) -> Ride:
+    """Insert the ride and stage its record in one SERIALIZABLE transaction, retrying serialization failures."""
+    for attempt in range(1, MAX_ATTEMPTS + 1):
+        try:
+            with sessions.begin() as session:
+                ride = Ride(distance=distance)
+                session.add(ride)
+                session.flush()
+                unilog.emit(
+                    session,
+                    action="create",
+                    object="ride",
+                    data={"id": ride.id, "distance": float(distance)},
+                    stream=STREAM,
+                    key=f"ride-{ride.id}",
+                )
+                session.expunge(ride)
+                return ride
+        except DBAPIError as exc:
+            if getattr(exc.orig, "sqlstate", None) != "40001" or attempt == MAX_ATTEMPTS:
+                raise
+            log.info("serialization failure; retrying", attempt=attempt)
+            time.sleep(0.001 * 2**attempt)
+    raise AssertionError("unreachable")
+
+
+def create_app(database_url: str | None = None) -> Flask:
+    """The WSGI app; ``database_url`` defaults to ``$DATABASE_URL`` (read here, at the entry point)."""
+    url = database_url or os.environ.get("DATABASE_URL", "")
+    engine = create_engine(sqlalchemy_url(url), isolation_level="SERIALIZABLE", pool_pre_ping=True, pool_size=10)
+    sessions = sessionmaker(engine, expire_on_commit=False)
+    app = Flask("rocket-rides")
+
+    @app.post("/rides")
+    def post_ride() -> Any:
+        payload = request.get_json(silent=True) if request.is_json else request.form.to_dict()
+        if not isinstance(payload, dict):
+            return jsonify(error={"field": "body", "message": "body must be a JSON object or a form"}), 422
+        try:
+            distance = parse_distance(payload)
+        except ValidationError as exc:
+            return jsonify(error={"field": exc.field, "message": str(exc)}), 422
+        ride = create_ride(sessions, distance)
+        return jsonify(ride={"id": ride.id, "distance": float(ride.distance)}), 201
+
+    @app.get("/health")
+    def health() -> Any:
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+        return jsonify(status="ok")
+
+    return app
+
+
+def __getattr__(name: str) -> Any:
+    # `gunicorn services.api:app` builds the app lazily, so importing this module needs no DATABASE_URL
+    if name == "app":
+        configure_logging()
+        return create_app()
+    raise AttributeError(name)

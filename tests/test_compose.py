@@ -1,0 +1,233 @@
+"""docker-compose.yml: its structure (always, with PyYAML) and its validity per Compose itself (when installed).
+
+The structural tests need no Docker: they check that the compose fleet is the Procfile's fleet, on durable servers,
+started in the right order. The validation tests run ``docker compose config -q`` (Compose v2) or, failing that,
+``docker-compose config -q`` (v1, e.g. Debian's 1.29); neither needs a Docker engine. They also prove the validator
+rejects a broken file, so a validator that accepts anything cannot pass them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).parent.parent
+COMPOSE_FILE = ROOT / "docker-compose.yml"
+PROCFILE = ROOT / "Procfile"
+
+INFRA = ("postgres", "redis")
+# Variables the compose file interpolates: validated with their defaults, whatever the caller's environment says.
+INTERPOLATED = ("POSTGRES_PASSWORD", "API_PORT", "STREAMER_FAULTS", "CONSUMER_FAULTS", "SIMULATOR_RATE")
+_VAR = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::?-(?P<default>[^}]*))?\}")
+
+
+def interpolate(value: str) -> str:
+    """``${VAR:-default}`` / ``${VAR-default}`` replaced by their defaults, as Compose would with VAR unset."""
+    return _VAR.sub(lambda m: m.group("default") or "", value)
+
+
+def procfile_services() -> list[str]:
+    names = []
+    for line in PROCFILE.read_text().splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            names.append(line.split(":", 1)[0].strip())
+    return names
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    document = yaml.safe_load(COMPOSE_FILE.read_text())
+    assert isinstance(document, dict) and isinstance(document.get("services"), dict), "no services: mapping"
+    return document
+
+
+@pytest.fixture(scope="module")
+def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return compose["services"]
+
+
+def environment(service: dict[str, Any]) -> dict[str, str]:
+    env = service.get("environment") or {}
+    if isinstance(env, list):  # the KEY=VALUE list form
+        env = dict(item.split("=", 1) if "=" in item else (item, "") for item in env)
+    return {key: interpolate(str(value)) for key, value in env.items()}
+
+
+def argv(command: str | list[str]) -> list[str]:
+    return shlex.split(command) if isinstance(command, str) else [str(part) for part in command]
+
+
+def image_major(image: str) -> str:
+    """The major version of an ``name:tag`` image (``postgres:16.4-bookworm`` -> ``16``)."""
+    tag = image.rpartition(":")[2] if ":" in image.rsplit("/", 1)[-1] else ""
+    return re.split(r"[.\-]", tag, maxsplit=1)[0]
+
+
+def health_test(service: dict[str, Any]) -> str:
+    test = (service.get("healthcheck") or {}).get("test")
+    assert test, "no healthcheck test"
+    return " ".join(argv(test))
+
+
+# -- structure (no Docker needed) -----------------------------------------------------------------------------------
+
+
+def test_every_procfile_process_has_a_compose_service(services: dict[str, dict[str, Any]]) -> None:
+    expected = procfile_services()
+    assert set(expected) == {"api", "streamer", "consumer0", "consumer1", "simulator"}, "the Procfile changed"
+    missing = [name for name in expected if name not in services]
+    assert not missing, f"Procfile processes without a compose service: {missing}"
+
+
+def test_servers_are_postgres_16_and_redis_7(services: dict[str, dict[str, Any]]) -> None:
+    postgres, redis = services["postgres"]["image"], services["redis"]["image"]
+    assert postgres.startswith("postgres:") and image_major(postgres) == "16", postgres
+    assert redis.startswith("redis:") and image_major(redis) == "7", redis
+    assert environment(services["postgres"]).get("POSTGRES_DB") == "rocket_rides"
+    assert environment(services["postgres"]).get("POSTGRES_PASSWORD")
+
+
+def test_redis_is_durable(compose: dict[str, Any], services: dict[str, dict[str, Any]]) -> None:
+    command = argv(services["redis"]["command"])
+    assert command[0] == "redis-server"
+    options = " ".join(command[1:])
+    assert re.search(r"--appendonly\s+yes\b", options), command
+    assert re.search(r"--appendfsync\s+always\b", options), command
+    assert any(str(volume).split(":")[1] == "/data" for volume in services["redis"].get("volumes", [])), "no /data"
+    named = [str(v).split(":")[0] for name in INFRA for v in services[name].get("volumes", [])]
+    assert named and all(volume in (compose.get("volumes") or {}) for volume in named), f"unnamed volumes: {named}"
+
+
+def test_health_checks(services: dict[str, dict[str, Any]]) -> None:
+    assert "pg_isready" in health_test(services["postgres"])
+    assert "redis-cli ping" in health_test(services["redis"])
+    api = health_test(services["api"])
+    assert "urllib" in api and "/health" in api, api
+
+
+def test_app_services_wait_for_healthy_servers_and_a_finished_migration(services: dict[str, dict[str, Any]]) -> None:
+    for name in procfile_services():
+        depends_on = services[name].get("depends_on")
+        assert isinstance(depends_on, dict), f"{name}: depends_on must use the long form with conditions"
+        conditions = {dep: (spec or {}).get("condition") for dep, spec in depends_on.items()}
+        assert conditions.get("postgres") == "service_healthy", f"{name}: {conditions}"
+        assert conditions.get("redis") == "service_healthy", f"{name}: {conditions}"
+        assert conditions.get("migrate") == "service_completed_successfully", f"{name}: {conditions}"
+        assert services[name].get("restart") == "unless-stopped", f"{name} is long-running"
+    assert services["simulator"]["depends_on"].get("api", {}).get("condition") == "service_healthy"
+
+
+def test_migrate_runs_once_after_postgres(services: dict[str, dict[str, Any]]) -> None:
+    migrate = services["migrate"]
+    assert argv(migrate["command"]) == ["python", "-m", "services.migrate"]
+    assert migrate["depends_on"]["postgres"]["condition"] == "service_healthy"
+    assert str(migrate.get("restart")) == "no"
+
+
+def test_processes_run_the_procfile_commands(services: dict[str, dict[str, Any]]) -> None:
+    api = argv(services["api"]["command"])
+    assert api[0] == "gunicorn" and "services.api:app" in api
+    assert "0.0.0.0:5000" in api, "the API must listen on all interfaces inside its container"
+    assert any(interpolate(str(port)).endswith(":5000") for port in services["api"].get("ports", []))
+    assert argv(services["streamer"]["command"])[:2] == ["unilog", "streamer"]
+    for name in ("consumer0", "consumer1"):
+        assert argv(services[name]["command"]) == ["python", "-m", "services.consumer", name]
+    assert argv(services["simulator"]["command"]) == ["python", "-m", "services.simulator"]
+
+
+def test_app_environment(services: dict[str, dict[str, Any]]) -> None:
+    for name in ("migrate", *procfile_services()):
+        env = environment(services[name])
+        assert re.fullmatch(r"postgresql://postgres:[^@]+@postgres:5432/rocket_rides", env.get("DATABASE_URL", "")), (
+            name,
+            env,
+        )
+        assert env.get("REDIS_URL") == "redis://redis:6379/0", name
+        assert env.get("UNILOG_STREAM") == "rocket-rides-log", name
+        assert "build" in services[name] or "image" in services[name], name
+    password = environment(services["postgres"])["POSTGRES_PASSWORD"]
+    assert environment(services["api"])["DATABASE_URL"].startswith(f"postgresql://postgres:{password}@")
+    assert environment(services["streamer"])["UNILOG_FAULTS"] == "streamer.double_send=0.1"
+    for name in ("consumer0", "consumer1"):
+        assert environment(services[name])["UNILOG_FAULTS"] == "consumer.crash_before_commit=0.1"
+    assert environment(services["simulator"])["API_URL"] == "http://api:5000"
+    assert "UNILOG_FAULTS" not in environment(services["api"]), "faults belong to the streamer and consumers"
+
+
+# -- validation by Compose itself ------------------------------------------------------------------------------------
+
+
+def _works(cmd: list[str]) -> bool:
+    try:
+        return subprocess.run(cmd, capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def find_compose() -> list[str] | None:
+    """``docker compose`` if the v2 plugin works, else the ``docker-compose`` binary, else None."""
+    docker = shutil.which("docker")
+    if docker and _works([docker, "compose", "version"]):
+        return [docker, "compose"]
+    legacy = shutil.which("docker-compose")
+    if legacy and _works([legacy, "version"]):
+        return [legacy]
+    return None
+
+
+@pytest.fixture(scope="module")
+def compose_config() -> Callable[[Path], subprocess.CompletedProcess[str]]:
+    cli = find_compose()
+    if cli is None:
+        pytest.skip("neither `docker compose` (Compose v2) nor `docker-compose` is installed; cannot validate")
+    env = {key: value for key, value in os.environ.items() if key not in INTERPOLATED}
+
+    def run(path: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*cli, "-f", str(path), "config", "-q"],
+            cwd=path.parent,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    return run
+
+
+def test_compose_accepts_the_file(compose_config: Callable[[Path], subprocess.CompletedProcess[str]]) -> None:
+    result = compose_config(COMPOSE_FILE)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    ("original", "broken", "bad_key"),
+    [
+        ("    healthcheck:", "    healthchek:", "healthchek"),  # a typo in a service's key
+        ("    condition: service_healthy", "    conditon: service_healthy", "conditon"),  # ...in a depends_on entry
+    ],
+)
+def test_compose_rejects_a_typo(
+    compose_config: Callable[[Path], subprocess.CompletedProcess[str]],
+    tmp_path: Path,
+    original: str,
+    broken: str,
+    bad_key: str,
+) -> None:
+    text = COMPOSE_FILE.read_text()
+    assert original in text, f"{original!r} not in docker-compose.yml; update this test"
+    copy = tmp_path / "docker-compose.yml"
+    copy.write_text(text.replace(original, broken, 1))
+    shutil.copy(ROOT / "Dockerfile", tmp_path / "Dockerfile")  # the build context stays plausible
+    result = compose_config(copy)
+    assert result.returncode != 0, f"the validator accepted an unknown key {bad_key!r}:\n{result.stdout}"
+    assert bad_key in result.stdout + result.stderr, result.stdout + result.stderr
