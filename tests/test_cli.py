@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-import pytest
 
 from unilog import Settings, emit
 from unilog.cli import ExitCode
@@ -175,10 +174,3 @@ def test_status_reports_backlog_and_lag(settings: Settings) -> None:
     assert report["consumers"][0]["name"] == "cli" and report["consumers"][0]["lag_entries"] == 3
     table = unilog("status", env=env_for(settings)).stdout
     assert "cli-stream" in table and "lag (entries)" in table
-
-
-@pytest.mark.slow
-def test_demo_agrees_under_faults() -> None:
-    result = unilog("--log-level", "error", "demo", "--duration", "5", "--seed", "7", timeout=180)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    assert "AGREE" in result.stdout and "faults injected" in result.stdout

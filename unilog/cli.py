@@ -23,6 +23,7 @@ from .config import Settings
 from .consumer import Handler
 from .errors import (
     ConfigurationError,
+    DataLoss,
     HandlerNotFound,
     InjectedCrash,
     SchemaMissing,
@@ -44,10 +45,12 @@ class ExitCode(IntEnum):
     SCHEMA = 5  # the database is not migrated
     HANDLER = 6  # the consumer's handler cannot be imported
     CRASHED = 7  # an injected crash with in-process restart disabled
+    DATA_LOSS = 8  # a consumer found entries missing from the stream (trimmed past it, or Redis lost data)
     INTERRUPTED = 130  # Ctrl-C
 
 
 _ERROR_CODES: list[tuple[type[BaseException], ExitCode]] = [
+    (DataLoss, ExitCode.DATA_LOSS),
     (HandlerNotFound, ExitCode.HANDLER),
     (ConfigurationError, ExitCode.CONFIG),
     (ServerUnreachable, ExitCode.UNREACHABLE),
@@ -144,6 +147,10 @@ def cmd_streamer(args: argparse.Namespace) -> int:
         poll_interval=args.poll_interval,
         streams=tuple(args.streams.split(",")) if args.streams else None,
         restart_after_crash=not args.exit_on_crash,
+        retention_interval=args.retention_interval,
+        max_len=args.max_len,
+        wait_replicas=args.wait_replicas,
+        wait_timeout_ms=args.wait_timeout_ms,
     )
     with Streamer(settings, config, faults=_faults(args), name=args.name) as streamer:
         if args.once:
@@ -179,6 +186,21 @@ def _consume(args: argparse.Namespace, handler: Handler) -> int:
             print(f"unilog: consumer {args.name} handled {count} records")
             return ExitCode.OK
         _run_until_signalled(consumer.run)
+    return ExitCode.OK
+
+
+def cmd_consumer_unregister(args: argparse.Namespace) -> int:
+    from . import engine
+
+    settings = _settings(args)
+    stream = args.stream or settings.stream
+    client = engine.connect(settings.redis_url)
+    try:
+        engine.ping(client, settings.redis_url)
+        found = engine.RedisStreams(client).unregister(stream, args.name)
+    finally:
+        client.close()
+    print(f"unilog: consumer {args.name} {'unregistered from' if found else 'was not registered on'} {stream}")
     return ExitCode.OK
 
 
@@ -231,8 +253,22 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--poll-interval", type=float, default=1.0, help="seconds between polls without notifications")
     p.add_argument("--streams", help="comma-separated target streams this streamer publishes (default: all)")
     p.add_argument("--name", default="streamer", help="name in logs and pg_stat_activity")
+    p.add_argument(
+        "--retention-interval", type=float, default=5.0, help="seconds between trims behind registered consumers"
+    )
+    p.add_argument("--max-len", type=_positive_int, help="hard cap on stream length (may trim past slow consumers)")
+    p.add_argument("--wait-replicas", type=int, default=0, help="WAIT for this many replicas before deleting")
+    p.add_argument("--wait-timeout-ms", type=_positive_int, default=1000)
     _fault_args(p)
     p.set_defaults(func=cmd_streamer)
+
+    p = sub.add_parser("consumer", help="manage checkpoint consumers")
+    consumer_sub = p.add_subparsers(dest="consumer_command", required=True)
+    q = consumer_sub.add_parser("unregister", help="stop a consumer from holding back trimming")
+    q.add_argument("name")
+    q.add_argument("--stream", help="default: $UNILOG_STREAM")
+    _connection_args(q)
+    q.set_defaults(func=cmd_consumer_unregister)
 
     p = sub.add_parser("consume", help="run a checkpoint consumer: HANDLER is package.module:function")
     p.add_argument("handler")

@@ -28,7 +28,15 @@ import structlog
 
 from . import engine, store
 from .config import Settings, redact_url, validate_stream_name
-from .errors import ConfigurationError, HandlerNotFound, InjectedCrash
+from .errors import (
+    ConfigurationError,
+    DataLoss,
+    HandlerNotFound,
+    InjectedCrash,
+    ServerUnreachable,
+    StreamGap,
+    StreamRewound,
+)
 from .faults import NO_FAULTS, Faults
 
 log = structlog.get_logger(__name__)
@@ -126,7 +134,10 @@ class ConsumerConfig:
     """A checkpoint consumer's identity and pacing.
 
     ``name`` keys its checkpoint; ``stream`` None means ``Settings.stream``. ``block_ms`` is how long one read waits
-    for new entries, so an idle consumer reacts within milliseconds of an ``XADD``.
+    for new entries, so an idle consumer reacts within milliseconds of an ``XADD``. With ``register`` the consumer
+    records its checkpoint in the stream's registry after each commit, and trimming never passes it. A batch
+    transaction (handler included) that takes longer than ``pg_timeout`` seconds has its connection broken: it rolls
+    back and is retried, so a silent Postgres never hangs the consumer.
     """
 
     name: str
@@ -135,6 +146,8 @@ class ConsumerConfig:
     block_ms: int = 1000
     max_backoff: float = 10.0
     restart_after_crash: bool = True
+    register: bool = True
+    pg_timeout: float | None = 60.0
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.strip():
@@ -175,13 +188,18 @@ class Consumer:
         self._checkpoint: store.Checkpoint | None = None
         self.handled_total = 0
         self.skipped_total = 0
+        self._last_rewind_check = 0.0
 
     # -- connections -------------------------------------------------------------------------------------------------
 
     def _conn(self) -> psycopg.Connection[Any]:
         if self._pg is None or self._pg.closed:
             self._checkpoint = None
-            self._pg = store.connect(self.settings.conninfo, application_name=f"unilog-consumer-{self.config.name}")
+            self._pg = store.connect(
+                self.settings.conninfo,
+                application_name=f"unilog-consumer-{self.config.name}",
+                timeout=self.config.pg_timeout,
+            )
             store.check_schema(self._pg)
             self._pg.commit()
         return self._pg
@@ -195,9 +213,25 @@ class Consumer:
         return self._redis
 
     def connect(self) -> None:
-        """Connect to both servers now and load the checkpoint; raises a one-line-worthy error if either fails."""
+        """Connect to both servers, load the checkpoint, register it for retention and check Redis did not rewind.
+
+        Raises a one-line-worthy error if a server is unreachable or data was lost.
+        """
         self._engine()
-        _ = self.checkpoint
+        self._register(self.checkpoint.last_id)
+        self._check_not_rewound()
+        self._last_rewind_check = time.monotonic()
+
+    def _register(self, last_id: str) -> None:
+        if self.config.register:
+            self._engine().register(self.stream, self.config.name, last_id)
+
+    def _idle_checks(self) -> None:
+        """While idle, look for a rewound stream, at most once a second (no gap shows until new entries arrive)."""
+        now = time.monotonic()
+        if now - self._last_rewind_check >= 1.0:
+            self._last_rewind_check = now
+            self._check_not_rewound()
 
     def close(self) -> None:
         """Close connections; the committed checkpoint is all that carries over."""
@@ -241,10 +275,11 @@ class Consumer:
         before = self.checkpoint
         entries = self._engine().read(self.stream, before.last_id, self.config.batch_size, wait)
         if not entries:
+            self._idle_checks()
             return ConsumeResult()
         started = time.perf_counter()
         conn = self._conn()
-        with conn.transaction():
+        with store.deadline(conn, self.config.pg_timeout), conn.transaction():
             current = store.lock_checkpoint(conn, self.config.name)
             if current is None or current.last_id != before.last_id or current.positions != before.positions:
                 # another copy of this consumer (or a reset) moved the checkpoint: drop what we read, reload
@@ -259,6 +294,7 @@ class Consumer:
             self.faults.crash("consumer.crash_before_commit")
             store.save_checkpoint(conn, after)
         self._checkpoint = after
+        self._register(after.last_id)
         skipped = len(entries) - len(fresh)
         self.handled_total += len(fresh)
         self.skipped_total += skipped
@@ -273,7 +309,11 @@ class Consumer:
         return ConsumeResult(len(entries), len(fresh), skipped)
 
     def _dedupe(self, entries: list[engine.Entry], checkpoint: store.Checkpoint) -> list[Record]:
-        """Records not yet applied, advancing ``checkpoint`` past every entry read."""
+        """Records not yet applied, advancing ``checkpoint`` past every entry read.
+
+        Raises :class:`StreamGap` when a producer's positions jump past the checkpoint: the entries in between
+        were trimmed or lost, and applying what follows would silently skip them.
+        """
         fresh: list[Record] = []
         positions = checkpoint.positions
         for entry_id, fields in entries:
@@ -283,10 +323,44 @@ class Consumer:
                 last = positions.get(record.producer)
                 if last is not None and pos <= last:
                     continue
+                self._check_contiguous(record, last, pos)
                 positions[record.producer] = pos
             fresh.append(record)
         checkpoint.last_id = entries[-1][0].decode()
         return fresh
+
+    def _check_contiguous(self, record: Record, last: tuple[int, int] | None, pos: tuple[int, int]) -> None:
+        expected = 1 if last is None or pos[0] != last[0] else last[1] + 1
+        if pos[1] == expected:
+            return
+        if last is None:
+            # a consumer that never saw this producer starts wherever the retained stream starts
+            log.warning(
+                "history before this position is not in the stream",
+                consumer=self.config.name,
+                producer=record.producer,
+                position=pos,
+            )
+            return
+        raise StreamGap(
+            f"consumer {self.config.name!r} on stream {self.stream!r}: producer {record.producer!r} positions "
+            f"{pos[0]}:{expected}..{pos[0]}:{pos[1] - 1} are missing before entry {record.id} (checkpoint at "
+            f"{last[0]}:{last[1]}): they were trimmed or Redis lost them. Stopping instead of skipping them; "
+            "repair this consumer with `unilog reconcile` (or rebuild it) and reset its checkpoint"
+        )
+
+    def _check_not_rewound(self) -> None:
+        """Raise :class:`StreamRewound` if the stream's last id is below our checkpoint (Redis lost data)."""
+        cp = self.checkpoint
+        if cp.last_id == "0-0":
+            return
+        top = self._engine().last_generated_id(self.stream)
+        if top is None or engine.id_tuple(top) < engine.id_tuple(cp.last_id):
+            raise StreamRewound(
+                f"consumer {self.config.name!r}: stream {self.stream!r} ends at {top or 'nothing (no such key)'}, "
+                f"below this consumer's checkpoint {cp.last_id}: Redis lost entries it had confirmed (restart without "
+                "persistence, truncated AOF or failover). See the README's recovery steps"
+            )
 
     def drain(self) -> int:
         """Consume until the stream has nothing after the checkpoint (burst mode); return records handled."""
@@ -319,12 +393,14 @@ class Consumer:
             try:
                 self.run_once()
                 backoff = 0.1
+            except DataLoss:
+                raise
             except InjectedCrash as exc:
                 if not self.config.restart_after_crash:
                     raise
                 log.warning("consumer crashed (injected); restarting", consumer=self.config.name, point=exc.point)
                 self.close()
-            except (psycopg.OperationalError, redis.RedisError, OSError) as exc:
+            except (psycopg.OperationalError, redis.RedisError, OSError, ServerUnreachable) as exc:
                 log.error("consumer connection failed; retrying", consumer=self.config.name, error=str(exc))
                 self.close()
                 stop_event.wait(backoff)

@@ -110,10 +110,22 @@ class PublishResult:
     first_id: str | None
     last_id: str | None
     gap_after: int | None = None
+    replicas: int = 0
 
 
 # (data JSON, action, object, created ms, key or None), in position order
 PublishRow = tuple[str | bytes, str, str, int, str | None]
+
+
+def registry_key(stream: str) -> str:
+    """The hash of registered consumers' checkpoints on ``stream``."""
+    return f"unilog:consumers:{stream}"
+
+
+def id_tuple(entry_id: str) -> tuple[int, int]:
+    """A stream id as a comparable (ms, seq) tuple."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
 
 
 def hwm_key(stream: str) -> str:
@@ -129,21 +141,33 @@ class RedisStreams:
         self._sha = hashlib.sha1(PUBLISH_LUA.encode()).hexdigest()
 
     def publish(
-        self, stream: str, producer: str, epoch: int, first_seq: int, rows: Sequence[PublishRow], *, dedupe: bool = True
+        self,
+        stream: str,
+        producer: str,
+        epoch: int,
+        first_seq: int,
+        rows: Sequence[PublishRow],
+        *,
+        dedupe: bool = True,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = 1000,
     ) -> PublishResult:
         """Append ``rows`` as positions ``first_seq, first_seq + 1, ...`` in one round trip, atomically.
 
         With ``dedupe`` (the default) positions at or below the producer's high-water mark are skipped, which makes a
         re-send idempotent; ``dedupe=False`` appends everything (the double-send fault uses it so consumers' own
         deduplication stays tested). Raises a redis error when Redis refused the batch (nothing was appended).
+        With ``wait_replicas`` > 0, ``WAIT`` for that many replicas on the same connection and report how many
+        acknowledged in ``replicas``.
         """
         head = [producer, str(epoch), str(first_seq), "1" if dedupe else "0"]
         args: list[bytes] = [_b(a) for a in head]
         for data, action, obj, created, key in rows:
             args += (_b(data), _b(action), _b(obj), b"%d" % created, _b(key or ""))
-        reply = self._evalsha(stream, args)
+        reply, replicas = self._evalsha(stream, args, wait_replicas, wait_timeout_ms)
         appended, skipped, gap, first_id, last_id = reply
         return PublishResult(
+            replicas=replicas,
             appended=int(appended),
             skipped=int(skipped),
             first_id=to_str(first_id) if first_id else None,
@@ -151,15 +175,23 @@ class RedisStreams:
             gap_after=None if int(gap) < 0 else int(gap),
         )
 
-    def _evalsha(self, stream: str, args: list[bytes]) -> Any:
-        """EVALSHA with the command packed here: redis-py's per-argument packing dominated the streamer's profile."""
+    def _evalsha(self, stream: str, args: list[bytes], wait_replicas: int, wait_timeout_ms: int) -> tuple[Any, int]:
+        """EVALSHA with the command packed here: redis-py's per-argument packing dominated the streamer's profile.
+
+        ``WAIT`` must follow the write on the same connection, so it is sent in the same packet.
+        """
         keys = [_b(stream), _b(hwm_key(stream))]
         for attempt in (1, 2):
-            packed = _pack([b"EVALSHA", self._sha.encode(), b"2", *keys, *args])
+            packed = [_pack([b"EVALSHA", self._sha.encode(), b"2", *keys, *args])]
+            if wait_replicas:
+                packed.append(_pack([b"WAIT", b"%d" % wait_replicas, b"%d" % wait_timeout_ms]))
             conn = self.client.connection_pool.get_connection()
             try:
-                conn.send_packed_command([packed], check_health=True)
-                reply = conn.read_response()
+                conn.send_packed_command(packed, check_health=True)
+                try:
+                    reply = conn.read_response()
+                finally:
+                    replicas = int(conn.read_response()) if wait_replicas else 0
             except redis.exceptions.NoScriptError:
                 if attempt == 2:
                     raise
@@ -170,7 +202,7 @@ class RedisStreams:
                 raise
             finally:
                 self.client.connection_pool.release(conn)
-            return reply
+            return reply, replicas
         raise AssertionError("unreachable")
 
     def high_water(self, stream: str, producer: str) -> tuple[int, int] | None:
@@ -180,6 +212,40 @@ class RedisStreams:
             return None
         epoch, _, seq = to_str(mark).partition(":")
         return int(epoch), int(seq)
+
+    # -- retention: consumers register their checkpoints; the stream is trimmed only behind the lowest -----------------
+
+    def register(self, stream: str, consumer: str, last_id: str) -> None:
+        """Record ``consumer``'s checkpoint on ``stream`` (after its commit), so trimming never passes it."""
+        self.client.hset(registry_key(stream), consumer, last_id)
+
+    def unregister(self, stream: str, consumer: str) -> bool:
+        """Stop holding back trimming for ``consumer``; returns whether it was registered."""
+        return bool(self.client.hdel(registry_key(stream), consumer))
+
+    def registered(self, stream: str) -> dict[str, str]:
+        """Registered consumers of ``stream`` and their checkpoints."""
+        raw: Any = self.client.hgetall(registry_key(stream))
+        return {to_str(k): to_str(v) for k, v in raw.items()}
+
+    def trim(self, stream: str, *, min_id: str | None = None, max_len: int | None = None) -> int:
+        """Trim entries below ``min_id`` (exactly) and/or beyond ``max_len`` (approximately); return entries removed."""
+        removed = 0
+        if min_id is not None:
+            removed += int(self.client.xtrim(stream, minid=min_id, approximate=False))
+        if max_len is not None:
+            removed += int(self.client.xtrim(stream, maxlen=max_len, approximate=True))
+        return removed
+
+    def last_generated_id(self, stream: str) -> str | None:
+        """The id of the last entry ever added to ``stream`` (kept across trims), or None if it does not exist."""
+        try:
+            info: Any = self.client.xinfo_stream(stream)
+        except redis.ResponseError as exc:
+            if "no such key" in str(exc).lower():
+                return None
+            raise
+        return to_str(info["last-generated-id"])
 
     def read(self, stream: str, after_id: str, count: int, block_ms: int | None) -> list[Entry]:
         """Up to ``count`` entries after ``after_id``, waiting up to ``block_ms`` if there are none yet."""

@@ -62,8 +62,20 @@ class HandlerNotFound(ConfigurationError):
     """A ``module:function`` handler reference cannot be imported."""
 
 
-class StreamRewound(UnilogError):
-    """The stream's last entry is older than a consumer's checkpoint: Redis lost data it had confirmed."""
+class DataLoss(UnilogError):
+    """Records a consumer needs are gone from the stream; it stops rather than skip them silently.
+
+    Recovery: rebuild or repair the consumer from the canonical source (``unilog reconcile``) or the archive, then
+    reset its checkpoint (README, "Lost or rewound Redis").
+    """
+
+
+class StreamGap(DataLoss):
+    """A producer's positions jump: entries after the consumer's checkpoint were trimmed or lost."""
+
+
+class StreamRewound(DataLoss):
+    """The stream's last id is below a consumer's checkpoint: Redis lost entries it had confirmed."""
 
 
 class PublishError(UnilogError):

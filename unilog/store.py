@@ -8,18 +8,25 @@ decided there.
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Sequence
+import os
+import socket
+import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
+import structlog
 from psycopg import sql
 
 from .config import redact_url
 from .errors import SchemaMissing, ServerUnreachable
 
-SCHEMA_HEAD = "unilog_0001"
+log = structlog.get_logger(__name__)
+
+SCHEMA_HEAD = "unilog_0002"
 VERSION_TABLE = "unilog_alembic_version"
 NOTIFY_CHANNEL = "unilog_staged"
 
@@ -27,19 +34,62 @@ NOTIFY_CHANNEL = "unilog_staged"
 # -- connections ------------------------------------------------------------------------------------------------------
 
 
-def connect(conninfo: str, *, autocommit: bool = False, application_name: str = "unilog") -> psycopg.Connection[Any]:
+def connect(
+    conninfo: str, *, autocommit: bool = False, application_name: str = "unilog", timeout: float | None = None
+) -> psycopg.Connection[Any]:
     """Open a psycopg connection, turning connection failures into :class:`ServerUnreachable`.
 
-    The error names the server with its password redacted and says what to check.
+    The error names the server with its password redacted and says what to check. TCP keepalives and a user
+    timeout make a silently dead peer (a network partition) an error within seconds instead of a hang; a peer that
+    still acknowledges packets but never answers is handled by :func:`deadline`.
     """
     try:
-        return psycopg.connect(conninfo, autocommit=autocommit, application_name=application_name, connect_timeout=10)
+        return psycopg.connect(
+            conninfo,
+            autocommit=autocommit,
+            application_name=application_name,
+            connect_timeout=max(2, int(timeout or 10)),  # libpq's minimum is 2 s
+            keepalives=1,
+            keepalives_idle=10,
+            keepalives_interval=3,
+            keepalives_count=3,
+            tcp_user_timeout=30_000,
+        )
     except psycopg.OperationalError as exc:
         reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
         raise ServerUnreachable(
             f"cannot connect to Postgres at {redact_url(conninfo)}: {reason} "
             "(is the server running and DATABASE_URL right?)"
         ) from None
+
+
+@contextlib.contextmanager
+def deadline(conn: psycopg.Connection[Any], seconds: float | None) -> Iterator[None]:
+    """Break ``conn`` if the block takes longer than ``seconds``, so a query never waits forever on a server that
+    went silent (paused, or behind a blackholing proxy). The blocked call then fails with ``OperationalError`` and
+    the caller's usual reconnect path takes over; the transaction was not committed, so nothing is lost.
+    """
+    if not seconds:
+        yield
+        return
+    timer = threading.Timer(seconds, _break, args=(conn,))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
+def _break(conn: psycopg.Connection[Any]) -> None:
+    """Shut the connection's socket down (from another thread): the blocked read returns at once."""
+    log.warning("postgres call exceeded its deadline; breaking the connection")
+    with contextlib.suppress(OSError, ValueError, psycopg.Error):
+        sock = socket.socket(fileno=os.dup(conn.fileno()))
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        finally:
+            sock.close()
 
 
 def check_schema(conn: psycopg.Connection[Any]) -> None:
@@ -85,6 +135,50 @@ def producer_identity(conn: psycopg.Connection[Any]) -> ProducerIdentity:
     if row is None:
         raise SchemaMissing("unilog_producer is empty: run `unilog migrate` again")
     return ProducerIdentity(producer_id=row[0], epoch=row[1])
+
+
+_CURRENT_IDENTITY = """
+    SELECT (SELECT system_identifier FROM pg_control_system()),
+           (SELECT oid FROM pg_database WHERE datname = current_database())
+"""
+
+
+def resolve_identity(conn: psycopg.Connection[Any]) -> tuple[ProducerIdentity, bool]:
+    """This database's producer identity, starting a new epoch if the database was restored or copied.
+
+    A restore into another cluster (its transaction ids restart lower) or a copy into another database changes
+    the cluster's system identifier or the database's oid. Then, in one transaction: the epoch is incremented (so
+    positions restart at 1 in an epoch consumers have not seen, instead of colliding with old ones) and staged rows
+    whose ``xid`` lies in this cluster's future are moved below the horizon, or they would never be published.
+    Returns (identity, whether a new epoch began). Commits.
+    """
+    with conn.transaction():
+        row = conn.execute(
+            "SELECT producer_id, epoch, system_identifier, database_oid FROM unilog_producer FOR UPDATE"
+        ).fetchone()
+        if row is None:
+            raise SchemaMissing("unilog_producer is empty: run `unilog migrate` again")
+        current = conn.execute(_CURRENT_IDENTITY).fetchone()
+        assert current is not None
+        if (row[2], row[3]) == tuple(current):
+            return ProducerIdentity(row[0], row[1]), False
+        conn.execute(
+            "UPDATE unilog_producer SET epoch = epoch + 1, system_identifier = %s, database_oid = %s", tuple(current)
+        )
+        conn.execute(
+            "UPDATE staged_log_records SET xid = '1'::xid8 WHERE xid >= pg_snapshot_xmax(pg_current_snapshot())"
+        )
+        return ProducerIdentity(row[0], row[1] + 1), True
+
+
+def adopt_identity(conn: psycopg.Connection[Any], producer_id: str) -> None:
+    """Make a copied database a distinct producer in epoch 1 (test databases cloned from a template). Commits."""
+    with conn.transaction():
+        conn.execute(
+            "UPDATE unilog_producer SET producer_id = %s, epoch = 1, "
+            f"(system_identifier, database_oid) = ({_CURRENT_IDENTITY})",
+            (producer_id,),
+        )
 
 
 def staged_sources(conn: psycopg.Connection[Any]) -> list[str]:

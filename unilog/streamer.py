@@ -28,7 +28,7 @@ import structlog
 
 from . import engine, store
 from .config import Settings, validate_stream_name
-from .errors import InjectedCrash, PublishError, UnilogError
+from .errors import InjectedCrash, PublishError, ServerUnreachable, UnilogError
 from .faults import NO_FAULTS, Faults
 
 log = structlog.get_logger(__name__)
@@ -50,6 +50,12 @@ class StreamerConfig:
     streams: tuple[str, ...] | None = None
     max_backoff: float = 10.0
     restart_after_crash: bool = True
+    retention_interval: float = 5.0
+    max_len: int | None = None
+    wait_replicas: int = 0
+    wait_timeout_ms: int = 1000
+    redis_timeout: float = 10.0
+    pg_timeout: float | None = 30.0
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -85,6 +91,9 @@ class Streamer:
         self._listen: psycopg.Connection[Any] | None = None
         self._redis: engine.RedisStreams | None = None
         self._owned: set[str] = set()
+        self._identity: store.ProducerIdentity | None = None
+        self._last_seq: dict[str, int] = {}  # valid while we hold the stream's lock and our commits succeed
+        self._last_retention = 0.0
         self.published_total = 0
 
     # -- connections -------------------------------------------------------------------------------------------------
@@ -92,14 +101,24 @@ class Streamer:
     def _conn(self) -> psycopg.Connection[Any]:
         if self._pg is None or self._pg.closed:
             self._owned.clear()  # advisory locks died with the old session
-            self._pg = store.connect(self.settings.conninfo, application_name=f"unilog-{self.name}")
+            self._last_seq.clear()
+            self._pg = store.connect(
+                self.settings.conninfo, application_name=f"unilog-{self.name}", timeout=self.config.pg_timeout
+            )
             store.check_schema(self._pg)
             self._pg.commit()
+            self._identity, new_epoch = store.resolve_identity(self._pg)
+            if new_epoch:
+                log.warning(
+                    "database was restored or copied: new producer epoch",
+                    producer=self._identity.producer_id,
+                    epoch=self._identity.epoch,
+                )
         return self._pg
 
     def _engine(self) -> engine.RedisStreams:
         if self._redis is None:
-            client = engine.connect(self.settings.redis_url)
+            client = engine.connect(self.settings.redis_url, socket_timeout=self.config.redis_timeout)
             engine.ping(client, self.settings.redis_url)
             self._redis = engine.RedisStreams(client)
         return self._redis
@@ -136,15 +155,17 @@ class Streamer:
         """
         conn = self._conn()
         published, waiting = 0, False
-        for source in self._sources(conn):
-            stream = source or self.settings.stream
-            if not self._owns(conn, stream):
-                continue
-            n = self._publish_batch(conn, source, stream)
-            published += n
-            if n == 0:
-                waiting = waiting or store.has_staged(conn, source)
-                conn.commit()
+        with store.deadline(conn, self.config.pg_timeout):
+            self._retention()
+            for source in self._sources(conn):
+                stream = source or self.settings.stream
+                if not self._owns(conn, stream):
+                    continue
+                n = self._publish_batch(conn, source, stream)
+                published += n
+                if n == 0:
+                    waiting = waiting or store.has_staged(conn, source)
+                    conn.commit()
         return BatchResult(published, waiting)
 
     def drain(self) -> int:
@@ -165,6 +186,29 @@ class Streamer:
                 return total
             time.sleep(delay)
             delay = min(delay * 2, self.config.poll_interval)
+
+    def _retention(self) -> None:
+        now = time.monotonic()
+        if now - self._last_retention < self.config.retention_interval:
+            return
+        self._last_retention = now
+        for stream in sorted(self._owned):
+            self.trim(stream)
+
+    def trim(self, stream: str) -> int:
+        """Trim ``stream`` behind its registered consumers (and to the hard cap, if set); return entries removed."""
+        api = self._engine()
+        checkpoints = api.registered(stream)
+        removed = 0
+        if checkpoints:
+            lowest = min(checkpoints.values(), key=engine.id_tuple)
+            if lowest != "0-0":
+                removed += api.trim(stream, min_id=lowest)
+        if self.config.max_len is not None:
+            removed += api.trim(stream, max_len=self.config.max_len)
+        if removed:
+            log.info("stream trimmed", stream=stream, removed=removed, consumers=len(checkpoints))
+        return removed
 
     def _sources(self, conn: psycopg.Connection[Any]) -> Iterable[str]:
         sources = store.staged_sources(conn)
@@ -189,14 +233,18 @@ class Streamer:
         rows = store.fetch_visible(conn, source, self.config.batch_size)
         if not rows:
             return 0
-        identity = store.producer_identity(conn)
-        first_seq = store.last_published_seq(conn, stream, identity.epoch) + 1
+        identity = self._identity
+        assert identity is not None
+        if stream not in self._last_seq:
+            self._last_seq[stream] = store.last_published_seq(conn, stream, identity.epoch)
+        first_seq = self._last_seq[stream] + 1
         payload = [(data, action, obj, created, key) for _id, action, obj, data, key, created in rows]
         result = self._send(stream, identity, first_seq, payload, dedupe=True)
         if self.faults.fires("streamer.double_send"):
             self._send(stream, identity, first_seq, payload, dedupe=False)
         self.faults.crash("streamer.crash_after_publish")
         last_seq = first_seq + len(rows) - 1
+        self._last_seq.pop(stream)  # re-read from Postgres unless this commit succeeds
         deleted = store.delete_published(conn, [r[0] for r in rows], stream, identity.epoch, last_seq)
         if deleted != len(rows):
             conn.rollback()
@@ -205,6 +253,7 @@ class Streamer:
                 "the same stream without the lock; the records will be re-sent and deduplicated by position"
             )
         conn.commit()
+        self._last_seq[stream] = last_seq
         self.published_total += len(rows)
         log.info(
             "batch streamed",
@@ -228,10 +277,22 @@ class Streamer:
     ) -> engine.PublishResult:
         try:
             result = self._engine().publish(
-                stream, identity.producer_id, identity.epoch, first_seq, payload, dedupe=dedupe
+                stream,
+                identity.producer_id,
+                identity.epoch,
+                first_seq,
+                payload,
+                dedupe=dedupe,
+                wait_replicas=self.config.wait_replicas,
+                wait_timeout_ms=self.config.wait_timeout_ms,
             )
         except (redis.RedisError, OSError) as exc:
             raise PublishError(f"Redis did not confirm the batch for {stream}: {exc}") from exc
+        if result.replicas < self.config.wait_replicas:
+            raise PublishError(
+                f"only {result.replicas} of {self.config.wait_replicas} replicas acknowledged the batch for {stream} "
+                f"within {self.config.wait_timeout_ms} ms; keeping the records staged and retrying"
+            )
         if result.gap_after is not None:
             log.error(
                 "stream is missing confirmed positions: Redis lost data",
@@ -264,7 +325,7 @@ class Streamer:
                 log.warning("streamer crashed (injected); restarting")
                 self.close()
                 continue
-            except (psycopg.OperationalError, redis.RedisError, OSError, PublishError) as exc:
+            except (psycopg.OperationalError, redis.RedisError, OSError, PublishError, ServerUnreachable) as exc:
                 log.error("streamer pass failed; retrying", error=str(exc), retry_in=backoff)
                 self._reset()
                 stop_event.wait(backoff)

@@ -32,6 +32,7 @@ import redis
 from .config import Settings
 from .embedded import EmbeddedPostgres, EmbeddedRedis
 from .schema import migrate
+from .store import adopt_identity
 
 TEMPLATE_DB = f"unilog_template_{os.getpid()}"
 _counter = itertools.count()
@@ -108,7 +109,10 @@ def create_database(handle: PostgresHandle, template: str) -> str:
     name = f"unilog_test_{os.getpid()}_{next(_counter)}"
     with psycopg.connect(handle.admin_url, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
-    return handle.url_for(name)
+    url = handle.url_for(name)
+    with psycopg.connect(url) as conn:
+        adopt_identity(conn, f"test-{name.removeprefix('unilog_test_')}")
+    return url
 
 
 def drop_database(handle: PostgresHandle, url: str) -> None:
