@@ -18,6 +18,7 @@ def collect_status(settings: Settings) -> dict[str, Any]:
     try:
         store.check_schema(conn)
         backlog, oldest_age = store.staged_backlog(conn)
+        holder = store.horizon_holder(conn)
         checkpoints = store.list_checkpoints(conn)
         names = sorted({settings.stream, *(cp.stream for cp in checkpoints)})
         streams = {name: streams_api.info(name) for name in names}
@@ -36,7 +37,7 @@ def collect_status(settings: Settings) -> dict[str, Any]:
                 }
             )
         return {
-            "staged": {"records": backlog, "oldest_age_seconds": oldest_age},
+            "staged": {"records": backlog, "oldest_age_seconds": oldest_age, "oldest_transaction": holder},
             "streams": [
                 {"name": n, "length": i.length, "first_id": i.first_id, "last_id": i.last_id}
                 for n, i in streams.items()
@@ -60,7 +61,14 @@ def format_status(report: dict[str, Any]) -> str:
     """The status report as aligned text tables."""
     staged = report["staged"]
     age = staged["oldest_age_seconds"]
-    lines = [f"staged records: {staged['records']}" + (f" (oldest {age:.1f}s)" if age is not None else ""), ""]
+    lines = [f"staged records: {staged['records']}" + (f" (oldest {age:.1f}s)" if age is not None else "")]
+    holder = staged.get("oldest_transaction")
+    if holder:
+        lines.append(
+            f"oldest open transaction: pid {holder['pid']} ({holder['application_name'] or '-'}, "
+            f"{holder['database']}), open {holder['age_seconds']:.1f}s: records committed after it began wait for it"
+        )
+    lines.append("")
     lines += _table(
         ["stream", "length", "first id", "last id"],
         [[s["name"], s["length"], s["first_id"] or "-", s["last_id"] or "-"] for s in report["streams"]],

@@ -265,6 +265,24 @@ def staged_backlog(conn: psycopg.Connection[Any]) -> tuple[int, float | None]:
     return int(row[0]), row[1]
 
 
+def horizon_holder(conn: psycopg.Connection[Any]) -> dict[str, Any] | None:
+    """The oldest transaction in the cluster that holds an xid, which holds back publication of every record
+    committed after it began (any database: transaction ids are cluster-wide). None if there is none."""
+    row = conn.execute(
+        """
+        SELECT pid, datname, application_name, state, extract(epoch FROM now() - xact_start)::float8
+        FROM pg_stat_activity
+        WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()
+        ORDER BY xact_start
+        LIMIT 1
+        """
+    ).fetchone()
+    if row is None:
+        return None
+    keys = ("pid", "database", "application_name", "state", "age_seconds")
+    return dict(zip(keys, row, strict=True))
+
+
 # -- consumers --------------------------------------------------------------------------------------------------------
 
 

@@ -41,12 +41,13 @@ class StreamerConfig:
     ``streams`` limits the streamer to these target streams (None: every stream that has staged records; records
     staged without a stream go to ``Settings.stream``). ``poll_interval`` is the longest sleep between checks when
     no notification arrives; while committed records wait behind an older open transaction the streamer re-checks
-    after ``horizon_poll`` seconds, doubling up to ``poll_interval``.
+    after ``horizon_poll`` seconds, doubling up to ``horizon_poll_max`` (that transaction's end sends no NOTIFY).
     """
 
     batch_size: int = 1000
     poll_interval: float = 1.0
     horizon_poll: float = 0.005
+    horizon_poll_max: float = 0.1
     streams: tuple[str, ...] | None = None
     max_backoff: float = 10.0
     restart_after_crash: bool = True
@@ -185,7 +186,7 @@ class Streamer:
             if not result.waiting:
                 return total
             time.sleep(delay)
-            delay = min(delay * 2, self.config.poll_interval)
+            delay = min(delay * 2, self.config.horizon_poll_max)
 
     def _retention(self) -> None:
         now = time.monotonic()
@@ -337,7 +338,7 @@ class Streamer:
                 continue
             if result.waiting:
                 stop_event.wait(delay)
-                delay = min(delay * 2, self.config.poll_interval)
+                delay = min(delay * 2, self.config.horizon_poll_max)
                 continue
             delay = self.config.horizon_poll
             self._wait_for_notify(stop_event)
