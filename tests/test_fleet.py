@@ -106,7 +106,7 @@ def test_procfile_fleet_survives_consumer_sigkill(settings: Settings, tmp_path: 
         "SIMULATOR_RATE": "40",
         # the consumers and the streamer keep the Procfile's default faults (10 %)
     }
-    main = honcho(env, "api", "streamer", "consumer0", "simulator", env_file=env_file)
+    main = honcho(env, "api", "streamer", "streamer2", "consumer0", "simulator", env_file=env_file)
     side = honcho(env, "consumer1", env_file=env_file)
     try:
         wait_for(lambda: applied_by(settings, "consumer1") >= 40, 60, "consumer1 to apply rides")

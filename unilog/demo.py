@@ -1,11 +1,11 @@
 """``unilog demo``: the Rocket Rides fleet on embedded Postgres and Redis, with a live view and a verdict.
 
 It starts throw-away servers (Redis with ``appendfsync always``), prepares the database, and runs the fleet from
-``services/`` as separate processes: the API under gunicorn, the streamer, two distance consumers and the
-simulator. Faults are injected as in the reference design: the streamer double-sends 10 % of its batches and each
-consumer crashes before committing 10 % of the time. A terminal view refreshes every second. After ``duration``
-seconds (or Ctrl-C) the simulator stops, the consumers catch up, and one verdict line says whether every consumer
-equals the canonical totals of the ``rides`` table.
+``services/`` as separate processes: the API under gunicorn, two streamers (active and standby), two distance
+consumers and the simulator. Faults are injected as in the reference design: the streamer double-sends 10 % of
+its batches and each consumer crashes before committing 10 % of the time. A terminal view refreshes every
+second. After ``duration`` seconds (or Ctrl-C) the simulator stops, the consumers catch up, and one verdict line
+says whether every consumer equals the canonical totals of the ``rides`` table.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from .fleet import Fleet, ProcessSpec
 
 STREAM = "rocket-rides-log"
 CONSUMERS = ("consumer0", "consumer1")
+STREAMERS = ("streamer", "streamer2")  # one publishes, the other stands by
 DEFAULT_FAULTS = {
     "streamer": "streamer.double_send=0.1",
     "consumer": "consumer.crash_before_commit=0.1",
@@ -77,10 +78,13 @@ def fleet_specs(root: Path, api_port: int, rate: float, faults: bool, seed: int 
                 "services.api:app",
             ],
         ),
-        ProcessSpec(
-            "streamer",
-            [py, "-m", "unilog", "--log-json", "streamer", "--name", "streamer"],
-            {"UNILOG_FAULTS": streamer_faults, **seed_env},
+        *(
+            ProcessSpec(
+                name,
+                [py, "-m", "unilog", "--log-json", "streamer", "--name", name],
+                {"UNILOG_FAULTS": streamer_faults, **seed_env},
+            )
+            for name in STREAMERS
         ),
     ]
     for i, name in enumerate(CONSUMERS):
@@ -129,7 +133,7 @@ def run_demo(
             fleet.stop("simulator")
             snap = _settle(pg.url, rd.url, fleet, out)
         finally:
-            codes = fleet.stop_all(order=["simulator", "api", "streamer", *CONSUMERS])
+            codes = fleet.stop_all(order=["simulator", "api", *STREAMERS, *CONSUMERS])
         _print_verdict(snap, fleet, codes, out)
         return snap.agree
 
