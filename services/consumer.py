@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -44,23 +44,28 @@ def apply_rides(name: str, conn: psycopg.Connection[Any], records: Sequence[Reco
     )
 
 
-def handler_for(name: str) -> Callable[[psycopg.Connection[Any], Sequence[Record]], None]:
-    """The handler bound to one consumer name."""
+def reset_state(conn: psycopg.Connection[Any], name: str) -> None:
+    """Clear consumer ``name``'s state: ``--reset-state services.consumer:reset_state`` for a rebuild."""
+    conn.execute("DELETE FROM consumer_states WHERE name = %s", (name,))
 
-    def handle(conn: psycopg.Connection[Any], records: Sequence[Record]) -> None:
-        apply_rides(name, conn, records)
 
-    return handle
+def handle(conn: psycopg.Connection[Any], records: Sequence[Record]) -> None:
+    """The handler by reference (``services.consumer:handle``): the state row is the consumer's or group's name."""
+    apply_rides(getattr(records, "consumer", "") or "rides", conn, records)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the distance consumer NAME; other options are ``unilog consume``'s (``--once``, ``--batch-size``...)."""
+    """Run the distance consumer NAME; other options are ``unilog consume``'s (``--once``, ``--batch-size``...).
+
+    With ``--group``, NAME is a consumer group and this process one of its workers (``--worker``, ``--workers N``);
+    the group's state row is NAME, shared by its workers.
+    """
     parser = argparse.ArgumentParser(prog="python -m services.consumer", add_help=False)
     parser.add_argument("name")
+    parser.add_argument("--group", action="store_true")
     args, rest = parser.parse_known_args(argv)
-    return consume_main(
-        handler_for(args.name), ["--name", args.name, "--stream", STREAM, *rest], prog="python -m services.consumer"
-    )
+    mode = ["--group", args.name] if args.group else ["--name", args.name]
+    return consume_main(handle, [*mode, "--stream", STREAM, *rest], prog="python -m services.consumer")
 
 
 if __name__ == "__main__":

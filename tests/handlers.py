@@ -42,3 +42,12 @@ def record_applied(name: str, conn: psycopg.Connection[Any], records: Sequence[R
 def cli_handler(conn: psycopg.Connection[Any], records: Sequence[Record]) -> None:
     """Used by CLI tests (`unilog consume handlers:cli_handler --name cli`)."""
     record_applied("cli", conn, records)
+
+
+def group_handler(conn: psycopg.Connection[Any], records: Sequence[Record]) -> None:
+    """Used by the group process tests; `SLOW_HANDLER` seconds per batch widen the mid-batch window."""
+    import os
+    import time
+
+    record_applied("group", conn, records)
+    time.sleep(float(os.environ.get("SLOW_HANDLER", "0")))

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Sequence
 from enum import IntEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from . import __version__
 from .config import Settings
@@ -170,23 +170,79 @@ def cmd_consume(args: argparse.Namespace) -> int:
 
 
 def _consume(args: argparse.Namespace, handler: Handler) -> int:
-    from .consumer import Consumer, ConsumerConfig
-
+    """Run one worker in the mode the flags pick (checkpoint, group or partitioned), or N worker processes."""
+    if args.workers > 1:
+        return _run_workers(args)
     settings = _settings(args)
-    config = ConsumerConfig(
+    worker = _make_worker(args, settings, handler)
+    with worker:
+        if args.once:
+            count = worker.drain()
+            print(f"unilog: consumer {args.group or args.name} handled {count} records")
+            return ExitCode.OK
+        _run_until_signalled(worker.run)
+    return ExitCode.OK
+
+
+def _make_worker(args: argparse.Namespace, settings: Settings, handler: Handler) -> Any:
+    from .consumer import Consumer, ConsumerConfig
+    from .group import GroupConfig, GroupConsumer
+    from .partitions import PartitionConfig, PartitionedConsumer
+
+    crash_restart = not args.exit_on_crash
+    if args.group:
+        config = GroupConfig(
+            group=args.group,
+            worker=args.worker or "",
+            stream=args.stream,
+            batch_size=args.batch_size,
+            block_ms=args.block_ms,
+            claim_idle_ms=args.claim_idle_ms,
+            max_deliveries=args.max_deliveries,
+            restart_after_crash=crash_restart,
+        )
+        return GroupConsumer(settings, config, handler, faults=_faults(args))
+    if not args.name:
+        raise ConfigurationError("give --name NAME (a checkpoint or partitioned consumer) or --group GROUP")
+    if args.partitioned:
+        part = PartitionConfig(
+            name=args.name,
+            stream=args.stream,
+            worker=args.worker or "",
+            batch_size=args.batch_size,
+            block_ms=args.block_ms,
+            restart_after_crash=crash_restart,
+        )
+        return PartitionedConsumer(settings, part, handler, faults=_faults(args))
+    checkpoint = ConsumerConfig(
         name=args.name,
         stream=args.stream,
         batch_size=args.batch_size,
         block_ms=args.block_ms,
-        restart_after_crash=not args.exit_on_crash,
+        restart_after_crash=crash_restart,
     )
-    with Consumer(settings, config, handler, faults=_faults(args)) as consumer:
-        if args.once:
-            count = consumer.drain()
-            print(f"unilog: consumer {args.name} handled {count} records")
-            return ExitCode.OK
-        _run_until_signalled(consumer.run)
-    return ExitCode.OK
+    return Consumer(settings, checkpoint, handler, faults=_faults(args))
+
+
+def _run_workers(args: argparse.Namespace) -> int:
+    """Start ``--workers`` copies of this command as separate processes; forward SIGTERM; wait for all."""
+    import subprocess
+
+    argv = list(sys.orig_argv[1:])  # the interpreter's own arguments too (`-m unilog`, `-m services.consumer`)
+    i = argv.index("--workers")
+    del argv[i : i + 2]
+    base = args.worker or f"{os.uname().nodename}-{os.getpid()}"
+    procs = [subprocess.Popen([sys.executable, *argv, "--worker", f"{base}-{n}"]) for n in range(args.workers)]
+
+    def _forward(signum: int, _frame: Any) -> None:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, _forward)
+    signal.signal(signal.SIGINT, _forward)
+    codes = [proc.wait() for proc in procs]
+    return max(codes)
 
 
 def cmd_consumer_unregister(args: argparse.Namespace) -> int:
@@ -201,6 +257,102 @@ def cmd_consumer_unregister(args: argparse.Namespace) -> int:
     finally:
         client.close()
     print(f"unilog: consumer {args.name} {'unregistered from' if found else 'was not registered on'} {stream}")
+    return ExitCode.OK
+
+
+def _redis_api(settings: Settings) -> Any:
+    from . import engine
+
+    client = engine.connect(settings.redis_url)
+    engine.ping(client, settings.redis_url)
+    return engine.RedisStreams(client)
+
+
+def _checkpoint_stream(conn: Any, name: str, default: str) -> str:
+    row = conn.execute("SELECT stream FROM unilog_checkpoints WHERE name = %s", (name,)).fetchone()
+    return row[0] if row else default
+
+
+def cmd_consumer_reset(args: argparse.Namespace) -> int:
+    from . import store
+    from .consumer import reset_checkpoint
+
+    settings = _settings(args)
+    api = _redis_api(settings)
+    with store.connect(settings.conninfo) as conn:
+        store.check_schema(conn)
+        stream = args.stream or _checkpoint_stream(conn, args.name, settings.stream)
+        cp = reset_checkpoint(conn, api, args.name, stream, args.to)
+    api.close()
+    print(f"unilog: consumer {args.name} on {stream} reset to {args.to} (last id {cp.last_id})")
+    return ExitCode.OK
+
+
+def cmd_consumer_rebuild(args: argparse.Namespace) -> int:
+    from . import store
+    from .consumer import Consumer, ConsumerConfig, load_handler, reset_checkpoint
+
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    handler, reset_state = load_handler(args.handler), cast(Any, load_handler(args.reset_state))
+    settings = _settings(args)
+    api = _redis_api(settings)
+    with store.connect(settings.conninfo) as conn:
+        store.check_schema(conn)
+        stream = args.stream or _checkpoint_stream(conn, args.name, settings.stream)
+        reset_checkpoint(conn, api, args.name, stream, "beginning", reset_state=reset_state)
+    api.close()
+    config = ConsumerConfig(name=args.name, stream=stream, strict_start=True)
+    with Consumer(settings, config, handler) as consumer:
+        count = consumer.drain()
+    print(f"unilog: consumer {args.name} rebuilt from the retained log of {stream}: {count} records applied")
+    return ExitCode.OK
+
+
+def cmd_dlq(args: argparse.Namespace) -> int:
+    from . import dlq, store
+
+    settings = _settings(args)
+    stream = args.stream or settings.stream
+    api = _redis_api(settings)
+    try:
+        if args.dlq_command == "list":
+            letters = [d.summary() for d in dlq.list_letters(api, stream, args.group)]
+            print(json.dumps(letters, indent=2) if args.json else _letters_table(letters))
+        elif args.dlq_command == "show":
+            letter = dlq.get_letter(api, stream, args.id)
+            print(json.dumps({**letter.summary(), "at_ms": letter.at_ms, "fields": letter.fields}, indent=2))
+        elif args.dlq_command == "replay":
+            if not args.id and not args.all:
+                raise ConfigurationError("give a dead letter id, or --all")
+            targets = dlq.list_letters(api, stream, args.group) if args.all else [dlq.get_letter(api, stream, args.id)]
+            for letter in targets:
+                print(f"unilog: dead letter {letter.id} replayed as {dlq.replay(api, stream, letter)}")
+        else:
+            letter = dlq.get_letter(api, stream, args.id)
+            with store.connect(settings.conninfo) as conn:
+                dlq.drop(api, conn, stream, letter)
+            print(f"unilog: dead letter {letter.id} dropped")
+    finally:
+        api.close()
+    return ExitCode.OK
+
+
+def _letters_table(letters: list[dict[str, Any]]) -> str:
+    from .status import table
+
+    rows = [[d["id"], d["original_id"], d["group"], d["position"], d["attempts"], d["error"][:60]] for d in letters]
+    return "\n".join(table(["id", "original id", "group", "position", "attempts", "error"], rows or [["(none)"] * 6]))
+
+
+def cmd_stream_partition(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    api = _redis_api(settings)
+    try:
+        api.set_partitions(args.stream, args.count)
+    finally:
+        api.close()
+    print(f"unilog: stream {args.stream} has {args.count} partitions ({args.stream}.p0 .. .p{args.count - 1})")
     return ExitCode.OK
 
 
@@ -264,6 +416,19 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("consumer", help="manage checkpoint consumers")
     consumer_sub = p.add_subparsers(dest="consumer_command", required=True)
+    q = consumer_sub.add_parser("reset", help="move a consumer's checkpoint (it re-applies or skips from there)")
+    q.add_argument("name")
+    q.add_argument("--to", required=True, help="beginning, end, or a stream entry id")
+    q.add_argument("--stream", help="default: the checkpoint's stream, else $UNILOG_STREAM")
+    _connection_args(q)
+    q.set_defaults(func=cmd_consumer_reset)
+    q = consumer_sub.add_parser("rebuild", help="clear a consumer's state and replay the retained log into it")
+    q.add_argument("name")
+    q.add_argument("handler", help="package.module:function, the consumer's handler")
+    q.add_argument("--reset-state", required=True, help="package.module:function(conn, name) clearing its state")
+    q.add_argument("--stream", help="default: the checkpoint's stream, else $UNILOG_STREAM")
+    _connection_args(q)
+    q.set_defaults(func=cmd_consumer_rebuild)
     q = consumer_sub.add_parser("unregister", help="stop a consumer from holding back trimming")
     q.add_argument("name")
     q.add_argument("--stream", help="default: $UNILOG_STREAM")
@@ -274,6 +439,33 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("handler")
     _consume_args(p)
     p.set_defaults(func=cmd_consume)
+
+    p = sub.add_parser("dlq", help="dead letters of consumer groups: list, show, replay, drop")
+    dlq_sub = p.add_subparsers(dest="dlq_command", required=True)
+    for verb, text in (
+        ("list", "list dead letters"),
+        ("show", "show one"),
+        ("replay", "re-append to the stream"),
+        ("drop", "give up on it for good"),
+    ):
+        q = dlq_sub.add_parser(verb, help=text)
+        if verb != "list":
+            q.add_argument("id", nargs="?" if verb == "replay" else None, help="dead letter id")
+        if verb == "replay":
+            q.add_argument("--all", action="store_true", help="replay every dead letter (of --group)")
+        q.add_argument("--group", help="only this group's dead letters")
+        q.add_argument("--stream", help="default: $UNILOG_STREAM")
+        q.add_argument("--json", action="store_true")
+        _connection_args(q)
+        q.set_defaults(func=cmd_dlq)
+
+    p = sub.add_parser("stream", help="stream settings")
+    stream_sub = p.add_subparsers(dest="stream_command", required=True)
+    q = stream_sub.add_parser("partition", help="split a stream into N partitions by record key (once)")
+    q.add_argument("stream")
+    q.add_argument("count", type=_positive_int)
+    _connection_args(q)
+    q.set_defaults(func=cmd_stream_partition)
 
     p = sub.add_parser("status", help="streams, staged backlog and consumer lag")
     _connection_args(p)
@@ -300,12 +492,18 @@ def _common_args(p: argparse.ArgumentParser) -> None:
 
 
 def _consume_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--name", required=True, help="the consumer's name (its checkpoint key)")
+    p.add_argument("--name", help="the consumer's name: its checkpoint key (prefix, with --partitioned)")
+    p.add_argument("--group", help="run as a worker of this consumer group instead of a checkpoint consumer")
+    p.add_argument("--partitioned", action="store_true", help="per-key order over a partitioned stream")
+    p.add_argument("--worker", help="this worker's name in a group or partitioned consumer (default: host-pid)")
+    p.add_argument("--workers", type=_positive_int, default=1, help="run this many worker processes")
     _connection_args(p)
     p.add_argument("--stream", help="stream to read (default: $UNILOG_STREAM)")
     p.add_argument("--once", action="store_true", help="consume everything in the stream, then exit")
     p.add_argument("--batch-size", type=_positive_int, default=1000)
     p.add_argument("--block-ms", type=_positive_int, default=1000)
+    p.add_argument("--claim-idle-ms", type=_positive_int, default=30_000, help="group: claim entries idle this long")
+    p.add_argument("--max-deliveries", type=_positive_int, default=5, help="group: attempts before dead-lettering")
     _fault_args(p)
 
 

@@ -110,11 +110,15 @@ Handler = Callable[[psycopg.Connection[Any], Sequence[Record]], Any]
 
 
 class Batch(Sequence[Record]):
-    """The records handed to a handler; iterating it is where an injected mid-batch crash happens."""
+    """The records handed to a handler; iterating it is where an injected mid-batch crash happens.
 
-    def __init__(self, records: list[Record], crash_at: int | None = None) -> None:
+    ``consumer`` names who is applying them: the checkpoint consumer's name, or the group's.
+    """
+
+    def __init__(self, records: list[Record], crash_at: int | None = None, consumer: str = "") -> None:
         self._records = records
         self._crash_at = crash_at
+        self.consumer = consumer
 
     def __len__(self) -> int:
         return len(self._records)
@@ -137,7 +141,8 @@ class ConsumerConfig:
     for new entries, so an idle consumer reacts within milliseconds of an ``XADD``. With ``register`` the consumer
     records its checkpoint in the stream's registry after each commit, and trimming never passes it. A batch
     transaction (handler included) that takes longer than ``pg_timeout`` seconds has its connection broken: it rolls
-    back and is retried, so a silent Postgres never hangs the consumer.
+    back and is retried, so a silent Postgres never hangs the consumer. With ``strict_start`` (rebuilds) a producer
+    whose first record in the stream is not its position 1 stops the consumer: its history was trimmed.
     """
 
     name: str
@@ -148,6 +153,7 @@ class ConsumerConfig:
     restart_after_crash: bool = True
     register: bool = True
     pg_timeout: float | None = 60.0
+    strict_start: bool = False
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.strip():
@@ -290,7 +296,7 @@ class Consumer:
             fresh = self._dedupe(entries, after)
             if fresh:
                 crash_at = self.faults.pick(len(fresh)) if self.faults.fires("consumer.crash_mid_batch") else None
-                self.handler(conn, Batch(fresh, crash_at))
+                self.handler(conn, Batch(fresh, crash_at, self.config.name))
             self.faults.crash("consumer.crash_before_commit")
             store.save_checkpoint(conn, after)
         self._checkpoint = after
@@ -333,6 +339,12 @@ class Consumer:
         expected = 1 if last is None or pos[0] != last[0] else last[1] + 1
         if pos[1] == expected:
             return
+        if last is None and self.config.strict_start:
+            raise StreamGap(
+                f"consumer {self.config.name!r} on stream {self.stream!r}: producer {record.producer!r} starts at "
+                f"position {pos[0]}:{pos[1]}, not {pos[0]}:1: its earlier records were trimmed from the stream, so a "
+                "rebuild from the stream alone would miss them (rebuild from the archive instead)"
+            )
         if last is None:
             # a consumer that never saw this producer starts wherever the retained stream starts
             log.warning(
@@ -434,3 +446,60 @@ def load_handler(ref: str) -> Handler:
     if handler is None or not callable(handler):
         raise HandlerNotFound(f"{module_name!r} has no callable {attr!r} (handler {ref!r})")
     return handler
+
+
+def positions_through(api: engine.RedisStreams, stream: str, last_id: str | None) -> dict[str, tuple[int, int]]:
+    """The highest (epoch, seq) per producer among the entries up to ``last_id`` (None: the whole stream)."""
+    positions: dict[str, tuple[int, int]] = {}
+    start = "-"
+    while True:
+        chunk: Any = api.client.xrange(stream, min=start, max=last_id or "+", count=10_000)
+        for entry_id, fields in chunk:
+            record = Record(stream, entry_id, fields)
+            pos = record.position
+            if pos is not None and pos > positions.get(record.producer, (0, 0)):
+                positions[record.producer] = pos
+        if len(chunk) < 10_000:
+            return positions
+        start = "(" + chunk[-1][0].decode()
+
+
+def reset_checkpoint(
+    conn: psycopg.Connection[Any],
+    api: engine.RedisStreams,
+    name: str,
+    stream: str,
+    to: str,
+    *,
+    reset_state: Callable[[psycopg.Connection[Any], str], Any] | None = None,
+) -> store.Checkpoint:
+    """Move consumer ``name``'s checkpoint to ``beginning``, ``end`` or a stream id, in one transaction.
+
+    The positions per producer are recomputed from the stream so deduplication stays right: after a reset to an id,
+    entries after it are applied again; before it, skipped. ``reset_state(conn, name)`` (for a rebuild) clears the
+    consumer's own state in the same transaction, so state and checkpoint never disagree. A running copy of the
+    consumer notices the moved checkpoint and follows it.
+    """
+    if to == "beginning":
+        last_id, positions = "0-0", {}
+    elif to == "end":
+        last_id = api.last_generated_id(stream) or "0-0"
+        positions = positions_through(api, stream, None)
+    else:
+        try:
+            engine.id_tuple(to)
+        except ValueError:
+            raise ConfigurationError(
+                f"--to must be beginning, end or a stream id like 1700000000000-0, not {to!r}"
+            ) from None
+        last_id, positions = to, positions_through(api, stream, to)
+    with conn.transaction():
+        store.ensure_checkpoint(conn, name, stream)
+        store.lock_checkpoint(conn, name)
+        if reset_state is not None:
+            reset_state(conn, name)
+        checkpoint = store.Checkpoint(name, stream, last_id, positions)
+        store.save_checkpoint(conn, checkpoint)
+    api.register(stream, name, last_id)
+    log.info("checkpoint reset", consumer=name, stream=stream, to=to, last_id=last_id)
+    return checkpoint

@@ -8,6 +8,7 @@ batches itself, where the outcome is known and deduplicated by position.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +18,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from .config import redact_url
-from .errors import ServerUnreachable
+from .errors import ConfigurationError, ServerUnreachable
 
 Fields = Mapping[str, Any]
 Entry = tuple[bytes, dict[bytes, bytes]]
@@ -115,6 +116,21 @@ class PublishResult:
 
 # (data JSON, action, object, created ms, key or None), in position order
 PublishRow = tuple[str | bytes, str, str, int, str | None]
+
+
+def meta_key(stream: str) -> str:
+    """The hash of a stream's settings (its partition count)."""
+    return f"unilog:meta:{stream}"
+
+
+def dlq_key(stream: str) -> str:
+    """The dead-letter stream of ``stream``."""
+    return f"{stream}:dlq"
+
+
+def attempts_key(stream: str, group: str) -> str:
+    """The hash counting failed attempts per entry for ``group``."""
+    return f"unilog:attempts:{stream}:{group}"
 
 
 def registry_key(stream: str) -> str:
@@ -246,6 +262,132 @@ class RedisStreams:
                 return None
             raise
         return to_str(info["last-generated-id"])
+
+    # -- partitions --------------------------------------------------------------------------------------------------
+
+    def partitions(self, stream: str) -> int:
+        """How many partitions ``stream`` is split into (1: not partitioned)."""
+        value = self.client.hget(meta_key(stream), "partitions")
+        return int(value) if value else 1
+
+    def set_partitions(self, stream: str, count: int) -> None:
+        """Split ``stream`` into ``count`` partitions by key. A count, once set, cannot change: moving keys between
+        partitions would break their order."""
+        if not self.client.hsetnx(meta_key(stream), "partitions", count):
+            current = self.partitions(stream)
+            if current != count:
+                raise ConfigurationError(
+                    f"stream {stream!r} already has {current} partitions; changing it would reorder keys "
+                    "(create a new stream instead)"
+                )
+
+    # -- consumer groups -----------------------------------------------------------------------------------------------
+
+    def ensure_group(self, stream: str, group: str, start_id: str = "0") -> bool:
+        """Create ``group`` on ``stream`` (and the stream) if missing; return whether it was created."""
+        try:
+            self.client.xgroup_create(stream, group, id=start_id, mkstream=True)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" in str(exc):
+                return False
+            raise
+        return True
+
+    def read_group(
+        self, stream: str, group: str, consumer: str, count: int, block_ms: int | None, after: str = ">"
+    ) -> list[Entry]:
+        """New entries for ``consumer`` in ``group`` (``XREADGROUP ... >``), waiting up to ``block_ms``; with
+        ``after="0"``, the entries already delivered to ``consumer`` and not acknowledged (its own pending list)."""
+        reply: Any = self.client.xreadgroup(group, consumer, {stream: after}, count=count, block=block_ms)
+        if not reply:
+            return []
+        return [(eid, fields) for eid, fields in reply[0][1] if fields is not None]
+
+    def ack(self, stream: str, group: str, ids: Sequence[bytes | str]) -> int:
+        """Acknowledge ``ids`` in ``group``."""
+        return int(self.client.xack(stream, group, *ids)) if ids else 0
+
+    def autoclaim(
+        self, stream: str, group: str, consumer: str, min_idle_ms: int, count: int = 100, start: str = "0-0"
+    ) -> tuple[str, list[Entry], list[bytes]]:
+        """Claim entries idle for ``min_idle_ms`` (their worker died or is stuck): (next start, entries, deleted ids).
+
+        Entries deleted from the stream while pending (trimmed) are returned as deleted ids: Redis 7 reports them
+        separately, Redis 6.2 returns them with no fields; both end up in the third element.
+        """
+        reply: Any = self.client.execute_command(
+            "XAUTOCLAIM", stream, group, consumer, min_idle_ms, start, "COUNT", count
+        )
+        next_start = to_str(reply[0])
+        entries: list[Entry] = []
+        deleted: list[bytes] = [bytes(d) for d in reply[2]] if len(reply) > 2 else []
+        for item in reply[1]:
+            if item is None:
+                continue
+            eid, raw = item[0], item[1]
+            if raw is None:
+                deleted.append(eid)
+                continue
+            fields = raw if isinstance(raw, dict) else dict(zip(raw[::2], raw[1::2], strict=True))
+            entries.append((eid, fields))
+        return next_start, entries, deleted
+
+    def pending_summary(self, stream: str, group: str) -> dict[str, Any]:
+        """Pending entries of ``group``: count, lowest and highest id, and count per consumer."""
+        info: Any = self.client.xpending(stream, group)
+        return {
+            "count": int(info["pending"]),
+            "min": to_str(info["min"]) if info["min"] else None,
+            "max": to_str(info["max"]) if info["max"] else None,
+            "consumers": {to_str(c["name"]): int(c["pending"]) for c in info["consumers"]},
+        }
+
+    def groups(self, stream: str) -> list[dict[str, Any]]:
+        """``XINFO GROUPS`` for ``stream`` (empty if the stream does not exist), keys and values decoded."""
+        try:
+            raw: Any = self.client.xinfo_groups(stream)
+        except redis.ResponseError as exc:
+            if "no such key" in str(exc).lower():
+                return []
+            raise
+        return [{to_str(k): (to_str(v) if isinstance(v, bytes) else v) for k, v in g.items()} for g in raw]
+
+    def attempt(self, stream: str, group: str, entry_id: bytes | str) -> int:
+        """Count one more failed attempt at ``entry_id`` in ``group``; return the total (kept in Redis, so it
+        survives the worker)."""
+        return int(self.client.hincrby(attempts_key(stream, group), to_str(entry_id), 1))
+
+    def forget_attempts(self, stream: str, group: str, ids: Sequence[bytes | str]) -> None:
+        if ids:
+            self.client.hdel(attempts_key(stream, group), *[to_str(i) for i in ids])
+
+    def dead_letter(
+        self,
+        stream: str,
+        group: str,
+        entry_id: bytes,
+        fields: dict[bytes, bytes],
+        *,
+        error: str,
+        consumer: str,
+        attempts: int,
+    ) -> str:
+        """Move an entry to the stream's dead-letter stream with why, then acknowledge it (one MULTI)."""
+        letter = {
+            **{k: v for k, v in fields.items()},
+            b"dlq_original_id": entry_id,
+            b"dlq_group": group.encode(),
+            b"dlq_consumer": consumer.encode(),
+            b"dlq_attempts": str(attempts).encode(),
+            b"dlq_error": error.encode(errors="replace")[:4000],
+            b"dlq_at": str(int(time.time() * 1000)).encode(),
+        }
+        pipe = self.client.pipeline(transaction=True)
+        pipe.xadd(dlq_key(stream), letter)  # type: ignore[arg-type]
+        pipe.xack(stream, group, entry_id)
+        pipe.hdel(attempts_key(stream, group), to_str(entry_id))
+        letter_id = pipe.execute()[0]
+        return to_str(letter_id)
 
     def read(self, stream: str, after_id: str, count: int, block_ms: int | None) -> list[Entry]:
         """Up to ``count`` entries after ``after_id``, waiting up to ``block_ms`` if there are none yet."""

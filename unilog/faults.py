@@ -14,6 +14,8 @@ Points:
     Crash while the handler iterates the batch, after some records were handled.
 ``consumer.crash_before_commit``
     Crash after the handler ran and before the state-and-checkpoint transaction commits (the reference's 10 %).
+``group.crash_before_ack``
+    A group worker crashes after its transaction committed and before it acknowledged the entries in Redis.
 
 Crashes raise :class:`~unilog.errors.InjectedCrash`, a ``BaseException``, so no ``except Exception`` swallows them.
 """
@@ -38,6 +40,7 @@ POINTS = (
     "streamer.crash_after_publish",
     "consumer.crash_mid_batch",
     "consumer.crash_before_commit",
+    "group.crash_before_ack",
 )
 
 

@@ -1,11 +1,11 @@
-"""``unilog status``: streams, the staged backlog and each consumer's lag, for people and for scripts."""
+"""``unilog status``: streams, staged backlog, consumers, groups, lag and dead letters, for people and scripts."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
-from . import engine, store
+from . import dlq, engine, store
 from .config import Settings
 
 
@@ -14,47 +14,88 @@ def collect_status(settings: Settings) -> dict[str, Any]:
     conn = store.connect(settings.conninfo, autocommit=True, application_name="unilog-status")
     client = engine.connect(settings.redis_url)
     engine.ping(client, settings.redis_url)
-    streams_api = engine.RedisStreams(client)
+    api = engine.RedisStreams(client)
     try:
         store.check_schema(conn)
-        backlog, oldest_age = store.staged_backlog(conn)
-        holder = store.horizon_holder(conn)
+        backlog = {(s or settings.stream): v for s, v in store.staged_by_stream(conn).items()}
         checkpoints = store.list_checkpoints(conn)
-        names = sorted({settings.stream, *(cp.stream for cp in checkpoints)})
-        streams = {name: streams_api.info(name) for name in names}
+        names = sorted({settings.stream, *backlog, *(cp.stream for cp in checkpoints)})
+        names += [p for n in list(names) for p in _partitions(api, n) if p not in names]
         now_ms = time.time() * 1000
-        consumers = []
-        for cp in checkpoints:
-            info = streams[cp.stream]
-            lag = streams_api.entries_after(cp.stream, cp.last_id) if info.length else 0
-            consumers.append(
-                {
-                    "name": cp.name,
-                    "stream": cp.stream,
-                    "last_id": cp.last_id,
-                    "lag_entries": lag,
-                    "lag_seconds": _lag_seconds(cp.last_id, info.last_id, now_ms) if lag else 0.0,
-                }
-            )
         return {
-            "staged": {"records": backlog, "oldest_age_seconds": oldest_age, "oldest_transaction": holder},
-            "streams": [
-                {"name": n, "length": i.length, "first_id": i.first_id, "last_id": i.last_id}
-                for n, i in streams.items()
-            ],
-            "consumers": consumers,
+            "staged": _staged(conn),
+            "streams": [_stream(api, name, backlog.get(name), now_ms) for name in names],
+            "consumers": [_consumer(api, cp, now_ms) for cp in checkpoints],
         }
     finally:
         conn.close()
         client.close()
 
 
-def _lag_seconds(checkpoint_id: str, last_id: str | None, now_ms: float) -> float:
-    """How far behind the consumer is: age of the oldest entry it has not read (approximated by its checkpoint)."""
-    if last_id is None:
-        return 0.0
-    checkpoint_ms = int(checkpoint_id.split("-", 1)[0])
-    return round(max(0.0, now_ms - checkpoint_ms) / 1000, 3) if checkpoint_ms else round(now_ms / 1000, 3)
+def _staged(conn: Any) -> dict[str, Any]:
+    records, oldest = store.staged_backlog(conn)
+    return {"records": records, "oldest_age_seconds": oldest, "oldest_transaction": store.horizon_holder(conn)}
+
+
+def _partitions(api: engine.RedisStreams, stream: str) -> list[str]:
+    count = api.partitions(stream)
+    return [f"{stream}.p{i}" for i in range(count)] if count > 1 else []
+
+
+def _lag(api: engine.RedisStreams, stream: str, after_id: str, now_ms: float) -> tuple[int, float]:
+    """(entries after ``after_id``, age in seconds of the first of them: how long the oldest unread one waited)."""
+    first: Any = (
+        api.client.xrange(stream, min="(" + after_id, count=1)
+        if after_id != "0-0"
+        else api.client.xrange(stream, count=1)
+    )
+    if not first:
+        return 0, 0.0
+    waited = max(0.0, now_ms - engine.id_tuple(first[0][0].decode())[0]) / 1000
+    return api.entries_after(stream, after_id), round(waited, 3)
+
+
+def _stream(api: engine.RedisStreams, name: str, staged: tuple[int, float | None] | None, now_ms: float) -> dict:
+    info = api.info(name)
+    letters = dlq.list_letters(api, name)
+    groups = []
+    for group in api.groups(name):
+        group_name = str(group["name"])
+        lag, waited = _lag(api, name, str(group["last-delivered-id"]), now_ms)
+        groups.append(
+            {
+                "name": group_name,
+                "workers": int(group["consumers"]),
+                "pending": int(group["pending"]),
+                "last_delivered_id": group["last-delivered-id"],
+                "lag_entries": lag,
+                "lag_seconds": waited,
+                "dead_letters": sum(1 for d in letters if d.group == group_name),
+            }
+        )
+    return {
+        "name": name,
+        "length": info.length,
+        "first_id": info.first_id,
+        "last_id": info.last_id,
+        "staged": staged[0] if staged else 0,
+        "staged_oldest_age_seconds": staged[1] if staged else None,
+        "partitions": api.partitions(name),
+        "dead_letters": len(letters),
+        "groups": groups,
+    }
+
+
+def _consumer(api: engine.RedisStreams, cp: store.Checkpoint, now_ms: float) -> dict[str, Any]:
+    lag, waited = _lag(api, cp.stream, cp.last_id, now_ms)
+    return {
+        "name": cp.name,
+        "stream": cp.stream,
+        "last_id": cp.last_id,
+        "positions": {p: f"{e}:{s}" for p, (e, s) in cp.positions.items()},
+        "lag_entries": lag,
+        "lag_seconds": waited,
+    }
 
 
 def format_status(report: dict[str, Any]) -> str:
@@ -69,20 +110,34 @@ def format_status(report: dict[str, Any]) -> str:
             f"{holder['database']}), open {holder['age_seconds']:.1f}s: records committed after it began wait for it"
         )
     lines.append("")
-    lines += _table(
-        ["stream", "length", "first id", "last id"],
-        [[s["name"], s["length"], s["first_id"] or "-", s["last_id"] or "-"] for s in report["streams"]],
+    lines += table(
+        ["stream", "length", "first id", "last id", "staged", "dead letters"],
+        [
+            [s["name"], s["length"], s["first_id"] or "-", s["last_id"] or "-", s["staged"], s["dead_letters"]]
+            for s in report["streams"]
+        ],
     )
     lines.append("")
-    lines += _table(
+    lines += table(
         ["consumer", "stream", "checkpoint", "lag (entries)", "lag (s)"],
         [[c["name"], c["stream"], c["last_id"], c["lag_entries"], c["lag_seconds"]] for c in report["consumers"]]
         or [["(none)", "", "", "", ""]],
     )
+    groups = [(s["name"], g) for s in report["streams"] for g in s["groups"]]
+    if groups:
+        lines.append("")
+        lines += table(
+            ["group", "stream", "workers", "pending", "lag (entries)", "lag (s)", "dead letters"],
+            [
+                [g["name"], stream, g["workers"], g["pending"], g["lag_entries"], g["lag_seconds"], g["dead_letters"]]
+                for stream, g in groups
+            ],
+        )
     return "\n".join(lines)
 
 
-def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
+def table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    """Rows as left-aligned columns under ``header``."""
     cells = [header, *[[str(v) for v in row] for row in rows]]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
     return ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in cells]

@@ -26,7 +26,7 @@ from .errors import SchemaMissing, ServerUnreachable
 
 log = structlog.get_logger(__name__)
 
-SCHEMA_HEAD = "unilog_0002"
+SCHEMA_HEAD = "unilog_0003"
 VERSION_TABLE = "unilog_alembic_version"
 NOTIFY_CHANNEL = "unilog_staged"
 
@@ -230,19 +230,20 @@ def last_published_seq(conn: psycopg.Connection[Any], stream: str, epoch: int) -
     return int(row[1])
 
 
-def delete_published(conn: psycopg.Connection[Any], ids: Sequence[int], stream: str, epoch: int, last_seq: int) -> int:
-    """Delete the published rows and advance the stream's position, in the caller's transaction.
+def delete_published(conn: psycopg.Connection[Any], ids: Sequence[int], epoch: int, last_seqs: dict[str, int]) -> int:
+    """Delete the published rows and advance each target stream's position, in the caller's transaction.
 
     Returns the number of rows deleted; the caller must check it equals ``len(ids)``.
     """
     cur = conn.execute("DELETE FROM staged_log_records WHERE id = ANY(%s)", (list(ids),))
-    conn.execute(
-        """
-        INSERT INTO unilog_stream_positions (stream, epoch, last_seq) VALUES (%s, %s, %s)
-        ON CONFLICT (stream) DO UPDATE SET epoch = excluded.epoch, last_seq = excluded.last_seq, updated_at = now()
-        """,
-        (stream, epoch, last_seq),
-    )
+    with conn.cursor() as positions:
+        positions.executemany(
+            """
+            INSERT INTO unilog_stream_positions (stream, epoch, last_seq) VALUES (%s, %s, %s)
+            ON CONFLICT (stream) DO UPDATE SET epoch = excluded.epoch, last_seq = excluded.last_seq, updated_at = now()
+            """,
+            [(stream, epoch, seq) for stream, seq in last_seqs.items()],
+        )
     return cur.rowcount
 
 
@@ -263,6 +264,17 @@ def staged_backlog(conn: psycopg.Connection[Any]) -> tuple[int, float | None]:
     ).fetchone()
     assert row is not None
     return int(row[0]), row[1]
+
+
+def staged_by_stream(conn: psycopg.Connection[Any]) -> dict[str, tuple[int, float | None]]:
+    """Per ``stream`` column value ('' = the default stream): (committed staged records, oldest age in seconds)."""
+    rows = conn.execute(
+        """
+        SELECT stream, count(*), extract(epoch FROM now() - min(created_at))::float8
+        FROM staged_log_records GROUP BY stream
+        """
+    ).fetchall()
+    return {r[0]: (int(r[1]), r[2]) for r in rows}
 
 
 def horizon_holder(conn: psycopg.Connection[Any]) -> dict[str, Any] | None:
@@ -334,3 +346,85 @@ def list_checkpoints(conn: psycopg.Connection[Any]) -> list[Checkpoint]:
     """Every consumer checkpoint, by name."""
     rows = conn.execute("SELECT name, stream, last_id, positions FROM unilog_checkpoints ORDER BY name").fetchall()
     return [_checkpoint_from_row(r[0], r[1:]) for r in rows]
+
+
+# -- consumer groups --------------------------------------------------------------------------------------------------
+
+Identity = tuple[str, int, int]  # (producer, epoch, seq)
+
+
+def group_watermarks(conn: psycopg.Connection[Any], group: str, stream: str) -> dict[tuple[str, int], int]:
+    """(producer, epoch) -> the seq at or below which every record was applied by ``group``."""
+    rows = conn.execute(
+        "SELECT producer, epoch, seq FROM unilog_group_watermarks WHERE group_name = %s AND stream = %s",
+        (group, stream),
+    ).fetchall()
+    return {(r[0], int(r[1])): int(r[2]) for r in rows}
+
+
+def claim_identities(
+    conn: psycopg.Connection[Any], group: str, stream: str, identities: Sequence[Identity]
+) -> set[Identity]:
+    """Insert ``identities`` as applied by ``group`` in the caller's transaction; return those that were new.
+
+    Identities already present belong to records this group applied before (a redelivery): the caller skips them.
+    """
+    if not identities:
+        return set()
+    producers, epochs, seqs = zip(*identities, strict=True)
+    rows = conn.execute(
+        """
+        INSERT INTO unilog_processed (group_name, stream, producer, epoch, seq)
+        SELECT %s, %s, p, e, s FROM unnest(%s::text[], %s::bigint[], %s::bigint[]) AS t(p, e, s)
+        ON CONFLICT DO NOTHING
+        RETURNING producer, epoch, seq
+        """,
+        (group, stream, list(producers), list(epochs), list(seqs)),
+    ).fetchall()
+    return {(r[0], int(r[1]), int(r[2])) for r in rows}
+
+
+def advance_watermarks(conn: psycopg.Connection[Any], group: str, stream: str) -> int:
+    """Move each (producer, epoch) watermark over the contiguous run of applied seqs above it and prune the rows
+    at or below it, in the caller's transaction; return rows pruned. Seqs are dense per producer and stream, so a
+    watermark never passes a record that was not applied (a dead letter, say): that record blocks it until it is
+    replayed and applied, or dropped."""
+    conn.execute(
+        """
+        WITH pairs AS (
+            SELECT DISTINCT producer, epoch FROM unilog_processed
+            WHERE group_name = %(g)s AND stream = %(s)s AND producer <> ''
+        ), current AS (
+            SELECT p.producer, p.epoch, coalesce(w.seq, 0) AS seq
+            FROM pairs p LEFT JOIN unilog_group_watermarks w
+              ON w.group_name = %(g)s AND w.stream = %(s)s AND w.producer = p.producer AND w.epoch = p.epoch
+        ), runs AS (
+            SELECT c.producer, c.epoch, r.seq, r.seq - c.seq - row_number() OVER (
+                PARTITION BY c.producer, c.epoch ORDER BY r.seq) AS offset_from_run
+            FROM current c JOIN unilog_processed r
+              ON r.group_name = %(g)s AND r.stream = %(s)s AND r.producer = c.producer AND r.epoch = c.epoch
+             AND r.seq > c.seq
+        ), advanced AS (
+            SELECT producer, epoch, max(seq) AS seq FROM runs WHERE offset_from_run = 0 GROUP BY producer, epoch
+        )
+        INSERT INTO unilog_group_watermarks (group_name, stream, producer, epoch, seq)
+        SELECT %(g)s, %(s)s, producer, epoch, seq FROM advanced
+        ON CONFLICT (group_name, stream, producer, epoch) DO UPDATE SET seq = excluded.seq
+        """,
+        {"g": group, "s": stream},
+    )
+    cur = conn.execute(
+        """
+        DELETE FROM unilog_processed r USING unilog_group_watermarks w
+        WHERE r.group_name = %(g)s AND r.stream = %(s)s
+          AND w.group_name = r.group_name AND w.stream = r.stream AND w.producer = r.producer AND w.epoch = r.epoch
+          AND r.seq <= w.seq
+        """,
+        {"g": group, "s": stream},
+    )
+    return cur.rowcount
+
+
+def mark_dropped(conn: psycopg.Connection[Any], group: str, stream: str, identity: Identity) -> None:
+    """Record a dead letter that was dropped as settled for ``group``, so the watermark can move past it."""
+    claim_identities(conn, group, stream, [identity])

@@ -30,6 +30,7 @@ from . import engine, store
 from .config import Settings, validate_stream_name
 from .errors import InjectedCrash, PublishError, ServerUnreachable, UnilogError
 from .faults import NO_FAULTS, Faults
+from .partitions import partition_of, partition_stream
 
 log = structlog.get_logger(__name__)
 
@@ -95,6 +96,7 @@ class Streamer:
         self._identity: store.ProducerIdentity | None = None
         self._last_seq: dict[str, int] = {}  # valid while we hold the stream's lock and our commits succeed
         self._last_retention = 0.0
+        self._partition_counts: dict[str, int] = {}
         self.published_total = 0
 
     # -- connections -------------------------------------------------------------------------------------------------
@@ -194,21 +196,33 @@ class Streamer:
             return
         self._last_retention = now
         for stream in sorted(self._owned):
-            self.trim(stream)
+            count = self._partitions(stream)
+            for target in [stream] if count <= 1 else [partition_stream(stream, i) for i in range(count)]:
+                self.trim(target)
 
     def trim(self, stream: str) -> int:
-        """Trim ``stream`` behind its registered consumers (and to the hard cap, if set); return entries removed."""
+        """Trim ``stream`` behind its registered consumers and consumer groups (and to the hard cap, if set).
+
+        A group holds the stream at its oldest pending entry, or at its last delivered entry if nothing is pending,
+        so nothing a group has not acknowledged is trimmed. Returns entries removed.
+        """
         api = self._engine()
-        checkpoints = api.registered(stream)
+        floors = list(api.registered(stream).values())
+        for group in api.groups(stream):
+            floors.append(str(group["last-delivered-id"]))
+            if int(group.get("pending", 0)):
+                pending_min = api.pending_summary(stream, str(group["name"]))["min"]
+                if pending_min:
+                    floors.append(pending_min)
         removed = 0
-        if checkpoints:
-            lowest = min(checkpoints.values(), key=engine.id_tuple)
+        if floors:
+            lowest = min(floors, key=engine.id_tuple)
             if lowest != "0-0":
                 removed += api.trim(stream, min_id=lowest)
         if self.config.max_len is not None:
             removed += api.trim(stream, max_len=self.config.max_len)
         if removed:
-            log.info("stream trimmed", stream=stream, removed=removed, consumers=len(checkpoints))
+            log.info("stream trimmed", stream=stream, removed=removed, holders=len(floors))
         return removed
 
     def _sources(self, conn: psycopg.Connection[Any]) -> Iterable[str]:
@@ -236,17 +250,18 @@ class Streamer:
             return 0
         identity = self._identity
         assert identity is not None
-        if stream not in self._last_seq:
-            self._last_seq[stream] = store.last_published_seq(conn, stream, identity.epoch)
-        first_seq = self._last_seq[stream] + 1
-        payload = [(data, action, obj, created, key) for _id, action, obj, data, key, created in rows]
-        result = self._send(stream, identity, first_seq, payload, dedupe=True)
-        if self.faults.fires("streamer.double_send"):
-            self._send(stream, identity, first_seq, payload, dedupe=False)
+        targets = self._split(stream, rows)
+        first_seqs = {target: self._next_seq(conn, target, identity.epoch) for target in targets}
+        appended = 0
+        for target, payload in targets.items():
+            appended += self._send(target, identity, first_seqs[target], payload, dedupe=True).appended
+            if self.faults.fires("streamer.double_send"):
+                self._send(target, identity, first_seqs[target], payload, dedupe=False)
         self.faults.crash("streamer.crash_after_publish")
-        last_seq = first_seq + len(rows) - 1
-        self._last_seq.pop(stream)  # re-read from Postgres unless this commit succeeds
-        deleted = store.delete_published(conn, [r[0] for r in rows], stream, identity.epoch, last_seq)
+        last_seqs = {target: first_seqs[target] + len(payload) - 1 for target, payload in targets.items()}
+        for target in targets:
+            self._last_seq.pop(target)  # re-read from Postgres unless this commit succeeds
+        deleted = store.delete_published(conn, [r[0] for r in rows], identity.epoch, last_seqs)
         if deleted != len(rows):
             conn.rollback()
             raise UnilogError(
@@ -254,18 +269,43 @@ class Streamer:
                 "the same stream without the lock; the records will be re-sent and deduplicated by position"
             )
         conn.commit()
-        self._last_seq[stream] = last_seq
+        self._last_seq.update(last_seqs)
         self.published_total += len(rows)
         log.info(
             "batch streamed",
             stream=stream,
             records=len(rows),
-            appended=result.appended,
-            first_seq=first_seq,
-            last_seq=last_seq,
+            appended=appended,
+            targets=len(targets),
+            last_seq=last_seqs.get(stream),
             ms=round((time.perf_counter() - started) * 1000, 2),
         )
         return len(rows)
+
+    def _next_seq(self, conn: psycopg.Connection[Any], target: str, epoch: int) -> int:
+        if target not in self._last_seq:
+            self._last_seq[target] = store.last_published_seq(conn, target, epoch)
+        return self._last_seq[target] + 1
+
+    def _split(self, stream: str, rows: list[store.StagedRow]) -> dict[str, list[engine.PublishRow]]:
+        """The batch's payload per target stream: the stream itself, or its partitions by key (in batch order)."""
+        count = self._partitions(stream)
+        if count <= 1:
+            return {stream: [(data, action, obj, created, key) for _id, action, obj, data, key, created in rows]}
+        targets: dict[str, list[engine.PublishRow]] = {}
+        for row_id, action, obj, data, key, created in rows:
+            target = partition_stream(stream, partition_of(key if key is not None else str(row_id), count))
+            targets.setdefault(target, []).append((data, action, obj, created, key))
+        return targets
+
+    def _partitions(self, stream: str) -> int:
+        """The stream's partition count, from Redis (set with ``unilog stream partition``); cached once set."""
+        if stream not in self._partition_counts:
+            count = self._engine().partitions(stream)
+            if count > 1:
+                self._partition_counts[stream] = count
+            return count
+        return self._partition_counts[stream]
 
     def _send(
         self,

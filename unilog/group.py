@@ -1,0 +1,371 @@
+"""Group consumers: N workers share one stream through a Redis consumer group, each record applied exactly once.
+
+Redis delivers each entry to one worker of the group (``XREADGROUP``) and redelivers it if that worker never
+acknowledges it (``XAUTOCLAIM`` after ``claim_idle_ms``). At-least-once delivery becomes exactly-once effect here:
+in the transaction of the effect the worker inserts each record's identity (producer, epoch, seq) into
+``unilog_processed`` and hands the handler only the records whose identity was new; it ``XACK``s after the commit.
+A redelivered record, or a double-sent copy, finds its identity and is skipped. The table is pruned behind a
+watermark (every seq at or below it applied), so it stays small.
+
+A handler failure rolls the batch back and retries its records one by one, so one poison record cannot hold the
+others back; a record that fails is left pending, retried after ``claim_idle_ms`` (its back-off), and after
+``max_deliveries`` failed attempts moved to the dead-letter stream ``<stream>:dlq`` with the error, the worker and
+the attempt count, then acknowledged. It never stalls the group and is never dropped silently: ``unilog dlq``
+lists, shows, replays (after a fix) or drops it.
+
+Groups do not keep order between records; use partitions (:mod:`unilog.partitions`) when records with the same
+key must be handled in order.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+import redis
+import structlog
+
+from . import engine, store
+from .config import Settings, redact_url, validate_stream_name
+from .consumer import Batch, Handler, Record
+from .errors import DataLoss, InjectedCrash, ServerUnreachable
+from .faults import NO_FAULTS, Faults
+
+log = structlog.get_logger(__name__)
+
+
+def default_worker_name() -> str:
+    """``host-pid``: unique per process, stable for its life."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class GroupConfig:
+    """A group worker's identity and pacing.
+
+    ``group`` names the group (and its state in ``unilog_processed``); ``worker`` names this worker in Redis.
+    ``claim_idle_ms`` is how long an entry must sit unacknowledged before another worker claims it (and the back-off
+    between attempts at a failing record); ``max_deliveries`` failed attempts send a record to the dead letters.
+    """
+
+    group: str
+    worker: str = ""
+    stream: str | None = None
+    batch_size: int = 500
+    block_ms: int = 1000
+    claim_idle_ms: int = 30_000
+    claim_interval: float = 5.0
+    max_deliveries: int = 5
+    prune_interval: float = 10.0
+    max_backoff: float = 10.0
+    restart_after_crash: bool = True
+    pg_timeout: float | None = 60.0
+
+    def __post_init__(self) -> None:
+        if not self.group or not self.group.strip():
+            raise ValueError("a consumer group needs a non-empty name")
+        if self.stream is not None:
+            validate_stream_name(self.stream)
+        if self.max_deliveries < 1:
+            raise ValueError("max_deliveries must be at least 1")
+
+
+@dataclass(frozen=True)
+class GroupResult:
+    """What one pass did."""
+
+    read: int = 0
+    handled: int = 0
+    skipped: int = 0
+    dead: int = 0
+    claimed: int = 0
+
+
+class GroupConsumer:
+    """One worker of a consumer group. One thread drives one worker; run several processes for several workers."""
+
+    def __init__(self, settings: Settings, config: GroupConfig, handler: Handler, *, faults: Faults = NO_FAULTS):
+        self.settings = settings
+        self.config = config
+        self.stream = config.stream or settings.stream
+        self.worker = config.worker or default_worker_name()
+        self.handler = handler
+        self.faults = faults
+        self._pg: psycopg.Connection[Any] | None = None
+        self._redis: engine.RedisStreams | None = None
+        self._last_claim = 0.0
+        self._last_prune = time.monotonic()
+        self._pending_cursor: str | None = "0"
+        self.handled_total = 0
+        self.skipped_total = 0
+        self.dead_total = 0
+
+    # -- connections -------------------------------------------------------------------------------------------------
+
+    def _conn(self) -> psycopg.Connection[Any]:
+        if self._pg is None or self._pg.closed:
+            self._pg = store.connect(
+                self.settings.conninfo,
+                application_name=f"unilog-group-{self.config.group}-{self.worker}"[:63],
+                timeout=self.config.pg_timeout,
+            )
+            store.check_schema(self._pg)
+            self._pg.commit()
+        return self._pg
+
+    def _engine(self) -> engine.RedisStreams:
+        if self._redis is None:
+            client = engine.connect(self.settings.redis_url, socket_timeout=self.config.block_ms / 1000 + 10)
+            engine.ping(client, self.settings.redis_url)
+            self._redis = engine.RedisStreams(client)
+        return self._redis
+
+    def connect(self) -> None:
+        """Connect to both servers and create the group (at the stream's beginning) if it does not exist."""
+        self._conn()
+        if self._engine().ensure_group(self.stream, self.config.group):
+            log.info("consumer group created", group=self.config.group, stream=self.stream)
+
+    def close(self) -> None:
+        """Close connections; entries this worker read but did not acknowledge stay pending for others to claim."""
+        if self._pg is not None and not self._pg.closed:
+            self._pg.close()
+        self._pg = None
+        if self._redis is not None:
+            self._redis.close()
+            self._redis = None
+        self._pending_cursor = "0"
+
+    def __enter__(self) -> GroupConsumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- one pass ----------------------------------------------------------------------------------------------------
+
+    def run_once(self, block_ms: int | None = None) -> GroupResult:
+        """One pass: this worker's own unacknowledged entries first (after a (re)connect), else entries claimed from
+        idle workers (at most every ``claim_interval``) and new ones; apply them; return what was done."""
+        api = self._engine()
+        if self._pending_cursor is not None:
+            # each own pending entry once; one that fails again waits for a claim, its back-off
+            own = api.read_group(
+                self.stream, self.config.group, self.worker, self.config.batch_size, None, self._pending_cursor
+            )
+            self._pending_cursor = engine.to_str(own[-1][0]) if own else None
+            if own:
+                return self._apply(own)
+        claimed = self._claim_due()
+        wait = self.config.block_ms if not block_ms else (None if block_ms < 0 else block_ms)
+        fresh = api.read_group(
+            self.stream, self.config.group, self.worker, self.config.batch_size, None if claimed else wait
+        )
+        result = self._apply(claimed + fresh)
+        self._prune_due()
+        return GroupResult(result.read, result.handled, result.skipped, result.dead, len(claimed))
+
+    def drain(self) -> int:
+        """Apply entries until the group has nothing new and nothing claimable; return records handled."""
+        self.connect()
+        total = 0
+        while True:
+            self._last_claim = 0.0
+            result = self.run_once(block_ms=-1)
+            total += result.handled
+            if result.read == 0:
+                return total
+
+    def _claim_due(self) -> list[engine.Entry]:
+        now = time.monotonic()
+        if now - self._last_claim < self.config.claim_interval:
+            return []
+        self._last_claim = now
+        return self.claim()
+
+    def claim(self) -> list[engine.Entry]:
+        """Take over entries idle for ``claim_idle_ms`` (a dead or stuck worker's); acknowledge deleted ones."""
+        api = self._engine()
+        start, claimed = "0-0", []
+        while True:
+            start, entries, deleted = api.autoclaim(
+                self.stream, self.config.group, self.worker, self.config.claim_idle_ms, start=start
+            )
+            claimed += entries
+            if deleted:
+                log.error(
+                    "pending entries were deleted from the stream before anyone applied them",
+                    group=self.config.group,
+                    ids=[engine.to_str(d) for d in deleted][:20],
+                    count=len(deleted),
+                )
+                api.ack(self.stream, self.config.group, deleted)
+            if start == "0-0":
+                break
+        if claimed:
+            log.info("claimed idle entries", group=self.config.group, worker=self.worker, count=len(claimed))
+        return claimed
+
+    def _apply(self, entries: list[engine.Entry]) -> GroupResult:
+        if not entries:
+            return GroupResult()
+        try:
+            handled, skipped = self._apply_batch(entries)
+        except (psycopg.OperationalError, redis.RedisError, OSError, ServerUnreachable):
+            raise  # infrastructure, not the record: reconnect and retry, never count it against the record
+        except Exception as exc:
+            if len(entries) == 1:
+                return GroupResult(1, 0, 0, self._failed(entries[0], exc))
+            log.warning("batch failed; retrying its records one by one", group=self.config.group, error=str(exc))
+            results = [self._apply([entry]) for entry in entries]
+            return GroupResult(
+                len(entries),
+                sum(r.handled for r in results),
+                sum(r.skipped for r in results),
+                sum(r.dead for r in results),
+            )
+        return GroupResult(len(entries), handled, skipped)
+
+    def _apply_batch(self, entries: list[engine.Entry]) -> tuple[int, int]:
+        """Apply ``entries`` in one transaction (skipping ones applied before), then acknowledge them all."""
+        started = time.perf_counter()
+        records = [Record(self.stream, eid, fields) for eid, fields in entries]
+        conn = self._conn()
+        with store.deadline(conn, self.config.pg_timeout), conn.transaction():
+            fresh = self._fresh(conn, records)
+            if fresh:
+                crash_at = self.faults.pick(len(fresh)) if self.faults.fires("consumer.crash_mid_batch") else None
+                self.handler(conn, Batch(fresh, crash_at, self.config.group))
+            self.faults.crash("consumer.crash_before_commit")
+        self.faults.crash("group.crash_before_ack")
+        ids = [eid for eid, _ in entries]
+        api = self._engine()
+        api.ack(self.stream, self.config.group, ids)
+        api.forget_attempts(self.stream, self.config.group, ids)
+        skipped = len(records) - len(fresh)
+        self.handled_total += len(fresh)
+        self.skipped_total += skipped
+        log.info(
+            "batch consumed",
+            group=self.config.group,
+            worker=self.worker,
+            records=len(fresh),
+            skipped=skipped,
+            ms=round((time.perf_counter() - started) * 1000, 2),
+        )
+        return len(fresh), skipped
+
+    def _fresh(self, conn: psycopg.Connection[Any], records: list[Record]) -> list[Record]:
+        """The records this group has not applied yet, their identities now claimed in this transaction."""
+        marks = store.group_watermarks(conn, self.config.group, self.stream)
+        candidates: dict[store.Identity, Record] = {}
+        for record in records:
+            identity = _identity(record)
+            if identity[0] and identity[2] <= marks.get((identity[0], identity[1]), 0):
+                continue
+            candidates.setdefault(identity, record)  # a double-sent copy in the same batch counts once
+        new = store.claim_identities(conn, self.config.group, self.stream, list(candidates))
+        return [record for identity, record in candidates.items() if identity in new]
+
+    def _failed(self, entry: engine.Entry, exc: Exception) -> int:
+        """Count a failed attempt at ``entry``; dead-letter it after ``max_deliveries``. Returns 1 if dead-lettered."""
+        self._recover_connection()
+        entry_id, fields = entry
+        api = self._engine()
+        attempts = api.attempt(self.stream, self.config.group, entry_id)
+        if attempts < self.config.max_deliveries:
+            log.warning(
+                "record failed; it stays pending and is retried after claim_idle_ms",
+                group=self.config.group,
+                entry=engine.to_str(entry_id),
+                attempt=attempts,
+                max_deliveries=self.config.max_deliveries,
+                error=repr(exc),
+            )
+            return 0
+        letter = api.dead_letter(
+            self.stream, self.config.group, entry_id, fields, error=repr(exc), consumer=self.worker, attempts=attempts
+        )
+        self.dead_total += 1
+        log.error(
+            "record dead-lettered",
+            group=self.config.group,
+            entry=engine.to_str(entry_id),
+            dead_letter=letter,
+            attempts=attempts,
+            error=repr(exc),
+        )
+        return 1
+
+    def _recover_connection(self) -> None:
+        pg = self._pg
+        if pg is not None and (pg.broken or pg.info.transaction_status != psycopg.pq.TransactionStatus.IDLE):
+            pg.close()
+            self._pg = None
+
+    def _prune_due(self) -> None:
+        now = time.monotonic()
+        if now - self._last_prune < self.config.prune_interval:
+            return
+        self._last_prune = now
+        self.prune()
+
+    def prune(self) -> int:
+        """Advance this group's watermarks and delete the processed rows at or below them; return rows deleted."""
+        conn = self._conn()
+        with conn.transaction():
+            got = conn.execute(
+                "SELECT pg_try_advisory_xact_lock(hashtextextended('unilog.group:' || %s || ':' || %s, 0))",
+                (self.config.group, self.stream),
+            ).fetchone()
+            if not got or not got[0]:
+                return 0  # another worker is pruning
+            pruned = store.advance_watermarks(conn, self.config.group, self.stream)
+        if pruned:
+            log.info("processed records pruned", group=self.config.group, rows=pruned)
+        return pruned
+
+    # -- the loop ----------------------------------------------------------------------------------------------------
+
+    def run(self, stop_event: threading.Event) -> None:
+        """Work until ``stop_event`` is set, finishing the batch in progress first."""
+        self.connect()
+        log.info(
+            "group worker started",
+            group=self.config.group,
+            worker=self.worker,
+            stream=self.stream,
+            database=redact_url(self.settings.database_url),
+        )
+        backoff = 0.1
+        while not stop_event.is_set():
+            try:
+                self.run_once()
+                backoff = 0.1
+            except DataLoss:
+                raise
+            except InjectedCrash as exc:
+                if not self.config.restart_after_crash:
+                    raise
+                log.warning("group worker crashed (injected); restarting", worker=self.worker, point=exc.point)
+                self.close()
+            except (psycopg.OperationalError, redis.RedisError, OSError, ServerUnreachable) as exc:
+                log.error("group worker connection failed; retrying", worker=self.worker, error=str(exc))
+                self.close()
+                stop_event.wait(backoff)
+                backoff = min(backoff * 2, self.config.max_backoff)
+        log.info("group worker stopped", worker=self.worker, handled=self.handled_total, dead=self.dead_total)
+
+
+def _identity(record: Record) -> store.Identity:
+    """(producer, epoch, seq); entries without unilog metadata are identified by their stream id."""
+    pos = record.position
+    if pos is not None:
+        return record.producer, pos[0], pos[1]
+    ms, _, seq = record.id.partition("-")
+    return "", int(ms), int(seq or 0)
