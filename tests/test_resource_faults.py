@@ -71,13 +71,18 @@ def pg_proxy(settings: Settings) -> Iterator[tuple[FaultProxy, Settings]]:
 def test_redis_replies_lost_unknown_outcome_is_deduplicated(redis_proxy: Any, settings: Settings) -> None:
     """Redis runs the batch but the reply never arrives: the streamer re-sends, the broker drops the repeat."""
     proxy, via = redis_proxy
-    stage(settings, 10)
-    streamer = Streamer(via, StreamerConfig(redis_timeout=0.5, poll_interval=0.1))
-    streamer.connect()
+    # no trimming pass, and one batch first: the next call Redis runs without answering must be the batch itself
+    streamer = Streamer(via, StreamerConfig(redis_timeout=0.5, poll_interval=0.1, retention_interval=1e9))
+    stage(settings, 1)
+    streamer.drain()
+    stage(settings, 9)
     proxy.drop_replies()
     with capture_logs() as logs, running(streamer.run):
         wait_until(lambda: any("did not confirm" in e for e in errors_logged(logs)), 10, "a publish timeout")
-        assert staged(settings) == 10, "nothing deleted while the outcome is unknown"
+        assert staged(settings) == 9, "nothing deleted while the outcome is unknown"
+        direct = redis.Redis.from_url(settings.redis_url)
+        assert direct.xlen("test-stream") == 10, "Redis did run the batch whose reply was lost"
+        direct.close()
         proxy.pass_through()
         wait_until(lambda: staged(settings) == 0, 15, "the streamer to resume")
     streamer.close()

@@ -34,6 +34,8 @@ from .partitions import partition_of, partition_stream
 
 log = structlog.get_logger(__name__)
 
+PARTITION_RECHECK = 10.0  # seconds between looks at an unpartitioned stream's settings
+
 
 @dataclass(frozen=True)
 class StreamerConfig:
@@ -96,7 +98,7 @@ class Streamer:
         self._identity: store.ProducerIdentity | None = None
         self._last_seq: dict[str, int] = {}  # valid while we hold the stream's lock and our commits succeed
         self._last_retention = 0.0
-        self._partition_counts: dict[str, int] = {}
+        self._partition_counts: dict[str, tuple[int, float]] = {}
         self.published_total = 0
 
     # -- connections -------------------------------------------------------------------------------------------------
@@ -299,13 +301,14 @@ class Streamer:
         return targets
 
     def _partitions(self, stream: str) -> int:
-        """The stream's partition count, from Redis (set with ``unilog stream partition``); cached once set."""
-        if stream not in self._partition_counts:
-            count = self._engine().partitions(stream)
-            if count > 1:
-                self._partition_counts[stream] = count
+        """The stream's partition count, from Redis (``unilog stream partition``): cached for good once set (it
+        cannot change), and re-read every ``PARTITION_RECHECK`` seconds while the stream is unpartitioned."""
+        count, checked = self._partition_counts.get(stream, (1, -PARTITION_RECHECK))
+        if count > 1 or time.monotonic() - checked < PARTITION_RECHECK:
             return count
-        return self._partition_counts[stream]
+        count = self._engine().partitions(stream)
+        self._partition_counts[stream] = (count, time.monotonic())
+        return count
 
     def _send(
         self,
