@@ -51,3 +51,18 @@ def group_handler(conn: psycopg.Connection[Any], records: Sequence[Record]) -> N
 
     record_applied("group", conn, records)
     time.sleep(float(os.environ.get("SLOW_HANDLER", "0")))
+
+
+def ordered_handler(conn: psycopg.Connection[Any], records: Sequence[Record]) -> None:
+    """Used by the partition test: one row per application, in application order, with the worker's name."""
+    import os
+    import sys
+    import time
+
+    worker = sys.argv[sys.argv.index("--worker") + 1] if "--worker" in sys.argv else "?"
+    with conn.cursor() as cur:
+        cur.executemany(
+            "INSERT INTO key_order (key, n, worker) VALUES (%s, %s, %s)",
+            [(r.data["key"], r.data["n"], worker) for r in records],
+        )
+    time.sleep(float(os.environ.get("SLOW_HANDLER", "0")))

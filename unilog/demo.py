@@ -29,6 +29,8 @@ from .fleet import Fleet, ProcessSpec
 
 STREAM = "rocket-rides-log"
 CONSUMERS = ("consumer0", "consumer1")
+GROUP = "group0"  # a consumer group of two workers, its state shared under the group's name
+GROUP_WORKERS = ("group0-a", "group0-b")
 STREAMERS = ("streamer", "streamer2")  # one publishes, the other stands by
 DEFAULT_FAULTS = {
     "streamer": "streamer.double_send=0.1",
@@ -96,6 +98,28 @@ def fleet_specs(root: Path, api_port: int, rate: float, faults: bool, seed: int 
                 {"UNILOG_FAULTS": consumer_faults, **consumer_seed},
             )
         )
+    for i, worker in enumerate(GROUP_WORKERS):
+        worker_seed = {} if seed is None else {"UNILOG_FAULT_SEED": str(seed + 10 + i)}
+        specs.append(
+            ProcessSpec(
+                worker,
+                [
+                    py,
+                    "-m",
+                    "services.consumer",
+                    GROUP,
+                    "--group",
+                    "--worker",
+                    worker,
+                    "--log-json",
+                    "--block-ms",
+                    "250",
+                    "--claim-idle-ms",
+                    "2000",
+                ],
+                {"UNILOG_FAULTS": consumer_faults, **worker_seed},
+            )
+        )
     sim = [py, "-m", "services.simulator", "--api", f"http://127.0.0.1:{api_port}", "--rate", str(rate)]
     specs.append(ProcessSpec("simulator", sim + ([] if seed is None else ["--seed", str(seed)])))
     return specs
@@ -133,7 +157,7 @@ def run_demo(
             fleet.stop("simulator")
             snap = _settle(pg.url, rd.url, fleet, out)
         finally:
-            codes = fleet.stop_all(order=["simulator", "api", *STREAMERS, *CONSUMERS])
+            codes = fleet.stop_all(order=["simulator", "api", *STREAMERS, *CONSUMERS, *GROUP_WORKERS])
         _print_verdict(snap, fleet, codes, out)
         return snap.agree
 
@@ -179,14 +203,19 @@ def snapshot(pg_url: str, redis_url: str) -> Snapshot:
         length = streams.info(STREAM).length
         consumers = {}
         for name in CONSUMERS:
-            state = states.get(name)
             cp = checkpoints.get(name)
-            lag = streams.entries_after(STREAM, cp.last_id) if cp else length
-            consumers[name] = (str(state.total_distance) if state else "0", state.ride_count if state else 0, lag)
+            consumers[name] = _row(states.get(name), streams.entries_after(STREAM, cp.last_id) if cp else length)
+        group = next((g for g in streams.groups(STREAM) if g["name"] == GROUP), None)
+        group_lag = streams.entries_after(STREAM, str(group["last-delivered-id"])) if group else length
+        consumers[GROUP] = _row(states.get(GROUP), group_lag + (int(group["pending"]) if group else 0))
     finally:
         client.close()
-    agree = all(states.get(n) == canonical for n in CONSUMERS)
+    agree = all(states.get(n) == canonical for n in (*CONSUMERS, GROUP))
     return Snapshot(canonical.ride_count, staged, length, consumers, canonical, agree)
+
+
+def _row(state: Any, lag: int) -> tuple[str, int, int]:
+    return (str(state.total_distance) if state else "0", state.ride_count if state else 0, lag)
 
 
 def _render(snap: Snapshot, fleet: Fleet, elapsed: float, tty: bool) -> str:
