@@ -23,21 +23,19 @@ from functools import cached_property
 from typing import Any
 
 import psycopg
-import redis
 import structlog
 
 from . import engine, store
 from .config import Settings, redact_url, validate_stream_name
 from .errors import (
     ConfigurationError,
-    DataLoss,
     HandlerNotFound,
     InjectedCrash,
-    ServerUnreachable,
     StreamGap,
     StreamRewound,
 )
 from .faults import NO_FAULTS, Faults
+from .runtime import Links, run_loop
 
 log = structlog.get_logger(__name__)
 
@@ -189,8 +187,13 @@ class Consumer:
         self.stream = config.stream or settings.stream
         self.handler = handler
         self.faults = faults
-        self._pg: psycopg.Connection[Any] | None = None
-        self._redis: engine.RedisStreams | None = None
+        self._links = Links(
+            settings,
+            app_name=f"unilog-consumer-{config.name}",
+            pg_timeout=config.pg_timeout,
+            redis_timeout=config.block_ms / 1000 + 10,  # must outlast a blocking read
+            on_pg_connect=self._forget_checkpoint,
+        )
         self._checkpoint: store.Checkpoint | None = None
         self.handled_total = 0
         self.skipped_total = 0
@@ -199,24 +202,13 @@ class Consumer:
     # -- connections -------------------------------------------------------------------------------------------------
 
     def _conn(self) -> psycopg.Connection[Any]:
-        if self._pg is None or self._pg.closed:
-            self._checkpoint = None
-            self._pg = store.connect(
-                self.settings.conninfo,
-                application_name=f"unilog-consumer-{self.config.name}",
-                timeout=self.config.pg_timeout,
-            )
-            store.check_schema(self._pg)
-            self._pg.commit()
-        return self._pg
+        return self._links.pg()
 
     def _engine(self) -> engine.RedisStreams:
-        if self._redis is None:
-            # the socket timeout must outlast a blocking read
-            client = engine.connect(self.settings.redis_url, socket_timeout=self.config.block_ms / 1000 + 10)
-            engine.ping(client, self.settings.redis_url)
-            self._redis = engine.RedisStreams(client)
-        return self._redis
+        return self._links.redis()
+
+    def _forget_checkpoint(self, _conn: object = None) -> None:
+        self._checkpoint = None
 
     def connect(self) -> None:
         """Connect to both servers, load the checkpoint, register it for retention and check Redis did not rewind.
@@ -241,13 +233,8 @@ class Consumer:
 
     def close(self) -> None:
         """Close connections; the committed checkpoint is all that carries over."""
-        if self._pg is not None and not self._pg.closed:
-            self._pg.close()
-        self._pg = None
+        self._links.close()
         self._checkpoint = None
-        if self._redis is not None:
-            self._redis.close()
-            self._redis = None
 
     def __enter__(self) -> Consumer:
         return self
@@ -390,44 +377,30 @@ class Consumer:
         """Consume until ``stop_event`` is set, finishing the batch in progress first.
 
         A handler error rolls the batch back and retries it with exponential back-off (the batch is never
-        skipped); connection failures are retried the same way.
+        skipped); connection failures are retried the same way; data loss stops the consumer.
         """
         self.connect()
+        label = {"consumer": self.config.name}
         log.info(
             "consumer started",
-            consumer=self.config.name,
             stream=self.stream,
             database=redact_url(self.settings.database_url),
             redis=redact_url(self.settings.redis_url),
+            **label,
         )
-        backoff = 0.1
-        while not stop_event.is_set():
-            try:
-                self.run_once()
-                backoff = 0.1
-            except DataLoss:
-                raise
-            except InjectedCrash as exc:
-                if not self.config.restart_after_crash:
-                    raise
-                log.warning("consumer crashed (injected); restarting", consumer=self.config.name, point=exc.point)
-                self.close()
-            except (psycopg.OperationalError, redis.RedisError, OSError, ServerUnreachable) as exc:
-                log.error("consumer connection failed; retrying", consumer=self.config.name, error=str(exc))
-                self.close()
-                stop_event.wait(backoff)
-                backoff = min(backoff * 2, self.config.max_backoff)
-            except Exception as exc:
-                log.exception("handler failed; batch rolled back, retrying", consumer=self.config.name, error=str(exc))
-                self._recover()
-                stop_event.wait(backoff)
-                backoff = min(backoff * 2, self.config.max_backoff)
-        log.info("consumer stopped", consumer=self.config.name, handled=self.handled_total)
+        run_loop(
+            self.run_once,
+            stop_event,
+            label=label,
+            restart_after_crash=self.config.restart_after_crash,
+            restart=self.close,
+            on_error=self._recover,
+            max_backoff=self.config.max_backoff,
+        )
+        log.info("consumer stopped", handled=self.handled_total, **label)
 
-    def _recover(self) -> None:
-        pg = self._pg
-        if pg is not None and (pg.broken or pg.info.transaction_status != psycopg.pq.TransactionStatus.IDLE):
-            self.close()
+    def _recover(self, _exc: Exception) -> None:
+        self._links.discard_failed_transaction()
         self._checkpoint = None
 
 

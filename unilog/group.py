@@ -27,14 +27,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-import redis
 import structlog
 
 from . import engine, store
 from .config import Settings, redact_url, validate_stream_name
 from .consumer import Batch, Handler, Record
-from .errors import DataLoss, InjectedCrash, ServerUnreachable
 from .faults import NO_FAULTS, Faults
+from .runtime import TRANSIENT, Links, run_loop
 
 log = structlog.get_logger(__name__)
 
@@ -96,8 +95,12 @@ class GroupConsumer:
         self.worker = config.worker or default_worker_name()
         self.handler = handler
         self.faults = faults
-        self._pg: psycopg.Connection[Any] | None = None
-        self._redis: engine.RedisStreams | None = None
+        self._links = Links(
+            settings,
+            app_name=f"unilog-group-{config.group}-{self.worker}",
+            pg_timeout=config.pg_timeout,
+            redis_timeout=config.block_ms / 1000 + 10,
+        )
         self._last_claim = 0.0
         self._last_prune = time.monotonic()
         self._pending_cursor: str | None = "0"
@@ -108,22 +111,10 @@ class GroupConsumer:
     # -- connections -------------------------------------------------------------------------------------------------
 
     def _conn(self) -> psycopg.Connection[Any]:
-        if self._pg is None or self._pg.closed:
-            self._pg = store.connect(
-                self.settings.conninfo,
-                application_name=f"unilog-group-{self.config.group}-{self.worker}"[:63],
-                timeout=self.config.pg_timeout,
-            )
-            store.check_schema(self._pg)
-            self._pg.commit()
-        return self._pg
+        return self._links.pg()
 
     def _engine(self) -> engine.RedisStreams:
-        if self._redis is None:
-            client = engine.connect(self.settings.redis_url, socket_timeout=self.config.block_ms / 1000 + 10)
-            engine.ping(client, self.settings.redis_url)
-            self._redis = engine.RedisStreams(client)
-        return self._redis
+        return self._links.redis()
 
     def connect(self) -> None:
         """Connect to both servers and create the group (at the stream's beginning) if it does not exist."""
@@ -133,12 +124,7 @@ class GroupConsumer:
 
     def close(self) -> None:
         """Close connections; entries this worker read but did not acknowledge stay pending for others to claim."""
-        if self._pg is not None and not self._pg.closed:
-            self._pg.close()
-        self._pg = None
-        if self._redis is not None:
-            self._redis.close()
-            self._redis = None
+        self._links.close()
         self._pending_cursor = "0"
 
     def __enter__(self) -> GroupConsumer:
@@ -216,7 +202,7 @@ class GroupConsumer:
             return GroupResult()
         try:
             handled, skipped = self._apply_batch(entries)
-        except (psycopg.OperationalError, redis.RedisError, OSError, ServerUnreachable):
+        except TRANSIENT:
             raise  # infrastructure, not the record: reconnect and retry, never count it against the record
         except Exception as exc:
             if len(entries) == 1:
@@ -274,7 +260,7 @@ class GroupConsumer:
 
     def _failed(self, entry: engine.Entry, exc: Exception) -> int:
         """Count a failed attempt at ``entry``; dead-letter it after ``max_deliveries``. Returns 1 if dead-lettered."""
-        self._recover_connection()
+        self._links.discard_failed_transaction()
         entry_id, fields = entry
         api = self._engine()
         attempts = api.attempt(self.stream, self.config.group, entry_id)
@@ -301,12 +287,6 @@ class GroupConsumer:
             error=repr(exc),
         )
         return 1
-
-    def _recover_connection(self) -> None:
-        pg = self._pg
-        if pg is not None and (pg.broken or pg.info.transaction_status != psycopg.pq.TransactionStatus.IDLE):
-            pg.close()
-            self._pg = None
 
     def _prune_due(self) -> None:
         now = time.monotonic()
@@ -335,31 +315,17 @@ class GroupConsumer:
     def run(self, stop_event: threading.Event) -> None:
         """Work until ``stop_event`` is set, finishing the batch in progress first."""
         self.connect()
-        log.info(
-            "group worker started",
-            group=self.config.group,
-            worker=self.worker,
-            stream=self.stream,
-            database=redact_url(self.settings.database_url),
+        label = {"group": self.config.group, "worker": self.worker}
+        log.info("group worker started", stream=self.stream, database=redact_url(self.settings.database_url), **label)
+        run_loop(
+            self.run_once,
+            stop_event,
+            label=label,
+            restart_after_crash=self.config.restart_after_crash,
+            restart=self.close,
+            max_backoff=self.config.max_backoff,
         )
-        backoff = 0.1
-        while not stop_event.is_set():
-            try:
-                self.run_once()
-                backoff = 0.1
-            except DataLoss:
-                raise
-            except InjectedCrash as exc:
-                if not self.config.restart_after_crash:
-                    raise
-                log.warning("group worker crashed (injected); restarting", worker=self.worker, point=exc.point)
-                self.close()
-            except (psycopg.OperationalError, redis.RedisError, OSError, ServerUnreachable) as exc:
-                log.error("group worker connection failed; retrying", worker=self.worker, error=str(exc))
-                self.close()
-                stop_event.wait(backoff)
-                backoff = min(backoff * 2, self.config.max_backoff)
-        log.info("group worker stopped", worker=self.worker, handled=self.handled_total, dead=self.dead_total)
+        log.info("group worker stopped", handled=self.handled_total, dead=self.dead_total, **label)
 
 
 def _identity(record: Record) -> store.Identity:

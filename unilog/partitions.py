@@ -28,15 +28,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-import redis
 import structlog
 
 from . import engine, store
 from .config import Settings
 from .consumer import Consumer, ConsumerConfig, Handler
-from .errors import ConfigurationError, DataLoss, InjectedCrash, ServerUnreachable
+from .errors import ConfigurationError
 from .faults import NO_FAULTS, Faults
 from .group import default_worker_name
+from .runtime import run_loop
 
 log = structlog.get_logger(__name__)
 
@@ -214,26 +214,19 @@ class PartitionedConsumer:
     def run(self, stop_event: threading.Event) -> None:
         """Work until ``stop_event`` is set, finishing the batch in progress first."""
         self.connect()
-        log.info("partition worker started", consumer=self.config.name, worker=self.worker, partitions=self._count)
-        backoff = 0.1
-        while not stop_event.is_set():
-            try:
-                self.run_once()
-                backoff = 0.1
-            except DataLoss:
-                raise
-            except InjectedCrash as exc:
-                if not self.config.restart_after_crash:
-                    raise
-                log.warning("partition worker crashed (injected); restarting", worker=self.worker, point=exc.point)
-                self._restart()
-            except (psycopg.OperationalError, redis.RedisError, OSError, ServerUnreachable) as exc:
-                log.error("partition worker connection failed; retrying", worker=self.worker, error=str(exc))
-                self._restart()
-                stop_event.wait(backoff)
-                backoff = min(backoff * 2, self.config.max_backoff)
+        label = {"consumer": self.config.name, "worker": self.worker}
+        log.info("partition worker started", partitions=self._count, **label)
+        run_loop(
+            self.run_once,
+            stop_event,
+            label=label,
+            restart_after_crash=self.config.restart_after_crash,
+            restart=self._restart,
+            on_error=lambda _exc: self._restart(),  # a handler failure: roll back, rebalance, retry from checkpoints
+            max_backoff=self.config.max_backoff,
+        )
         self.close()
-        log.info("partition worker stopped", worker=self.worker, handled=self.handled_total)
+        log.info("partition worker stopped", handled=self.handled_total, **label)
 
     def _restart(self) -> None:
         self.close()

@@ -16,6 +16,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -28,12 +29,15 @@ import structlog
 
 from . import engine, store
 from .config import Settings, validate_stream_name
-from .errors import InjectedCrash, PublishError, ServerUnreachable, UnilogError
+from .errors import InjectedCrash, PublishError, UnilogError
 from .faults import NO_FAULTS, Faults
 from .partitions import partition_of, partition_stream
+from .runtime import TRANSIENT, Links
 
 log = structlog.get_logger(__name__)
 
+# a pass that fails this way is retried; it deleted nothing
+RETRYABLE: tuple[type[BaseException], ...] = (*TRANSIENT, PublishError)
 PARTITION_RECHECK = 10.0  # seconds between looks at an unpartitioned stream's settings
 
 
@@ -91,9 +95,14 @@ class Streamer:
         self.config = config or StreamerConfig()
         self.faults = faults
         self.name = name
-        self._pg: psycopg.Connection[Any] | None = None
+        self._links = Links(
+            settings,
+            app_name=f"unilog-{name}",
+            pg_timeout=self.config.pg_timeout,
+            redis_timeout=self.config.redis_timeout,
+            on_pg_connect=self._on_pg_connect,
+        )
         self._listen: psycopg.Connection[Any] | None = None
-        self._redis: engine.RedisStreams | None = None
         self._owned: set[str] = set()
         self._identity: store.ProducerIdentity | None = None
         self._last_seq: dict[str, int] = {}  # valid while we hold the stream's lock and our commits succeed
@@ -104,29 +113,22 @@ class Streamer:
     # -- connections -------------------------------------------------------------------------------------------------
 
     def _conn(self) -> psycopg.Connection[Any]:
-        if self._pg is None or self._pg.closed:
-            self._owned.clear()  # advisory locks died with the old session
-            self._last_seq.clear()
-            self._pg = store.connect(
-                self.settings.conninfo, application_name=f"unilog-{self.name}", timeout=self.config.pg_timeout
-            )
-            store.check_schema(self._pg)
-            self._pg.commit()
-            self._identity, new_epoch = store.resolve_identity(self._pg)
-            if new_epoch:
-                log.warning(
-                    "database was restored or copied: new producer epoch",
-                    producer=self._identity.producer_id,
-                    epoch=self._identity.epoch,
-                )
-        return self._pg
+        return self._links.pg()
 
     def _engine(self) -> engine.RedisStreams:
-        if self._redis is None:
-            client = engine.connect(self.settings.redis_url, socket_timeout=self.config.redis_timeout)
-            engine.ping(client, self.settings.redis_url)
-            self._redis = engine.RedisStreams(client)
-        return self._redis
+        return self._links.redis()
+
+    def _on_pg_connect(self, conn: psycopg.Connection[Any]) -> None:
+        """A new Postgres session: locks died with the old one; a restored database starts a new epoch."""
+        self._owned.clear()
+        self._last_seq.clear()
+        self._identity, new_epoch = store.resolve_identity(conn)
+        if new_epoch:
+            log.warning(
+                "database was restored or copied: new producer epoch",
+                producer=self._identity.producer_id,
+                epoch=self._identity.epoch,
+            )
 
     def connect(self) -> None:
         """Connect to both servers now and check the schema; raises a one-line-worthy error if either fails."""
@@ -135,14 +137,11 @@ class Streamer:
 
     def close(self) -> None:
         """Close connections (releasing this streamer's stream locks)."""
-        for conn in (self._pg, self._listen):
-            if conn is not None and not conn.closed:
-                conn.close()
-        self._pg = self._listen = None
+        self._links.close()
+        if self._listen is not None and not self._listen.closed:
+            self._listen.close()
+        self._listen = None
         self._owned.clear()
-        if self._redis is not None:
-            self._redis.close()
-            self._redis = None
 
     def __enter__(self) -> Streamer:
         return self
@@ -369,7 +368,7 @@ class Streamer:
                 log.warning("streamer crashed (injected); restarting")
                 self.close()
                 continue
-            except (psycopg.OperationalError, redis.RedisError, OSError, PublishError, ServerUnreachable) as exc:
+            except RETRYABLE as exc:
                 log.error("streamer pass failed; retrying", error=str(exc), retry_in=backoff)
                 self._reset()
                 stop_event.wait(backoff)
@@ -417,14 +416,10 @@ class Streamer:
             pass
 
     def _reset(self) -> None:
-        pg = self._pg
-        if pg is not None and not pg.closed:
-            try:
+        """After a failed pass: roll back or drop the Postgres session, and drop the Redis client (it reconnects)."""
+        pg = self._links.pg_open
+        if pg is not None and not pg.broken:
+            with contextlib.suppress(psycopg.Error):
                 pg.rollback()
-            except psycopg.Error:
-                pg.close()
-        if pg is not None and pg.broken:
-            pg.close()
-        if self._redis is not None:
-            self._redis.close()
-            self._redis = None
+        self._links.discard_failed_transaction()
+        self._links.drop_redis()
