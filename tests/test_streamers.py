@@ -18,7 +18,7 @@ import pytest
 
 from services.migrate import prepare
 from services.rides import STREAM, canonical_totals, consumer_totals
-from unilog import Settings, Streamer, StreamerConfig, emit
+from unilog import Settings, Streamer, StreamerConfig, UnilogError, emit
 from unilog.testing import running
 
 ROOT = Path(__file__).parent.parent
@@ -155,3 +155,19 @@ def test_redis_client_never_retries_on_its_own(settings: Settings) -> None:
     assert kwargs["retry"].get_retries() == 0
     assert not kwargs.get("retry_on_timeout")
     client.close()
+
+
+def test_drain_waits_for_a_stream_another_session_holds(settings: Settings, pg: Any, rds: Any) -> None:
+    """Found by the property tests: drain() returned 0 while another session held the stream lock."""
+    holder = psycopg.connect(settings.conninfo, autocommit=True)
+    holder.execute("SELECT pg_advisory_lock(hashtextextended('unilog.stream:' || 'test-stream', 0))")
+    with psycopg.connect(settings.conninfo) as conn:
+        emit(conn, action="a", object="o", data={})
+        conn.commit()
+    with Streamer(settings) as streamer:
+        assert streamer.run_once().blocked
+        with pytest.raises(UnilogError, match="another streamer holds"):
+            streamer.drain(timeout=0.3)
+        threading.Timer(0.3, holder.close).start()  # the other session ends: its lock is released
+        assert streamer.drain(timeout=10) == 1
+    assert rds.xlen("test-stream") == 1

@@ -74,10 +74,12 @@ class StreamerConfig:
 
 @dataclass(frozen=True)
 class BatchResult:
-    """What one pass did: records published, and whether committed records are still waiting behind the horizon."""
+    """What one pass did: records published, whether committed records are still waiting behind the horizon, and
+    whether a stream with staged records is held by another streamer's lock."""
 
     published: int = 0
     waiting: bool = False
+    blocked: bool = False
 
 
 class Streamer:
@@ -158,27 +160,31 @@ class Streamer:
         pass has published them.
         """
         conn = self._conn()
-        published, waiting = 0, False
+        published, waiting, blocked = 0, False, False
         with store.deadline(conn, self.config.pg_timeout):
             self._retention()
             for source in self._sources(conn):
                 stream = source or self.settings.stream
                 if not self._owns(conn, stream):
+                    blocked = True  # another session publishes it (or is about to release it)
                     continue
                 n = self._publish_batch(conn, source, stream)
                 published += n
                 if n == 0:
                     waiting = waiting or store.has_staged(conn, source)
                     conn.commit()
-        return BatchResult(published, waiting)
+        return BatchResult(published, waiting, blocked)
 
-    def drain(self) -> int:
-        """Publish batches until nothing is visible (burst mode); return the number of records published.
+    def drain(self, timeout: float | None = None) -> int:
+        """Publish batches until nothing staged is left for this streamer (burst mode); return records published.
 
-        Records that are committed but still behind an older open transaction are waited for, so that everything
-        committed before ``drain`` was called is published when it returns.
+        Records that are committed but still behind an older open transaction are waited for, and so are streams
+        whose lock another streamer holds (until it published them or let go), so everything committed before
+        ``drain`` was called has been published when it returns. Raises :class:`UnilogError` after ``timeout``
+        seconds if that is not reached.
         """
         self.connect()
+        deadline = None if timeout is None else time.monotonic() + timeout
         total, delay = 0, self.config.horizon_poll
         while True:
             result = self.run_once()
@@ -186,10 +192,23 @@ class Streamer:
             if result.published:
                 delay = self.config.horizon_poll
                 continue
-            if not result.waiting:
+            if not result.waiting and not (result.blocked and self._staged_elsewhere()):
                 return total
+            if deadline is not None and time.monotonic() > deadline:
+                raise UnilogError(
+                    f"drain timed out after {timeout}s with committed records still staged "
+                    f"({'behind an open transaction' if result.waiting else 'on a stream another streamer holds'})"
+                )
             time.sleep(delay)
             delay = min(delay * 2, self.config.horizon_poll_max)
+
+    def _staged_elsewhere(self) -> bool:
+        """Whether committed records are staged on a stream this streamer does not hold."""
+        conn = self._conn()
+        streams = [s for s in self._sources(conn) if (s or self.settings.stream) not in self._owned]
+        found = any(store.has_staged(conn, s) for s in streams)
+        conn.commit()
+        return found
 
     def _retention(self) -> None:
         now = time.monotonic()
