@@ -1,0 +1,145 @@
+"""unilog on Spark (local[2], one session for the whole test session): the source, the transactional sink, and the
+Spark distance consumer killed mid-batch and restarted, with and without its checkpoint folder."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+pytest.importorskip("pyspark")
+
+from services.migrate import prepare
+from services.rides import STREAM, canonical_totals, consumer_totals
+from services.spark_consumer import start_query, state_effect
+from unilog import Faults, Settings, Streamer, emit
+from unilog.spark import TransactionalSink, spark_session
+
+ROOT = Path(__file__).parent.parent
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    session = spark_session("unilog-tests", "local[2]", {"spark.sql.shuffle.partitions": "1"})
+    yield session
+    session.stop()
+
+
+def rides(settings: Settings, n: int) -> None:
+    with psycopg.connect(settings.conninfo) as conn:
+        for i in range(n):
+            distance = Decimal(i % 1000) / 8
+            ride = conn.execute("INSERT INTO rides (distance) VALUES (%s) RETURNING id", (distance,)).fetchone()
+            emit(conn, action="create", object="ride", data={"id": ride[0], "distance": float(distance)},
+                 stream=STREAM)
+        conn.commit()
+
+
+@pytest.fixture
+def app(settings: Settings) -> Settings:
+    prepare(settings.database_url)
+    return settings.with_(stream=STREAM)
+
+
+def test_batch_read_is_split_by_entry_count(spark: Any, app: Settings) -> None:
+    rides(app, 2500)
+    Streamer(app).drain()
+    df = (spark.read.format("unilog").option("redisUrl", app.redis_url).option("stream", STREAM)
+          .option("entriesPerPartition", "1000").load())
+    assert df.rdd.getNumPartitions() == 3, "1000 + 1000 + 500 entries: cut by count, not by time"
+    rows = df.orderBy("seq").collect()
+    assert [r["seq"] for r in rows] == list(range(1, 2501))
+    assert rows[0]["action"] == "create" and rows[0]["object"] == "ride" and rows[0]["producer"]
+    assert '"distance"' in rows[0]["data"]
+
+
+def test_double_sent_batches_are_applied_once(spark: Any, app: Settings, tmp_path: Path) -> None:
+    rides(app, 300)
+    with Streamer(app, faults=Faults.scripted(streamer__double_send=[True])) as streamer:
+        streamer.drain()
+    query = start_query(spark, "spark-dd", app.database_url, app.redis_url, str(tmp_path / "chk"), once=True)
+    query.awaitTermination()
+    with psycopg.connect(app.conninfo) as conn:
+        assert consumer_totals(conn)["spark-dd"] == canonical_totals(conn)
+
+
+def test_sink_skips_by_position_when_the_spark_checkpoint_is_lost(spark: Any, app: Settings, tmp_path: Path) -> None:
+    rides(app, 200)
+    Streamer(app).drain()
+    start_query(spark, "spark-lost", app.database_url, app.redis_url, str(tmp_path / "a"), once=True).awaitTermination()
+    # a fresh checkpoint folder and an explicit start at the beginning: every entry comes again, none is applied twice
+    df = (spark.readStream.format("unilog").option("redisUrl", app.redis_url).option("stream", STREAM)
+          .option("startingId", "beginning").load())
+    sink = TransactionalSink(app.database_url, "spark-lost", STREAM, state_effect("spark-lost"))
+    (df.writeStream.foreachBatch(sink).option("checkpointLocation", str(tmp_path / "b")).trigger(availableNow=True)
+     .start().awaitTermination())
+    with psycopg.connect(app.conninfo) as conn:
+        assert consumer_totals(conn)["spark-lost"] == canonical_totals(conn)
+
+
+def wait_for(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+@pytest.mark.slow
+def test_spark_consumer_killed_mid_batch_and_restarted(app: Settings, pg: Any, tmp_path: Path) -> None:
+    env = {**os.environ, "DATABASE_URL": app.database_url, "REDIS_URL": app.redis_url, "PYTHONPATH": str(ROOT)}
+    checkpoint = tmp_path / "chk"
+
+    def start() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "services.spark_consumer", "spark0", "--checkpoint", str(checkpoint)],
+            env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+
+    def in_batch() -> bool:
+        row = pg.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'unilog-spark-spark0' "
+                         "AND state IN ('idle in transaction', 'active')").fetchone()
+        return bool(row[0])
+
+    streamer = Streamer(app)
+    for round_ in ("with its checkpoint folder", "without its checkpoint folder"):
+        proc = start()
+        try:
+            for _ in range(20):  # keep producing until we catch the consumer inside a batch transaction
+                rides(app, 200)
+                streamer.drain()
+                deadline = time.monotonic() + 60
+                while not in_batch() and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                if in_batch():
+                    break
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        if round_ == "without its checkpoint folder":
+            shutil.rmtree(checkpoint, ignore_errors=True)
+        rides(app, 100)
+        streamer.drain()
+        proc = start()
+        try:
+            with psycopg.connect(app.conninfo, autocommit=True) as conn:
+                wait_for(lambda: consumer_totals(conn).get("spark0") == canonical_totals(conn), 120,
+                         f"the restarted Spark consumer ({round_}) to catch up")
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    streamer.close()

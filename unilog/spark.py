@@ -1,0 +1,384 @@
+"""unilog on Spark: a PySpark data source for the log, and a transactional sink with the same guarantee.
+
+**Source.** ``spark.readStream.format("unilog")`` (and ``spark.read.format("unilog")`` for a bounded range) reads a
+stream through a PySpark 4 Python data source. Offsets are stream ids (``{"id": "1700000000000-3"}``, exclusive
+start, inclusive end). Each micro-batch is split into partitions of ``entriesPerPartition`` entries (cut by count,
+not by time: pipelined ``XADD``s put thousands of entries in one millisecond), read in parallel by the executors;
+``maxEntriesPerBatch`` caps a batch. Columns: the same as a Python consumer sees (see :data:`SCHEMA`).
+
+With ``consumer`` and ``databaseUrl`` options, a query without a Spark checkpoint starts after that consumer's
+checkpoint in Postgres: Spark's checkpoint folder is a cache, Postgres the truth.
+
+**Sink.** :class:`TransactionalSink` is a ``foreachBatch`` function. For each micro-batch it opens one Postgres
+transaction, locks the consumer's checkpoint row (two copies of one consumer cannot both apply), keeps only entries
+above the checkpoint *by position* (never by Spark's batch id, which goes backwards when the checkpoint folder is
+lost), drops double-sent copies, checks no positions are missing, runs the user's effect with the transaction,
+saves the checkpoint and commits. A crash anywhere replays the batch with no double effect.
+
+Options (Spark lower-cases option keys; they are read case-insensitively here): ``redisUrl``, ``stream``,
+``databaseUrl``, ``consumer``, ``startingId`` (``beginning`` or an id, when no checkpoint), ``endingId`` (batch
+reads), ``maxEntriesPerBatch`` (default 10000), ``entriesPerPartition`` (default 2000).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+import structlog
+
+from . import engine, store
+from .config import postgres_conninfo
+from .errors import ConfigurationError, StreamGap
+
+log = structlog.get_logger(__name__)
+
+SCHEMA = (
+    "stream string, id string, id_ms long, id_seq long, producer string, epoch long, seq long, action string, "
+    "object string, key string, data string, created_ms long"
+)
+SOURCE_NAME = "unilog"
+
+try:  # pyspark is optional: everything else in unilog works without it
+    from pyspark.sql.datasource import (
+        DataSource,
+        DataSourceReader,
+        DataSourceStreamReader,
+        InputPartition,
+    )
+except ImportError:  # pragma: no cover - exercised only where pyspark is missing
+    DataSource = DataSourceReader = DataSourceStreamReader = InputPartition = object  # type: ignore[assignment,misc]
+
+
+def _option(options: Mapping[str, str], name: str, default: str | None = None) -> str | None:
+    """An option by name, whatever case Spark left it in."""
+    for key in (name, name.lower()):
+        if key in options:
+            return options[key]
+    lowered = {k.lower(): v for k, v in options.items()}
+    return lowered.get(name.lower(), default)
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """The source's options, validated."""
+
+    redis_url: str
+    stream: str
+    database_url: str | None
+    consumer: str | None
+    starting_id: str
+    ending_id: str | None
+    max_entries_per_batch: int
+    entries_per_partition: int
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> SourceOptions:
+        redis_url = _option(options, "redisUrl") or os.environ.get("REDIS_URL")
+        stream = _option(options, "stream") or os.environ.get("UNILOG_STREAM")
+        if not redis_url or not stream:
+            raise ConfigurationError("the unilog source needs the options redisUrl and stream")
+        starting = _option(options, "startingId", "beginning") or "beginning"
+        return cls(
+            redis_url=redis_url,
+            stream=stream,
+            database_url=_option(options, "databaseUrl"),
+            consumer=_option(options, "consumer"),
+            starting_id="0-0" if starting == "beginning" else starting,
+            ending_id=_option(options, "endingId"),
+            max_entries_per_batch=int(_option(options, "maxEntriesPerBatch", "10000") or 10000),
+            entries_per_partition=max(1, int(_option(options, "entriesPerPartition", "2000") or 2000)),
+        )
+
+
+class EntryRange(InputPartition):  # type: ignore[misc]
+    """Entries of ``stream`` with ids in (``after``, ``until``]: one read task."""
+
+    def __init__(self, redis_url: str, stream: str, after: str, until: str) -> None:
+        self.redis_url, self.stream, self.after, self.until = redis_url, stream, after, until
+
+
+def _ids_after(api: engine.RedisStreams, stream: str, after: str, limit: int | None, until: str = "+") -> list[str]:
+    """Ids of up to ``limit`` entries after ``after`` (and at most ``until``), in order."""
+    ids: list[str] = []
+    cursor = "(" + after
+    while limit is None or len(ids) < limit:
+        count = 10_000 if limit is None else min(10_000, limit - len(ids))
+        chunk: Any = api.client.xrange(stream, min=cursor, max=until, count=count)
+        ids += [entry_id.decode() for entry_id, _ in chunk]
+        if len(chunk) < count:
+            break
+        cursor = "(" + ids[-1]
+    return ids
+
+
+def _split(options: SourceOptions, after: str, ids: list[str]) -> list[EntryRange]:
+    """Cut the entries (``after``, ids[-1]] into ranges of ``entries_per_partition`` entries."""
+    ranges, start = [], after
+    for i in range(options.entries_per_partition - 1, len(ids), options.entries_per_partition):
+        ranges.append(EntryRange(options.redis_url, options.stream, start, ids[i]))
+        start = ids[i]
+    if ids and start != ids[-1]:
+        ranges.append(EntryRange(options.redis_url, options.stream, start, ids[-1]))
+    return ranges
+
+
+def read_range(partition: EntryRange) -> Iterator[tuple[Any, ...]]:
+    """The rows of one range, read on an executor."""
+    api = engine.RedisStreams(engine.connect(partition.redis_url))
+    try:
+        cursor = "(" + partition.after
+        while True:
+            chunk: Any = api.client.xrange(partition.stream, min=cursor, max=partition.until, count=5000)
+            for entry_id, fields in chunk:
+                yield _row(partition.stream, entry_id, fields)
+            if len(chunk) < 5000:
+                return
+            cursor = "(" + chunk[-1][0].decode()
+    finally:
+        api.close()
+
+
+def _row(stream: str, entry_id: bytes, fields: dict[bytes, bytes]) -> tuple[Any, ...]:
+    text = {k.decode(): v.decode() for k, v in fields.items()}
+    ms, seq = engine.id_tuple(entry_id.decode())
+    return (
+        stream,
+        entry_id.decode(),
+        ms,
+        seq,
+        text.get("producer", ""),
+        int(text["epoch"]) if "epoch" in text else None,
+        int(text["seq"]) if "seq" in text else None,
+        text.get("action"),
+        text.get("object"),
+        text.get("key"),
+        text.get("data"),
+        int(text["created"]) if "created" in text else None,
+    )
+
+
+def checkpoint_id(database_url: str, consumer: str) -> str | None:
+    """The stream id consumer ``consumer`` has consumed up to, per its checkpoint in Postgres (None if none)."""
+    with psycopg.connect(postgres_conninfo(database_url)) as conn:
+        row = conn.execute("SELECT last_id FROM unilog_checkpoints WHERE name = %s", (consumer,)).fetchone()
+    return row[0] if row else None
+
+
+class UnilogStreamReader(DataSourceStreamReader):  # type: ignore[misc]
+    """Micro-batches over a Redis stream; offsets are stream ids."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+        self._planned: dict[tuple[str, str], list[str]] = {}
+
+    def _api(self) -> engine.RedisStreams:
+        return engine.RedisStreams(engine.connect(self.options.redis_url))
+
+    def initialOffset(self) -> dict[str, str]:
+        """After the consumer's checkpoint in Postgres, else ``startingId``."""
+        if self.options.database_url and self.options.consumer:
+            stored = checkpoint_id(self.options.database_url, self.options.consumer)
+            if stored is not None:
+                return {"id": stored}
+        return {"id": self.options.starting_id}
+
+    def getDefaultReadLimit(self) -> Any:
+        from pyspark.sql.streaming.datasource import ReadMaxRows
+
+        return ReadMaxRows(self.options.max_entries_per_batch)
+
+    def latestOffset(self, start: dict[str, str] | None = None, limit: Any = None) -> dict[str, str]:
+        """The end of the next batch: at most the read limit's entries after ``start``.
+
+        Spark may call this before :meth:`initialOffset` on a fresh start (and, before Spark 4.2, without
+        arguments); both fall back to the initial offset as the start.
+        """
+        after = (start or self.initialOffset())["id"]
+        cap = getattr(limit, "max_rows", None)
+        if limit is None:
+            cap = self.options.max_entries_per_batch
+        api = self._api()
+        try:
+            ids = _ids_after(api, self.options.stream, after, cap)
+        finally:
+            api.close()
+        if not ids:
+            return {"id": after}
+        self._planned = {(after, ids[-1]): ids}  # partitions() for this batch needs no second scan
+        return {"id": ids[-1]}
+
+    def partitions(self, start: dict[str, str], end: dict[str, str]) -> list[EntryRange]:
+        key = (start["id"], end["id"])
+        ids = self._planned.pop(key, None)
+        if ids is None:  # a replayed batch (restart): list its ids again
+            api = self._api()
+            try:
+                ids = _ids_after(api, self.options.stream, start["id"], None, until=end["id"])
+            finally:
+                api.close()
+        return _split(self.options, start["id"], ids)
+
+    def read(self, partition: EntryRange) -> Iterator[tuple[Any, ...]]:
+        return read_range(partition)
+
+    def commit(self, end: dict[str, str]) -> None:
+        """Nothing to do: progress that matters is committed by the sink, in Postgres."""
+
+
+class UnilogBatchReader(DataSourceReader):  # type: ignore[misc]
+    """A bounded read of entries (``startingId``, ``endingId``]."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+
+    def partitions(self) -> list[EntryRange]:
+        api = engine.RedisStreams(engine.connect(self.options.redis_url))
+        try:
+            ids = _ids_after(api, self.options.stream, self.options.starting_id, None, self.options.ending_id or "+")
+        finally:
+            api.close()
+        return _split(self.options, self.options.starting_id, ids) or [
+            EntryRange(self.options.redis_url, self.options.stream, "0-0", "0-0")
+        ]
+
+    def read(self, partition: EntryRange) -> Iterator[tuple[Any, ...]]:
+        if partition.until == "0-0":
+            return iter(())
+        return read_range(partition)
+
+
+class UnilogDataSource(DataSource):  # type: ignore[misc]
+    """The ``unilog`` data source."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def reader(self, schema: Any) -> UnilogBatchReader:
+        return UnilogBatchReader(SourceOptions.parse(self.options))
+
+    def streamReader(self, schema: Any) -> UnilogStreamReader:
+        return UnilogStreamReader(SourceOptions.parse(self.options))
+
+
+def register(spark: Any) -> None:
+    """Register the ``unilog`` data source with a SparkSession."""
+    spark.dataSource.register(UnilogDataSource)
+
+
+# -- the transactional sink -------------------------------------------------------------------------------------------
+
+Effect = Callable[[psycopg.Connection[Any], Any], Any]
+
+
+class TransactionalSink:
+    """``foreachBatch`` function: apply a micro-batch's effect and the consumer's checkpoint in one transaction.
+
+    ``effect(conn, df)`` receives the open transaction and the batch's entries that were not applied before (a
+    DataFrame, deduplicated by position); it must write its results through ``conn``.
+    """
+
+    def __init__(self, database_url: str, consumer: str, stream: str, effect: Effect) -> None:
+        self.conninfo = postgres_conninfo(database_url)
+        self.consumer = consumer
+        self.stream = stream
+        self.effect = effect
+
+    def __call__(self, batch: Any, batch_id: int) -> None:
+        from pyspark.sql import functions as f
+
+        bounds = batch.agg(f.max(f.struct("id_ms", "id_seq")).alias("last"), f.count("*").alias("n")).collect()[0]
+        if not bounds["n"]:
+            return
+        last_id = f"{bounds['last']['id_ms']}-{bounds['last']['id_seq']}"
+        with psycopg.connect(self.conninfo, application_name=f"unilog-spark-{self.consumer}"[:63]) as conn:
+            with conn.transaction():
+                store.ensure_checkpoint(conn, self.consumer, self.stream)
+            with conn.transaction():
+                checkpoint = store.lock_checkpoint(conn, self.consumer)
+                assert checkpoint is not None
+                fresh = self._fresh(batch, checkpoint.positions).cache()
+                try:
+                    positions = self._advance(fresh, checkpoint.positions)
+                    self.effect(conn, fresh)
+                finally:
+                    fresh.unpersist()
+                if engine.id_tuple(last_id) > engine.id_tuple(checkpoint.last_id):
+                    checkpoint.last_id = last_id
+                checkpoint.positions = positions
+                store.save_checkpoint(conn, checkpoint)
+        log.info("spark batch committed", consumer=self.consumer, batch=batch_id, entries=bounds["n"], last_id=last_id)
+
+    @staticmethod
+    def _fresh(batch: Any, positions: dict[str, tuple[int, int]]) -> Any:
+        """Entries above the checkpoint's position for their producer, one per position."""
+        from pyspark.sql import functions as f
+
+        positioned = batch.filter(f.col("seq").isNotNull())
+        keep = f.lit(True)
+        for producer, (epoch, seq) in positions.items():
+            above = (f.col("epoch") > epoch) | ((f.col("epoch") == epoch) & (f.col("seq") > seq))
+            keep = keep & ((f.col("producer") != producer) | above)
+        return positioned.filter(keep).dropDuplicates(["producer", "epoch", "seq"])
+
+    def _advance(self, fresh: Any, positions: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
+        """The checkpoint's new positions; raises :class:`StreamGap` if the batch skips positions."""
+        from pyspark.sql import functions as f
+
+        stats = (
+            fresh.groupBy("producer", "epoch")
+            .agg(f.min("seq").alias("lo"), f.max("seq").alias("hi"), f.count("*").alias("n"))
+            .collect()
+        )
+        updated = dict(positions)
+        for row in sorted(stats, key=lambda r: (r["producer"], r["epoch"])):
+            last = updated.get(row["producer"])
+            expected = 1 if last is None or last[0] != row["epoch"] else last[1] + 1
+            contiguous = row["n"] == row["hi"] - row["lo"] + 1
+            if last is not None and (row["lo"] != expected or not contiguous):
+                raise StreamGap(
+                    f"spark consumer {self.consumer!r}: producer {row['producer']!r} positions are missing in "
+                    f"epoch {row['epoch']} (expected {expected}, batch has {row['lo']}..{row['hi']} with {row['n']}"
+                    " entries): trimmed or lost; repair with `unilog reconcile --repair`"
+                )
+            updated[row["producer"]] = (int(row["epoch"]), int(row["hi"]))
+        return updated
+
+
+def spark_session(app: str = "unilog", master: str | None = None, conf: Mapping[str, str] | None = None) -> Any:
+    """A SparkSession with unilog's source registered and Spark's log noise silenced (WARN and above)."""
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # the data source planner reads only this
+    builder = SparkSession.builder.appName(app)
+    if master:
+        builder = builder.master(master)
+    # executors' Python workers must have unilog and its dependencies: default to this interpreter (local mode);
+    # on a cluster, point spark.pyspark.python at an environment that has unilog installed
+    defaults = {
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.shuffle.partitions": "2",
+        "spark.pyspark.python": sys.executable,
+        "spark.pyspark.driver.python": sys.executable,
+    }
+    for key, value in {**defaults, **(conf or {})}.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    register(spark)
+    return spark
+
+
+def options_json(**options: str) -> str:
+    """Options as JSON (for logs)."""
+    return json.dumps(options, sort_keys=True)
