@@ -96,7 +96,7 @@ class SourceOptions:
         )
 
 
-class EntryRange(InputPartition):  # type: ignore[misc]
+class EntryRange(InputPartition):
     """Entries of ``stream`` with ids in (``after``, ``until``]: one read task."""
 
     def __init__(self, redis_url: str, stream: str, after: str, until: str) -> None:
@@ -170,7 +170,7 @@ def checkpoint_id(database_url: str, consumer: str) -> str | None:
     return row[0] if row else None
 
 
-class UnilogStreamReader(DataSourceStreamReader):  # type: ignore[misc]
+class UnilogStreamReader(DataSourceStreamReader):
     """Micro-batches over a Redis stream; offsets are stream ids."""
 
     def __init__(self, options: SourceOptions) -> None:
@@ -224,14 +224,15 @@ class UnilogStreamReader(DataSourceStreamReader):  # type: ignore[misc]
                 api.close()
         return _split(self.options, start["id"], ids)
 
-    def read(self, partition: EntryRange) -> Iterator[tuple[Any, ...]]:
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        assert isinstance(partition, EntryRange)
         return read_range(partition)
 
     def commit(self, end: dict[str, str]) -> None:
         """Nothing to do: progress that matters is committed by the sink, in Postgres."""
 
 
-class UnilogBatchReader(DataSourceReader):  # type: ignore[misc]
+class UnilogBatchReader(DataSourceReader):
     """A bounded read of entries (``startingId``, ``endingId``]."""
 
     def __init__(self, options: SourceOptions) -> None:
@@ -247,13 +248,14 @@ class UnilogBatchReader(DataSourceReader):  # type: ignore[misc]
             EntryRange(self.options.redis_url, self.options.stream, "0-0", "0-0")
         ]
 
-    def read(self, partition: EntryRange) -> Iterator[tuple[Any, ...]]:
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        assert isinstance(partition, EntryRange)
         if partition.until == "0-0":
             return iter(())
         return read_range(partition)
 
 
-class UnilogDataSource(DataSource):  # type: ignore[misc]
+class UnilogDataSource(DataSource):
     """The ``unilog`` data source."""
 
     @classmethod
