@@ -63,6 +63,20 @@ class Totals:
     def as_dict(self) -> dict[str, Any]:
         return {"total_distance": str(self.total_distance), "ride_count": self.ride_count, "checksum": self.checksum}
 
+    def __add__(self, other: Totals) -> Totals:
+        return Totals(
+            self.total_distance + other.total_distance,
+            self.ride_count + other.ride_count,
+            (self.checksum + other.checksum) % CHECKSUM_MOD,
+        )
+
+    def __sub__(self, other: Totals) -> Totals:
+        return Totals(
+            self.total_distance - other.total_distance,
+            self.ride_count - other.ride_count,
+            (self.checksum - other.checksum) % CHECKSUM_MOD,
+        )
+
 
 def canonical_totals(conn: Any) -> Totals:
     """Totals recomputed from the ``rides`` table (a psycopg connection)."""

@@ -143,3 +143,36 @@ def test_spark_consumer_killed_mid_batch_and_restarted(app: Settings, pg: Any, t
             except subprocess.TimeoutExpired:
                 proc.kill()
     streamer.close()
+
+
+def test_reconcile_detects_a_planted_discrepancy_and_repair_fixes_it(
+    spark: Any, app: Settings, pg: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from services.consumer import apply_rides
+    from services.reconcile import model
+    from unilog import Consumer, ConsumerConfig
+    from unilog.reconcile import reconcile
+
+    rides(app, 120)
+    streamer = Streamer(app)
+    streamer.drain()
+    for name in ("honest", "broken"):
+        with Consumer(app, ConsumerConfig(name=name, batch_size=50), lambda c, r, n=name: apply_rides(n, c, r)) as c:
+            c.run_once(block_ms=-1)  # 50 of 120: behind the stream end, still comparable at its checkpoint
+    rides(app, 30)  # staged, not streamed: reconciliation must not count them for anyone
+    pg.execute("UPDATE consumer_states SET ride_count = ride_count + 1, total_distance = total_distance + 7 "
+               "WHERE name = 'broken'")
+    report = reconcile(spark, app, model, slices=3)
+    verdicts = {c.name: c.agree for c in report.consumers}
+    assert verdicts == {"honest": True, "broken": False}
+    assert report.last_seq == 120
+    assert next(c for c in report.consumers if c.name == "broken").expected.ride_count == 50
+    repaired = reconcile(spark, app, model, slices=3, repair=True)
+    assert [c.repaired for c in repaired.consumers if c.name == "broken"] == [True]
+    assert reconcile(spark, app, model).agree, "after --repair everyone agrees"
+    streamer.drain()
+    with Consumer(app, ConsumerConfig(name="broken"), lambda c, r: apply_rides("broken", c, r)) as c:
+        c.drain()  # continues from the repaired checkpoint: no gap, no overlap
+    with psycopg.connect(app.conninfo) as conn:
+        assert consumer_totals(conn)["broken"] == canonical_totals(conn)
+    streamer.close()

@@ -356,6 +356,37 @@ def cmd_stream_partition(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
+def _spark(args: argparse.Namespace, app: str) -> Any:
+    from .spark import spark_session
+
+    conf = dict(item.split("=", 1) for item in args.conf)
+    return spark_session(app, args.master, conf)
+
+
+def cmd_reconcile(args: argparse.Namespace) -> int:
+    from .consumer import load_object
+    from .reconcile import reconcile
+
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    settings = _settings(args)
+    model = load_object(args.model)
+    spark = _spark(args, "unilog-reconcile")
+    try:
+        report = reconcile(spark, settings, model, stream=args.stream, slices=args.slices, repair=args.repair)
+    finally:
+        spark.stop()
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=2))
+    else:
+        print(f"canonical at {report.producer} {report.epoch}:{report.last_seq}: {report.canonical}")
+        for c in report.consumers:
+            verdict = "agrees" if c.agree else ("REPAIRED" if c.repaired else "DIFFERS")
+            detail = "" if c.agree else f" (expected {c.expected}, has {c.actual})"
+            print(f"  {c.name}: {verdict}{detail}")
+    return ExitCode.OK if report.agree else ExitCode.FAILURE
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from .status import collect_status, format_status
 
@@ -467,6 +498,16 @@ def _parser() -> argparse.ArgumentParser:
     _connection_args(q)
     q.set_defaults(func=cmd_stream_partition)
 
+    p = sub.add_parser("reconcile", help="on Spark: compare consumers with canonical totals; --repair resets them")
+    p.add_argument("--model", default="services.reconcile:model", help="package.module:object (see unilog.reconcile)")
+    p.add_argument("--stream", help="default: $UNILOG_STREAM")
+    p.add_argument("--repair", action="store_true", help="reset each diverged consumer's state and checkpoint")
+    p.add_argument("--slices", type=_positive_int, default=8, help="parallel id ranges to read the source table in")
+    _spark_args(p)
+    p.add_argument("--json", action="store_true")
+    _connection_args(p)
+    p.set_defaults(func=cmd_reconcile)
+
     p = sub.add_parser("status", help="streams, staged backlog and consumer lag")
     _connection_args(p)
     p.add_argument("--json", action="store_true")
@@ -505,6 +546,11 @@ def _consume_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--claim-idle-ms", type=_positive_int, default=30_000, help="group: claim entries idle this long")
     p.add_argument("--max-deliveries", type=_positive_int, default=5, help="group: attempts before dead-lettering")
     _fault_args(p)
+
+
+def _spark_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--master", default=os.environ.get("SPARK_MASTER", "local[*]"), help="Spark master URL")
+    p.add_argument("--conf", action="append", default=[], help="a Spark setting, key=value (repeatable)")
 
 
 def _connection_args(p: argparse.ArgumentParser) -> None:

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 import structlog
@@ -404,21 +404,28 @@ class Consumer:
         self._checkpoint = None
 
 
-def load_handler(ref: str) -> Handler:
-    """Import ``module:function`` (or ``module.function``) and return the handler."""
+def load_object(ref: str) -> Any:
+    """Import ``module:attribute`` (or ``module.attribute``) and return the attribute."""
     module_name, sep, attr = ref.partition(":")
     if not sep:
         module_name, _, attr = ref.rpartition(".")
     if not module_name or not attr:
-        raise HandlerNotFound(f"handler {ref!r} must look like package.module:function")
+        raise HandlerNotFound(f"{ref!r} must look like package.module:name")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise HandlerNotFound(f"cannot import {module_name!r} for handler {ref!r}: {exc}") from None
-    handler = getattr(module, attr, None)
-    if handler is None or not callable(handler):
-        raise HandlerNotFound(f"{module_name!r} has no callable {attr!r} (handler {ref!r})")
-    return handler
+        raise HandlerNotFound(f"cannot import {module_name!r} for {ref!r}: {exc}") from None
+    if not hasattr(module, attr):
+        raise HandlerNotFound(f"{module_name!r} has no {attr!r} ({ref!r})")
+    return getattr(module, attr)
+
+
+def load_handler(ref: str) -> Handler:
+    """Import ``module:function`` (or ``module.function``) and return the handler."""
+    handler = load_object(ref)
+    if not callable(handler):
+        raise HandlerNotFound(f"{ref!r} is not callable: a handler is a function (conn, records)")
+    return cast(Handler, handler)
 
 
 def positions_through(api: engine.RedisStreams, stream: str, last_id: str | None) -> dict[str, tuple[int, int]]:
