@@ -387,6 +387,24 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     return ExitCode.OK if report.agree else ExitCode.FAILURE
 
 
+def cmd_archive(args: argparse.Namespace) -> int:
+    import time
+
+    from .archive import archive
+
+    settings = _settings(args)
+    spark = _spark(args, "unilog-archive")
+    try:
+        while True:
+            count = archive(spark, settings, args.path, stream=args.stream)
+            print(f"unilog: archived {count} entries to {args.path}")
+            if not args.every:
+                return ExitCode.OK
+            time.sleep(args.every)
+    finally:
+        spark.stop()
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from .status import collect_status, format_status
 
@@ -401,6 +419,57 @@ def cmd_demo(args: argparse.Namespace) -> int:
     log_dir = Path(args.log_dir) if args.log_dir else None
     agree = run_demo(duration=args.duration, rate=args.rate, seed=args.seed, faults=args.faults, log_dir=log_dir)
     return ExitCode.OK if agree else ExitCode.FAILURE
+
+
+def cmd_chaos(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from .chaos import DEFAULT_HANDLER, ChaosConfig, FaultRates, build_schedule, print_schedule, run_chaos
+    from .fleet import ProcessSpec
+
+    defaults = FaultRates()
+    rates = FaultRates(
+        kill=defaults.kill if args.kill_rate is None else args.kill_rate,
+        pause=defaults.pause if args.pause_rate is None else args.pause_rate,
+        redis_restart=defaults.redis_restart if args.server_faults else 0.0,
+        postgres_restart=defaults.postgres_restart if args.server_faults else 0.0,
+        redis_pause=defaults.redis_pause if args.server_faults else 0.0,
+        network=defaults.network if args.network_faults else 0.0,
+    )
+    if args.schedule_only:  # the schedule the seed gives with the default fleet and embedded servers
+        from .chaos import fleet_specs
+
+        names = [
+            s.name for s in fleet_specs(ChaosConfig(seed=args.seed), api_port=0, history_dir=Path(), state_dir=Path())
+        ]
+        print_schedule(build_schedule(args.seed, args.duration, names, rates))
+        return ExitCode.OK
+    log_dir = Path(args.log_dir) if args.log_dir else Path(tempfile.mkdtemp(prefix=f"unilog-chaos-{args.seed}-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    # the runner's own logs (supervisor, proxies) go to a file, so the terminal shows the live lines and the summary
+    configure_logging(level=args.log_level, json=True, stream=open(log_dir / "runner.log", "a"))  # noqa: SIM115
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    config = ChaosConfig(
+        duration=args.duration,
+        seed=args.seed,
+        database_url=args.database_url,
+        redis_url=args.redis_url,
+        handler=args.handler or DEFAULT_HANDLER,
+        rate=args.rate,
+        producer_rate=args.producer_rate,
+        faults=rates,
+        library_faults=args.library_faults,
+        quiesce_timeout=args.quiesce_timeout,
+        log_dir=log_dir,
+        keep_logs=True if args.log_dir else None,
+        report_path=Path(args.report) if args.report else None,
+        extra_processes=[ProcessSpec(f"extra{i}", cmd.split()) for i, cmd in enumerate(args.extra_process or [])],
+        extra_consumers=args.extra_consumer or [],
+    )
+    result = run_chaos(config, stop=stop)
+    return ExitCode.OK if result.verdict.ok else ExitCode.FAILURE  # 1: the checker found a violation
 
 
 def _run_until_signalled(loop: Callable[[threading.Event], None]) -> None:
@@ -508,6 +577,14 @@ def _parser() -> argparse.ArgumentParser:
     _connection_args(p)
     p.set_defaults(func=cmd_reconcile)
 
+    p = sub.add_parser("archive", help="on Spark: append the log to Parquet (by date) behind the archiver's checkpoint")
+    p.add_argument("--path", required=True, help="archive folder (any path Spark can write: local, HDFS, S3...)")
+    p.add_argument("--stream", help="default: $UNILOG_STREAM")
+    p.add_argument("--every", type=float, help="keep archiving every N seconds (default: once)")
+    _spark_args(p)
+    _connection_args(p)
+    p.set_defaults(func=cmd_archive)
+
     p = sub.add_parser("status", help="streams, staged backlog and consumer lag")
     _connection_args(p)
     p.add_argument("--json", action="store_true")
@@ -522,6 +599,56 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--log-dir", help="keep every process's log here (default: a temporary folder)")
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser(
+        "chaos", help="run the whole system under a seeded schedule of faults, then check it Jepsen-style"
+    )
+    p.add_argument("--duration", type=float, default=60.0, help="seconds of faults before healing and checking")
+    p.add_argument("--seed", type=int, default=1, help="the fault schedule's seed (same seed, same schedule)")
+    p.add_argument("--report", help="write the JSON report here (default: ./chaos-report-SEED.json)")
+    p.add_argument("--database-url", help="a throw-away Postgres to use instead of an embedded one")
+    p.add_argument("--redis-url", help="a throw-away Redis to use instead of an embedded one")
+    p.add_argument("--handler", help="module:function, the consumer handler under test (default: the demo's)")
+    p.add_argument("--rate", type=float, default=20.0, help="API rides per second from the simulator")
+    p.add_argument("--producer-rate", type=float, default=6.0, help="transactions per second per direct producer")
+    p.add_argument("--kill-rate", type=float, help="process SIGKILLs per minute (default 15)")
+    p.add_argument("--pause-rate", type=float, help="process SIGSTOP/SIGCONT pauses per minute (default 5)")
+    p.add_argument(
+        "--server-faults",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="Redis restarts and pauses, Postgres immediate restarts",
+    )
+    p.add_argument(
+        "--network-faults",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="resets, cuts, blackholes and dropped replies through the fault proxies",
+    )
+    p.add_argument(
+        "--library-faults",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="double-sends and crashes between steps inside the processes",
+    )
+    p.add_argument("--quiesce-timeout", type=float, default=180.0, help="seconds to wait for the system to settle")
+    p.add_argument(
+        "--log-dir",
+        help="keep every process's log and the histories here (default: a temporary folder, "
+        "kept only when the verdict fails)",
+    )
+    p.add_argument(
+        "--extra-process",
+        action="append",
+        help="another fleet process (a command line), e.g. a Spark consumer; repeatable",
+    )
+    p.add_argument(
+        "--extra-consumer",
+        action="append",
+        help="a consumer name an extra process records in chaos_applied; repeatable",
+    )
+    p.add_argument("--schedule-only", action="store_true", help="print the seed's fault schedule and exit")
+    p.set_defaults(func=cmd_chaos)
     return parser
 
 

@@ -286,14 +286,16 @@ class TransactionalSink:
     """``foreachBatch`` function: apply a micro-batch's effect and the consumer's checkpoint in one transaction.
 
     ``effect(conn, df)`` receives the open transaction and the batch's entries that were not applied before (a
-    DataFrame, deduplicated by position); it must write its results through ``conn``.
+    DataFrame, deduplicated by position); it must write its results through ``conn``. With ``strict_start`` a
+    producer the consumer never saw must start at position 1 (a rebuild must not silently start mid-history).
     """
 
-    def __init__(self, database_url: str, consumer: str, stream: str, effect: Effect) -> None:
+    def __init__(self, database_url: str, consumer: str, stream: str, effect: Effect, *, strict_start: bool = False):
         self.conninfo = postgres_conninfo(database_url)
         self.consumer = consumer
         self.stream = stream
         self.effect = effect
+        self.strict_start = strict_start  # a producer never seen before must start at position 1 (rebuilds)
 
     def __call__(self, batch: Any, batch_id: int) -> None:
         from pyspark.sql import functions as f
@@ -346,7 +348,8 @@ class TransactionalSink:
             last = updated.get(row["producer"])
             expected = 1 if last is None or last[0] != row["epoch"] else last[1] + 1
             contiguous = row["n"] == row["hi"] - row["lo"] + 1
-            if last is not None and (row["lo"] != expected or not contiguous):
+            checked_start = last is not None or self.strict_start
+            if not contiguous or (checked_start and row["lo"] != expected):
                 raise StreamGap(
                     f"spark consumer {self.consumer!r}: producer {row['producer']!r} positions are missing in "
                     f"epoch {row['epoch']} (expected {expected}, batch has {row['lo']}..{row['hi']} with {row['n']}"
