@@ -12,11 +12,16 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /app
 
+# Java for the Spark consumer, reconciliation and archive (PySpark runs a JVM)
+RUN apt-get update && apt-get install -y --no-install-recommends openjdk-17-jre-headless \
+    && rm -rf /var/lib/apt/lists/*
+
 # Dependencies first, in their own layer, so editing the code does not reinstall them: the runtime and `demo`
 # requirements, read from pyproject.toml (all of them ship manylinux wheels, no compiler needed).
 COPY pyproject.toml README.md ./
 RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
-print('\n'.join(p['dependencies'] + p['optional-dependencies']['demo']))" > /tmp/requirements.txt \
+print('\n'.join(p['dependencies'] + p['optional-dependencies']['demo'] + p['optional-dependencies']['spark']))" \
+    > /tmp/requirements.txt \
     && pip install --no-cache-dir -r /tmp/requirements.txt \
     && rm /tmp/requirements.txt
 
@@ -24,7 +29,7 @@ print('\n'.join(p['dependencies'] + p['optional-dependencies']['demo']))" > /tmp
 # (PYTHONPATH=/app, WORKDIR /app), so /app/unilog is what `import unilog` finds: the editable finder maps
 # unilog.migrations onto /app/migrations (the package-dir mapping), which a plain install would not.
 COPY . .
-RUN pip install --no-cache-dir --no-deps -e ".[demo]" \
+RUN pip install --no-cache-dir --no-deps -e ".[demo,spark]" \
     && python -c "import unilog.schema, services.api, services.consumer, services.migrate, services.simulator; \
 print(unilog.schema.migrations_path())"
 

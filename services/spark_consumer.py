@@ -20,6 +20,7 @@ from typing import Any
 
 import psycopg
 
+from unilog.cli import ExitCode
 from unilog.log import configure_logging
 from unilog.spark import TransactionalSink, spark_session
 
@@ -74,7 +75,8 @@ def start_query(spark: Any, name: str, database_url: str, redis_url: str, checkp
         .option("maxEntriesPerBatch", "20000")
         .load()
     )
-    writer = stream.writeStream.foreachBatch(TransactionalSink(database_url, name, STREAM, state_effect(name)))
+    sink = TransactionalSink(database_url, name, STREAM, state_effect(name), redis_url=redis_url)
+    writer = stream.writeStream.foreachBatch(sink)
     writer = writer.option("checkpointLocation", checkpoint)
     writer = writer.trigger(availableNow=True) if once else writer.trigger(processingTime="200 milliseconds")
     return writer.start()
@@ -100,8 +102,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         pass
     if query.isActive:
         query.stop()  # the batch in progress either committed in Postgres or rolls back and is replayed later
-    query.awaitTermination()
+    failure = query.exception()
     spark.stop()
+    if failure is not None:
+        text = str(failure)
+        reason = next((line for line in text.splitlines() if line.startswith("unilog.errors.")), text[:300])
+        print(f"spark consumer {args.name}: {reason.strip()}", file=sys.stderr)
+        return ExitCode.DATA_LOSS if "StreamGap" in text else ExitCode.FAILURE
     return 0
 
 

@@ -147,7 +147,9 @@ def test_procfile_fleet_survives_consumer_sigkill(settings: Settings, tmp_path: 
 def test_demo_command_agrees_under_faults(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("UNILOG_", "DATABASE_URL", "REDIS_URL"))}
     result = subprocess.run(
-        [sys.executable, "-m", "unilog", "demo", "--duration", "8", "--seed", "11", "--log-dir", str(tmp_path)],
+        # without the Spark consumer (a JVM per run): tests/test_spark.py covers it, the closing note a run with it
+        [sys.executable, "-m", "unilog", "demo", "--duration", "8", "--seed", "11", "--no-spark", "--log-dir",
+         str(tmp_path)],
         env=env,
         capture_output=True,
         text=True,

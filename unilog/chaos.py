@@ -75,6 +75,7 @@ STREAMERS = ("streamer", "streamer2")
 CHECKPOINT_CONSUMERS = ("consumer0", "consumer1")
 GROUP = "group0"
 GROUP_WORKERS = ("group0-a", "group0-b")
+SPARK = "spark0"  # the demo's distance consumer on Spark, when pyspark and Java are installed
 DEFAULT_HANDLER = "services.consumer:handle"
 POISON_OBJECT, POISON_ACTION = "chaos", "poison"
 API_CID_PREFIX = "ride-"
@@ -110,7 +111,7 @@ CANONICAL_CIDS_SQL = """
 """
 
 
-# -- history ----------------------------------------------------------------------------------------------------------
+# -- history -----------------------------------------------------------------------------------------------------------
 
 
 class HistoryWriter:
@@ -286,7 +287,7 @@ def summarize_history(events: Iterable[Mapping[str, Any]]) -> HistorySummary:
     )
 
 
-# -- the checker ------------------------------------------------------------------------------------------------------
+# -- the checker -------------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -428,6 +429,7 @@ def check(
         missing = (poison & expected) - found.keys()
         _add(violations, "poison_not_dead_lettered", sorted(missing), "poison records not in the dead letters", group)
     counts["dead_letters"] = dead_total
+    counts["poison_committed"] = len(poison & expected)
     counts["dead_letter_copies"] = sum(n - 1 for found in letters.values() for n in found.values() if n > 1)
 
     if states is not None:
@@ -445,10 +447,12 @@ def check(
     pending_map = pending if isinstance(pending, Mapping) else {"": pending}
     for group, n in sorted(pending_map.items()):
         if n:
-            violations.append(Violation("pending_entries", f"{n} entries still pending", group or None))
+            who = f"{group}: " if group else ""
+            violations.append(Violation("pending_entries", f"{who}{n} entries still pending", group or None))
     for consumer, n in sorted((lag or {}).items()):
         if n:
-            violations.append(Violation("not_caught_up", f"{n} entries behind the end of the stream", consumer))
+            message = f"{consumer}: {n} entries behind the end of the stream"
+            violations.append(Violation("not_caught_up", message, consumer))
     return Verdict(violations, counts)
 
 
@@ -510,7 +514,7 @@ def _show(state: Any) -> str:
     return repr(state)
 
 
-# -- the consumer wrapper -----------------------------------------------------------------------------------------------
+# -- the consumer wrapper ----------------------------------------------------------------------------------------------
 
 
 class PoisonRecord(Exception):
@@ -519,14 +523,18 @@ class PoisonRecord(Exception):
 
 def record_cid(record: Record) -> str:
     """A record's chaos id: ``data["cid"]``, else ``ride-<id>`` for a ride, else its position."""
-    data = record.data
+    pos = record.position
+    return cid_of(record.object, record.data, record.producer, pos, record.id)
+
+
+def cid_of(obj: str | None, data: Any, producer: str, position: tuple[int, int] | None, entry_id: str) -> str:
+    """The chaos id of a record given its parts (for consumers that do not see :class:`Record` objects, Spark)."""
     if isinstance(data, dict):
         if data.get("cid") is not None:
             return str(data["cid"])
-        if record.object == "ride" and data.get("id") is not None:
+        if obj == "ride" and data.get("id") is not None:
             return f"{API_CID_PREFIX}{data['id']}"
-    pos = record.position
-    return f"{record.producer}:{pos[0]}:{pos[1]}" if pos else record.id
+    return f"{producer}:{position[0]}:{position[1]}" if position else entry_id
 
 
 def is_poison(record: Record) -> bool:
@@ -588,7 +596,7 @@ def tracked(handler: Handler, *, fail_poison: bool = False, consumer: str | None
     return wrapped
 
 
-# -- the fault schedule -------------------------------------------------------------------------------------------------
+# -- the fault schedule ------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -688,7 +696,7 @@ def build_schedule(
     return events
 
 
-# -- observing and collecting --------------------------------------------------------------------------------------------
+# -- observing and collecting ------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -835,7 +843,7 @@ def collect(
     )
 
 
-# -- the runner ----------------------------------------------------------------------------------------------------------
+# -- the runner --------------------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -847,7 +855,9 @@ class ChaosConfig:
     default handler). ``database_url``/``redis_url``: throw-away servers to use instead of embedded ones (they must
     be empty of the demo's data; server restarts and pauses are then skipped). ``pythonpath``: extra import paths
     for the fleet (where your handler lives). ``extra_processes``/``extra_consumers``: more fleet processes and the
-    names they record in ``chaos_applied`` (checked like checkpoint consumers) — the hook for the Spark consumer.
+    names they record in ``chaos_applied`` (checked like checkpoint consumers). ``spark``: run the demo's Spark
+    distance consumer too (``spark0``; default: when pyspark and Java are installed); it runs the demo's Spark
+    effect whatever ``handler`` is.
     """
 
     duration: float = 60.0
@@ -873,6 +883,17 @@ class ChaosConfig:
     extra_processes: Sequence[ProcessSpec] = ()
     extra_consumers: Sequence[str] = ()
     status_interval: float = 10.0
+    spark: bool | None = None  # None: when pyspark and Java are installed
+    spark_register: bool = False  # work around the Spark consumer not registering for retention (see the report)
+
+    def use_spark(self) -> bool:
+        from .demo import spark_available
+
+        return spark_available() if self.spark is None else self.spark
+
+    def consumers(self) -> list[str]:
+        """The checkpoint consumers (the Spark one included) whose applications are checked."""
+        return [*CHECKPOINT_CONSUMERS, *([SPARK] if self.use_spark() else []), *self.extra_consumers]
 
 
 @dataclass
@@ -1029,8 +1050,8 @@ def fleet_specs(
     config: ChaosConfig, *, api_port: int, history_dir: Path, state_dir: Path, python: str = sys.executable
 ) -> list[ProcessSpec]:
     """The chaos fleet: API, simulator, two direct producers, two streamers, two checkpoint consumers and the group's
-    two workers (half of the streamers and consumers exit on an injected crash, the others restart in-process), plus
-    ``config.extra_processes``."""
+    two workers (half of the streamers and consumers exit on an injected crash, the others restart in-process), the
+    Spark consumer (``config.use_spark()``) and ``config.extra_processes``."""
     seed = config.seed
     lib = config.library_faults
 
@@ -1096,6 +1117,9 @@ def fleet_specs(
                 name, argv + (["--exit-on-crash"] if i else []), {"UNILOG_FAULTS": config.group_faults if lib else ""}
             )
         )
+    if config.use_spark():
+        argv = [python, "-m", "unilog.chaos", "spark", SPARK, "--checkpoint", str(state_dir / f"{SPARK}-checkpoint")]
+        specs.append(ProcessSpec(SPARK, argv + (["--register"] if config.spark_register else [])))
     specs.extend(config.extra_processes)
     for i, name in enumerate(PRODUCERS):
         specs.append(
@@ -1164,7 +1188,7 @@ def run_chaos(config: ChaosConfig, *, out: TextIO | None = None, stop: threading
     history_dir, state_dir = log_dir / "history", log_dir / "state"
     for directory in (history_dir, state_dir):
         directory.mkdir(parents=True, exist_ok=True)
-    consumers = [*CHECKPOINT_CONSUMERS, *config.extra_consumers]
+    consumers = config.consumers()
     report: dict[str, Any] = {"seed": config.seed, "duration": config.duration, "handler": config.handler}
     notes: list[str] = []
 
@@ -1187,7 +1211,7 @@ def run_chaos(config: ChaosConfig, *, out: TextIO | None = None, stop: threading
             "redis": f"embedded {rd.version} (appendonly yes, appendfsync always)" if rd else "given",
         }
         prepare(pg_url)
-        _prepare_chaos(pg_url, redis_url)
+        _prepare_chaos(pg_url, redis_url, consumers)
         proxies: dict[str, FaultProxy] = {}
         fleet_urls = {}
         for side, url in (("postgres", pg_url), ("redis", redis_url)):
@@ -1266,7 +1290,7 @@ def run_chaos(config: ChaosConfig, *, out: TextIO | None = None, stop: threading
     return ChaosResult(verdict, report, report_path)
 
 
-def _prepare_chaos(pg_url: str, redis_url: str) -> None:
+def _prepare_chaos(pg_url: str, redis_url: str, consumers: Sequence[str]) -> None:
     """Create the chaos tables; refuse servers that already hold the demo's data (they must be throw-away)."""
     with psycopg.connect(pg_url, autocommit=True) as conn:
         for ddl in CHAOS_DDL:
@@ -1276,8 +1300,9 @@ def _prepare_chaos(pg_url: str, redis_url: str) -> None:
             row = conn.execute(f"SELECT count(*) FROM {table}").fetchone()
             if row and row[0]:
                 found[table] = int(row[0])
-        names = [*CHECKPOINT_CONSUMERS]
-        row = conn.execute("SELECT count(*) FROM unilog_checkpoints WHERE name = ANY(%s)", (names,)).fetchone()
+        row = conn.execute(
+            "SELECT count(*) FROM unilog_checkpoints WHERE name = ANY(%s)", (list(consumers),)
+        ).fetchone()
         if row and row[0]:
             found["unilog_checkpoints"] = int(row[0])
     client = engine.connect(redis_url, socket_timeout=5)
@@ -1417,11 +1442,11 @@ def _recoveries(fleet: Fleet, log_dir: Path) -> dict[str, Any]:
 
 
 def _consumer_report(observation: Observation, verdict: Verdict) -> dict[str, Any]:
-    result = {}
+    result: dict[str, Any] = {}
     for name, applied in verdict.counts.get("applied", {}).items():
         row = dict(applied)
         if observation.states is not None:
-            state = observation.states.get(name)
+            state: Any = observation.states.get(name)
             row["state"] = state.as_dict() if hasattr(state, "as_dict") else state
             row["state_equals_canonical"] = state == observation.canonical_state
         row["dead_letters"] = len(observation.dead_letters.get(name, []))
@@ -1510,7 +1535,7 @@ def format_summary(report: Mapping[str, Any], report_path: Path | None = None) -
     unexpected = sum(len(v["cids"]) for v in verdict["violations"] if v["kind"] == "unexpected")
     lines.append(
         f"verdict: {'PASS' if ok else 'FAIL'} — lost {lost}, unexpected {unexpected}, applied twice {twice}, "
-        f"dead letters {counts['dead_letters']} (poison {counts['poison']}), "
+        f"dead letters {counts['dead_letters']} (committed poison records {counts.get('poison_committed', '?')}), "
         + (
             "staged 0, pending 0, every consumer at the end, states equal canonical"
             if ok
@@ -1529,7 +1554,7 @@ def print_schedule(schedule: Sequence[FaultEvent], out: TextIO | None = None) ->
         print(event, file=out or sys.stdout)
 
 
-# -- process entry points: python -m unilog.chaos produce | streamer | consume ------------------------------------------
+# -- process entry points: python -m unilog.chaos produce | streamer | consume -----------------------------------------
 
 
 STATEMENT_DEADLINE = 5.0
@@ -1791,12 +1816,103 @@ def consume_main(argv: Sequence[str] | None = None) -> int:
     return cli.consume_main(tracked(handler, fail_poison=args.fail_poison), rest, prog="python -m unilog.chaos consume")
 
 
+def tracked_spark_effect(name: str, effect: Any) -> Any:
+    """A Spark sink effect (``effect(conn, df)``) that first records the batch's records in ``chaos_applied``, in the
+    sink's transaction, like :func:`tracked` does for Python handlers."""
+
+    def run(conn: psycopg.Connection[Any], fresh: Any) -> Any:
+        rows = fresh.select("id", "producer", "epoch", "seq", "object", "data").collect()
+        cids, ids = [], []
+        for row in rows:
+            data = json.loads(row["data"]) if row["data"] else None
+            position = (int(row["epoch"]), int(row["seq"])) if row["seq"] is not None else None
+            cids.append(cid_of(row["object"], data, row["producer"] or "", position, row["id"]))
+            ids.append(row["id"])
+        if cids:
+            conn.execute(TRACK_SQL, (name, cids, ids))
+        return effect(conn, fresh)
+
+    return run
+
+
+def spark_main(argv: Sequence[str] | None = None) -> int:
+    """``python -m unilog.chaos spark NAME --checkpoint DIR``: the demo's Spark distance consumer with its effect
+    wrapped by :func:`tracked_spark_effect`. ``--register`` also registers its checkpoint in Redis for retention
+    before each batch (what Python consumers do after each commit)."""
+    from .config import postgres_conninfo
+    from .log import configure_logging
+    from .spark import TransactionalSink, spark_session
+
+    parser = argparse.ArgumentParser(prog="python -m unilog.chaos spark")
+    parser.add_argument("name")
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--checkpoint", required=True)
+    parser.add_argument("--register", action="store_true")
+    args = parser.parse_args(argv)
+    configure_logging(json=True)
+    from services.spark_consumer import state_effect
+
+    database_url, redis_url = os.environ["DATABASE_URL"], os.environ["REDIS_URL"]
+    effect = tracked_spark_effect(args.name, state_effect(args.name))
+    if args.register:
+        effect = _registering(args.name, redis_url, effect)
+        with psycopg.connect(postgres_conninfo(database_url), autocommit=True) as conn:
+            row = conn.execute("SELECT last_id FROM unilog_checkpoints WHERE name = %s", (args.name,)).fetchone()
+        _register(redis_url, args.name, row[0] if row else "0-0")
+    spark = spark_session(f"unilog-chaos-{args.name}", args.master, {"spark.sql.shuffle.partitions": "1"})
+    stream = (
+        spark.readStream.format("unilog")
+        .option("redisUrl", redis_url)
+        .option("stream", STREAM)
+        .option("databaseUrl", database_url)
+        .option("consumer", args.name)
+        .option("maxEntriesPerBatch", "20000")
+        .load()
+    )
+    sink = TransactionalSink(database_url, args.name, STREAM, effect)
+    query = (
+        stream.writeStream.foreachBatch(sink)
+        .option("checkpointLocation", args.checkpoint)
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+    stop = _stop_event()
+    log.info("chaos spark consumer started", consumer=args.name)
+    while query.isActive and not stop.wait(0.5):
+        pass
+    if query.isActive:
+        query.stop()
+    query.awaitTermination()
+    spark.stop()
+    return 0
+
+
+def _register(redis_url: str, name: str, last_id: str) -> None:
+    api = engine.RedisStreams(engine.connect(redis_url, socket_timeout=5))
+    try:
+        api.register(STREAM, name, last_id)
+    finally:
+        api.close()
+
+
+def _registering(name: str, redis_url: str, effect: Any) -> Any:
+    """Before the batch's effect, register the checkpoint as it was before this batch (already committed, so safe to
+    trim behind) — the workaround for a Spark consumer that does not register itself."""
+
+    def run(conn: psycopg.Connection[Any], fresh: Any) -> Any:
+        row = conn.execute("SELECT last_id FROM unilog_checkpoints WHERE name = %s", (name,)).fetchone()
+        _register(redis_url, name, row[0] if row else "0-0")
+        return effect(conn, fresh)
+
+    return run
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"produce": produce_main, "streamer": streamer_main, "consume": consume_main}
+    commands = {"produce": produce_main, "streamer": streamer_main, "consume": consume_main, "spark": spark_main}
     if not argv or argv[0] not in commands:
         print(
-            "usage: python -m unilog.chaos {produce|streamer|consume} ... (the runner is `unilog chaos`)",
+            "usage: python -m unilog.chaos {produce|streamer|consume|spark} ... (the runner is `unilog chaos`)",
             file=sys.stderr,
         )
         return 2

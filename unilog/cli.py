@@ -417,7 +417,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
     log_dir = Path(args.log_dir) if args.log_dir else None
-    agree = run_demo(duration=args.duration, rate=args.rate, seed=args.seed, faults=args.faults, log_dir=log_dir)
+    agree = run_demo(
+        duration=args.duration, rate=args.rate, seed=args.seed, faults=args.faults, spark=args.spark, log_dir=log_dir
+    )
     return ExitCode.OK if agree else ExitCode.FAILURE
 
 
@@ -439,9 +441,8 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     if args.schedule_only:  # the schedule the seed gives with the default fleet and embedded servers
         from .chaos import fleet_specs
 
-        names = [
-            s.name for s in fleet_specs(ChaosConfig(seed=args.seed), api_port=0, history_dir=Path(), state_dir=Path())
-        ]
+        sample = ChaosConfig(seed=args.seed, spark=args.spark)
+        names = [s.name for s in fleet_specs(sample, api_port=0, history_dir=Path(), state_dir=Path())]
         print_schedule(build_schedule(args.seed, args.duration, names, rates))
         return ExitCode.OK
     log_dir = Path(args.log_dir) if args.log_dir else Path(tempfile.mkdtemp(prefix=f"unilog-chaos-{args.seed}-"))
@@ -467,6 +468,8 @@ def cmd_chaos(args: argparse.Namespace) -> int:
         report_path=Path(args.report) if args.report else None,
         extra_processes=[ProcessSpec(f"extra{i}", cmd.split()) for i, cmd in enumerate(args.extra_process or [])],
         extra_consumers=args.extra_consumer or [],
+        spark=args.spark,
+        spark_register=args.spark_register,
     )
     result = run_chaos(config, stop=stop)
     return ExitCode.OK if result.verdict.ok else ExitCode.FAILURE  # 1: the checker found a violation
@@ -598,6 +601,12 @@ def _parser() -> argparse.ArgumentParser:
         "--faults", action=argparse.BooleanOptionalAction, default=True, help="inject the reference's 10%% faults"
     )
     p.add_argument("--log-dir", help="keep every process's log here (default: a temporary folder)")
+    p.add_argument(
+        "--spark",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run the Spark consumer too (default: when pyspark and Java are installed)",
+    )
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser(
@@ -646,6 +655,17 @@ def _parser() -> argparse.ArgumentParser:
         "--extra-consumer",
         action="append",
         help="a consumer name an extra process records in chaos_applied; repeatable",
+    )
+    p.add_argument(
+        "--spark",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run the Spark distance consumer too (default: when pyspark and Java are installed)",
+    )
+    p.add_argument(
+        "--spark-register",
+        action="store_true",
+        help="work around the Spark consumer not registering its checkpoint for retention",
     )
     p.add_argument("--schedule-only", action="store_true", help="print the seed's fault schedule and exit")
     p.set_defaults(func=cmd_chaos)

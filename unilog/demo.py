@@ -10,6 +10,7 @@ says whether every consumer equals the canonical totals of the ``rides`` table.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import tempfile
@@ -31,6 +32,17 @@ STREAM = "rocket-rides-log"
 CONSUMERS = ("consumer0", "consumer1")
 GROUP = "group0"  # a consumer group of two workers, its state shared under the group's name
 GROUP_WORKERS = ("group0-a", "group0-b")
+SPARK_CONSUMER = "spark0"  # the distance consumer on Spark, when pyspark and Java are installed
+
+
+def spark_available() -> bool:
+    """Whether the Spark consumer can run here (pyspark importable, a Java runtime on PATH)."""
+    import importlib.util
+    import shutil
+
+    return importlib.util.find_spec("pyspark") is not None and shutil.which("java") is not None
+
+
 STREAMERS = ("streamer", "streamer2")  # one publishes, the other stands by
 DEFAULT_FAULTS = {
     "streamer": "streamer.double_send=0.1",
@@ -58,7 +70,9 @@ class Snapshot:
     agree: bool
 
 
-def fleet_specs(root: Path, api_port: int, rate: float, faults: bool, seed: int | None) -> list[ProcessSpec]:
+def fleet_specs(
+    root: Path, api_port: int, rate: float, faults: bool, seed: int | None, spark: bool = False
+) -> list[ProcessSpec]:
     """The demo's processes, as the Procfile runs them."""
     py = sys.executable
     streamer_faults = DEFAULT_FAULTS["streamer"] if faults else ""
@@ -120,6 +134,22 @@ def fleet_specs(root: Path, api_port: int, rate: float, faults: bool, seed: int 
                 {"UNILOG_FAULTS": consumer_faults, **worker_seed},
             )
         )
+    if spark:
+        specs.append(
+            ProcessSpec(
+                SPARK_CONSUMER,
+                [
+                    py,
+                    "-m",
+                    "services.spark_consumer",
+                    SPARK_CONSUMER,
+                    "--master",
+                    "local[2]",
+                    "--checkpoint",
+                    str(Path(tempfile.gettempdir()) / f"unilog-demo-spark-{os.getpid()}"),
+                ],
+            )
+        )
     sim = [py, "-m", "services.simulator", "--api", f"http://127.0.0.1:{api_port}", "--rate", str(rate)]
     specs.append(ProcessSpec("simulator", sim + ([] if seed is None else ["--seed", str(seed)])))
     return specs
@@ -131,35 +161,55 @@ def run_demo(
     rate: float = 50.0,
     seed: int | None = None,
     faults: bool = True,
+    spark: bool | None = None,
     log_dir: Path | None = None,
     out: TextIO | None = None,
 ) -> bool:
-    """Run the demo; print the live view and the verdict to ``out``; return True iff every consumer agrees."""
+    """Run the demo; print the live view and the verdict to ``out``; return True iff every consumer agrees.
+
+    ``spark`` None: include the Spark consumer when pyspark and Java are installed.
+    """
     out = out or sys.stdout
+    spark = spark_available() if spark is None else spark
     root = project_root()
     sys.path.insert(0, str(root))
     from services.migrate import prepare
 
     with tempfile.TemporaryDirectory(prefix="unilog-demo-") as tmp, EmbeddedPostgres() as pg, EmbeddedRedis() as rd:
         prepare(pg.url)
+        _declare_consumers(rd.url, spark)
         api_port = free_port()
         env = {"DATABASE_URL": pg.url, "REDIS_URL": rd.url, "UNILOG_STREAM": STREAM, "PYTHONPATH": str(root)}
         fleet = Fleet(log_dir or Path(tmp) / "logs", cwd=root, base_env={**_clean_env(), **env})
         stop = _stop_on_signals()
-        specs = fleet_specs(root, api_port, rate, faults, seed)
+        specs = fleet_specs(root, api_port, rate, faults, seed, spark)
         try:
             for spec in specs[:-1]:
                 fleet.start(spec)
             _wait_for_api(api_port, fleet)
             fleet.start(specs[-1])
             fleet.watch()
-            _live(pg.url, rd.url, fleet, stop, duration, out)
+            _live(pg.url, rd.url, fleet, stop, duration, out, spark)
             fleet.stop("simulator")
-            snap = _settle(pg.url, rd.url, fleet, out)
+            snap = _settle(pg.url, rd.url, fleet, out, spark)
         finally:
-            codes = fleet.stop_all(order=["simulator", "api", *STREAMERS, *CONSUMERS, *GROUP_WORKERS])
+            codes = fleet.stop_all(
+                order=["simulator", "api", *STREAMERS, *CONSUMERS, *GROUP_WORKERS, *([SPARK_CONSUMER] if spark else [])]
+            )
         _print_verdict(snap, fleet, codes, out)
         return snap.agree
+
+
+def _declare_consumers(redis_url: str, spark: bool) -> None:
+    """Register every consumer before traffic starts (a deploy step): retention must not trim what a consumer that
+    starts later (the Spark one takes seconds) has not read."""
+    api = engine.RedisStreams(engine.connect(redis_url))
+    try:
+        for name in (*CONSUMERS, *([SPARK_CONSUMER] if spark else [])):
+            api.register(STREAM, name, "0-0")
+        api.ensure_group(STREAM, GROUP)
+    finally:
+        api.close()
 
 
 def _clean_env() -> dict[str, str]:
@@ -188,7 +238,7 @@ def _wait_for_api(port: int, fleet: Fleet, timeout: float = 30.0) -> None:
     raise ConfigurationError(f"the demo API did not come up; see {fleet.log_dir / 'api.log'}")
 
 
-def snapshot(pg_url: str, redis_url: str) -> Snapshot:
+def snapshot(pg_url: str, redis_url: str, spark: bool = False) -> Snapshot:
     """Read the demo's state from Postgres and Redis."""
     from services.rides import canonical_totals, consumer_totals
 
@@ -208,9 +258,13 @@ def snapshot(pg_url: str, redis_url: str) -> Snapshot:
         group = next((g for g in streams.groups(STREAM) if g["name"] == GROUP), None)
         group_lag = streams.entries_after(STREAM, str(group["last-delivered-id"])) if group else length
         consumers[GROUP] = _row(states.get(GROUP), group_lag + (int(group["pending"]) if group else 0))
+        if spark:
+            cp = checkpoints.get(SPARK_CONSUMER)
+            lag = streams.entries_after(STREAM, cp.last_id) if cp else length
+            consumers[SPARK_CONSUMER] = _row(states.get(SPARK_CONSUMER), lag)
     finally:
         client.close()
-    agree = all(states.get(n) == canonical for n in (*CONSUMERS, GROUP))
+    agree = all(states.get(n) == canonical for n in consumers)
     return Snapshot(canonical.ride_count, staged, length, consumers, canonical, agree)
 
 
@@ -242,22 +296,24 @@ def _render(snap: Snapshot, fleet: Fleet, elapsed: float, tty: bool) -> str:
     return "\x1b[H\x1b[J" + "\n".join(lines)
 
 
-def _live(pg_url: str, redis_url: str, fleet: Fleet, stop: threading.Event, duration: float, out: TextIO) -> None:
+def _live(
+    pg_url: str, redis_url: str, fleet: Fleet, stop: threading.Event, duration: float, out: TextIO, spark: bool
+) -> None:
     started = time.monotonic()
     tty = out.isatty()
     while not stop.wait(1.0):
         elapsed = time.monotonic() - started
-        print(_render(snapshot(pg_url, redis_url), fleet, elapsed, tty), file=out, flush=True)
+        print(_render(snapshot(pg_url, redis_url, spark), fleet, elapsed, tty), file=out, flush=True)
         if elapsed >= duration:
             return
 
 
-def _settle(pg_url: str, redis_url: str, fleet: Fleet, out: TextIO, timeout: float = 90.0) -> Snapshot:
+def _settle(pg_url: str, redis_url: str, fleet: Fleet, out: TextIO, spark: bool, timeout: float = 120.0) -> Snapshot:
     """Wait until the backlog is streamed and every consumer equals the canonical totals (or the timeout)."""
     deadline = time.monotonic() + timeout
     print("unilog demo: producers stopped; letting the consumers catch up...", file=out, flush=True)
     while True:
-        snap = snapshot(pg_url, redis_url)
+        snap = snapshot(pg_url, redis_url, spark)
         if (snap.agree and snap.staged == 0) or time.monotonic() > deadline:
             return snap
         time.sleep(0.25)

@@ -163,6 +163,15 @@ def _row(stream: str, entry_id: bytes, fields: dict[bytes, bytes]) -> tuple[Any,
     )
 
 
+def _register(redis_url: str, stream: str, consumer: str, last_id: str) -> None:
+    """Hold retention at ``last_id`` for ``consumer`` (see :meth:`unilog.engine.RedisStreams.register`)."""
+    api = engine.RedisStreams(engine.connect(redis_url))
+    try:
+        api.register(stream, consumer, last_id)
+    finally:
+        api.close()
+
+
 def checkpoint_id(database_url: str, consumer: str) -> str | None:
     """The stream id consumer ``consumer`` has consumed up to, per its checkpoint in Postgres (None if none)."""
     with psycopg.connect(postgres_conninfo(database_url)) as conn:
@@ -181,12 +190,13 @@ class UnilogStreamReader(DataSourceStreamReader):
         return engine.RedisStreams(engine.connect(self.options.redis_url))
 
     def initialOffset(self) -> dict[str, str]:
-        """After the consumer's checkpoint in Postgres, else ``startingId``."""
+        """After the consumer's checkpoint in Postgres, else ``startingId``; registers the consumer for retention."""
+        start = self.options.starting_id
         if self.options.database_url and self.options.consumer:
             stored = checkpoint_id(self.options.database_url, self.options.consumer)
-            if stored is not None:
-                return {"id": stored}
-        return {"id": self.options.starting_id}
+            start = stored if stored is not None else start
+            _register(self.options.redis_url, self.options.stream, self.options.consumer, start)
+        return {"id": start}
 
     def getDefaultReadLimit(self) -> Any:
         from pyspark.sql.streaming.datasource import ReadMaxRows
@@ -290,8 +300,18 @@ class TransactionalSink:
     producer the consumer never saw must start at position 1 (a rebuild must not silently start mid-history).
     """
 
-    def __init__(self, database_url: str, consumer: str, stream: str, effect: Effect, *, strict_start: bool = False):
+    def __init__(
+        self,
+        database_url: str,
+        consumer: str,
+        stream: str,
+        effect: Effect,
+        *,
+        redis_url: str | None = None,
+        strict_start: bool = False,
+    ) -> None:
         self.conninfo = postgres_conninfo(database_url)
+        self.redis_url = redis_url  # given: the consumer registers its checkpoint, so trimming never passes it
         self.consumer = consumer
         self.stream = stream
         self.effect = effect
@@ -320,6 +340,8 @@ class TransactionalSink:
                     checkpoint.last_id = last_id
                 checkpoint.positions = positions
                 store.save_checkpoint(conn, checkpoint)
+        if self.redis_url:
+            _register(self.redis_url, self.stream, self.consumer, checkpoint.last_id)
         log.info("spark batch committed", consumer=self.consumer, batch=batch_id, entries=bounds["n"], last_id=last_id)
 
     @staticmethod
