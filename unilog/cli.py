@@ -245,6 +245,20 @@ def _run_workers(args: argparse.Namespace) -> int:
     return max(codes)
 
 
+def cmd_consumer_register(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    stream = args.stream or settings.stream
+    api = _redis_api(settings)
+    try:
+        current = api.registered(stream).get(args.name)
+        if current is None:
+            api.register(stream, args.name, "0-0")
+    finally:
+        api.close()
+    print(f"unilog: consumer {args.name} registered on {stream} at {current or 'the beginning'}")
+    return ExitCode.OK
+
+
 def cmd_consumer_unregister(args: argparse.Namespace) -> int:
     from . import engine
 
@@ -469,7 +483,6 @@ def cmd_chaos(args: argparse.Namespace) -> int:
         extra_processes=[ProcessSpec(f"extra{i}", cmd.split()) for i, cmd in enumerate(args.extra_process or [])],
         extra_consumers=args.extra_consumer or [],
         spark=args.spark,
-        spark_register=args.spark_register,
     )
     result = run_chaos(config, stop=stop)
     return ExitCode.OK if result.verdict.ok else ExitCode.FAILURE  # 1: the checker found a violation
@@ -532,6 +545,11 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--stream", help="default: the checkpoint's stream, else $UNILOG_STREAM")
     _connection_args(q)
     q.set_defaults(func=cmd_consumer_rebuild)
+    q = consumer_sub.add_parser("register", help="declare a consumer before it first runs, so retention waits for it")
+    q.add_argument("name")
+    q.add_argument("--stream", help="default: $UNILOG_STREAM")
+    _connection_args(q)
+    q.set_defaults(func=cmd_consumer_register)
     q = consumer_sub.add_parser("unregister", help="stop a consumer from holding back trimming")
     q.add_argument("name")
     q.add_argument("--stream", help="default: $UNILOG_STREAM")
@@ -661,11 +679,6 @@ def _parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="run the Spark distance consumer too (default: when pyspark and Java are installed)",
-    )
-    p.add_argument(
-        "--spark-register",
-        action="store_true",
-        help="work around the Spark consumer not registering its checkpoint for retention",
     )
     p.add_argument("--schedule-only", action="store_true", help="print the seed's fault schedule and exit")
     p.set_defaults(func=cmd_chaos)

@@ -152,6 +152,7 @@ class ConsumerConfig:
     register: bool = True
     pg_timeout: float | None = 60.0
     strict_start: bool = False
+    register_interval: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.strip():
@@ -198,6 +199,7 @@ class Consumer:
         self.handled_total = 0
         self.skipped_total = 0
         self._last_rewind_check = 0.0
+        self._registered_at = 0.0
 
     # -- connections -------------------------------------------------------------------------------------------------
 
@@ -216,13 +218,19 @@ class Consumer:
         Raises a one-line-worthy error if a server is unreachable or data was lost.
         """
         self._engine()
-        self._register(self.checkpoint.last_id)
+        self._register(self.checkpoint.last_id, force=True)
         self._check_not_rewound()
         self._last_rewind_check = time.monotonic()
 
-    def _register(self, last_id: str) -> None:
-        if self.config.register:
+    def _register(self, last_id: str, *, force: bool = False) -> None:
+        """Record the checkpoint in the retention registry, at most every ``register_interval`` seconds: an older
+        value only holds back more of the stream (the safe direction), and each write is an fsync'd round trip."""
+        if not self.config.register:
+            return
+        now = time.monotonic()
+        if force or now - self._registered_at >= self.config.register_interval:
             self._engine().register(self.stream, self.config.name, last_id)
+            self._registered_at = now
 
     def _idle_checks(self) -> None:
         """While idle, look for a rewound stream, at most once a second (no gap shows until new entries arrive)."""

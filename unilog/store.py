@@ -13,6 +13,7 @@ import json
 import os
 import socket
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,6 +64,50 @@ def connect(
         ) from None
 
 
+class _Watchdog:
+    """One daemon thread per process that breaks connections whose deadline passed.
+
+    Arming and disarming is a dict update under a lock: starting a ``threading.Timer`` per call cost a thread
+    start on every streamer pass and consumer batch (measured ~0.35 ms, more under load).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Condition()
+        self._armed: dict[int, tuple[float, psycopg.Connection[Any]]] = {}
+        self._next_token = 0
+        self._thread: threading.Thread | None = None
+
+    def arm(self, conn: psycopg.Connection[Any], seconds: float) -> int:
+        with self._lock:
+            self._next_token += 1
+            token = self._next_token
+            self._armed[token] = (time.monotonic() + seconds, conn)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._watch, name="unilog-deadlines", daemon=True)
+                self._thread.start()
+            self._lock.notify()
+            return token
+
+    def disarm(self, token: int) -> None:
+        with self._lock:
+            self._armed.pop(token, None)
+
+    def _watch(self) -> None:
+        while True:
+            with self._lock:
+                now = time.monotonic()
+                expired = [t for t, (due, _) in self._armed.items() if due <= now]
+                victims = [self._armed.pop(t)[1] for t in expired]
+                wait = min((due for due, _ in self._armed.values()), default=now + 1.0) - now
+                if not victims:
+                    self._lock.wait(max(0.001, min(wait, 1.0)))
+            for conn in victims:
+                _break(conn)
+
+
+_watchdog = _Watchdog()
+
+
 @contextlib.contextmanager
 def deadline(conn: psycopg.Connection[Any], seconds: float | None) -> Iterator[None]:
     """Break ``conn`` if the block takes longer than ``seconds``, so a query never waits forever on a server that
@@ -72,13 +117,11 @@ def deadline(conn: psycopg.Connection[Any], seconds: float | None) -> Iterator[N
     if not seconds:
         yield
         return
-    timer = threading.Timer(seconds, _break, args=(conn,))
-    timer.daemon = True
-    timer.start()
+    token = _watchdog.arm(conn, seconds)
     try:
         yield
     finally:
-        timer.cancel()
+        _watchdog.disarm(token)
 
 
 def _break(conn: psycopg.Connection[Any]) -> None:
@@ -198,22 +241,34 @@ def staged_sources(conn: psycopg.Connection[Any]) -> list[str]:
 
 
 FETCH_BATCH = """
-    SELECT id, action, object, data::text, key, (extract(epoch FROM created_at) * 1000)::bigint
+    SELECT id, action, object, data::text, key, (extract(epoch FROM created_at) * 1000)::bigint, xid::text
     FROM staged_log_records
-    WHERE stream = %s AND xid < pg_snapshot_xmin(pg_current_snapshot())
+    WHERE stream = %s AND xid < pg_snapshot_xmin(pg_current_snapshot()) AND (xid, id) > (%s::xid8, %s)
     ORDER BY xid, id
     LIMIT %s
 """
 
+# Where a fetch starts: the (xid, id) of the last row published, or the very beginning.
+START = ("0", 0)
 
-def fetch_visible(conn: psycopg.Connection[Any], source: str, limit: int) -> list[StagedRow]:
-    """The next ``limit`` staged records of ``source`` below the visibility horizon, in (xid, id) order.
+
+def fetch_visible(
+    conn: psycopg.Connection[Any], source: str, limit: int, after: tuple[str, int] = START
+) -> tuple[list[StagedRow], tuple[str, int]]:
+    """The next ``limit`` staged records of ``source`` below the visibility horizon, in (xid, id) order, and the
+    (xid, id) of the last one.
 
     Only rows written by transactions older than every transaction still running are read, so no transaction
     can later commit a row that sorts before one already returned: the order is final, and a late commit is
-    published after, never skipped.
+    published after, never skipped. For the same reason a publisher holding the stream's lock may pass the last
+    (xid, id) it published as ``after``: every row before it is gone, and starting there skips the dead index
+    entries a large drained backlog leaves at the front of the index.
     """
-    return conn.execute(FETCH_BATCH, (source, limit)).fetchall()
+    rows = conn.execute(FETCH_BATCH, (source, after[0], after[1], limit)).fetchall()
+    if not rows:
+        return [], after
+    last = rows[-1]
+    return [row[:6] for row in rows], (last[6], last[0])
 
 
 def has_staged(conn: psycopg.Connection[Any], source: str) -> bool:

@@ -108,6 +108,7 @@ class Streamer:
         self._owned: set[str] = set()
         self._identity: store.ProducerIdentity | None = None
         self._last_seq: dict[str, int] = {}  # valid while we hold the stream's lock and our commits succeed
+        self._after: dict[str, tuple[str, int]] = {}  # (xid, id) last published per source: same validity
         self._last_retention = 0.0
         self._partition_counts: dict[str, tuple[int, float]] = {}
         self.published_total = 0
@@ -124,6 +125,7 @@ class Streamer:
         """A new Postgres session: locks died with the old one; a restored database starts a new epoch."""
         self._owned.clear()
         self._last_seq.clear()
+        self._after.clear()
         self._identity, new_epoch = store.resolve_identity(conn)
         if new_epoch:
             log.warning(
@@ -265,7 +267,9 @@ class Streamer:
 
     def _publish_batch(self, conn: psycopg.Connection[Any], source: str, stream: str) -> int:
         started = time.perf_counter()
-        rows = store.fetch_visible(conn, source, self.config.batch_size)
+        rows, next_start = store.fetch_visible(
+            conn, source, self.config.batch_size, self._after.get(source, store.START)
+        )
         if not rows:
             return 0
         identity = self._identity
@@ -284,12 +288,13 @@ class Streamer:
         deleted = store.delete_published(conn, [r[0] for r in rows], identity.epoch, last_seqs)
         if deleted != len(rows):
             conn.rollback()
-            raise UnilogError(
+            raise PublishError(  # retried: the records are re-sent and deduplicated by position
                 f"deleted {deleted} of {len(rows)} published records on {stream}: another streamer is publishing "
                 "the same stream without the lock; the records will be re-sent and deduplicated by position"
             )
         conn.commit()
         self._last_seq.update(last_seqs)
+        self._after[source] = next_start
         self.published_total += len(rows)
         log.info(
             "batch streamed",
@@ -442,3 +447,4 @@ class Streamer:
                 pg.rollback()
         self._links.discard_failed_transaction()
         self._links.drop_redis()
+        self._after.clear()

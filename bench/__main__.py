@@ -1,0 +1,108 @@
+"""``python -m bench [--quick] [--only drain,latency] [--out FILE]``: run the benchmarks, print the table and targets,
+write the JSON (default ``bench/results/<timestamp>.json``)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from . import sysinfo
+from .consume import run_consume
+from .core import FULL, QUICK, Profile, Results, log, worker_init
+from .drain import run_drain, run_drain_streams
+from .env import BenchEnv
+from .latency import run_latency
+from .memory import run_memory
+from .produce import run_produce
+from .report import render, targets, write_json
+
+Workload = Callable[[BenchEnv, Profile, Results], None]
+
+WORKLOADS: dict[str, Workload] = {
+    "drain": run_drain,
+    "drain_streams": run_drain_streams,
+    "latency": run_latency,
+    "produce": run_produce,
+    "consume": run_consume,
+    "memory": run_memory,
+}
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+SETUP = [
+    "one embedded Postgres (fsync on, synchronous_commit on) and one Redis (appendonly yes, appendfsync always,"
+    " auto-aof-rewrite off: the AOF is rewritten between trials instead) for the whole run, on this host",
+    "variants of a workload run interleaved (A B C A B C ...); each drain/consume trial in a fresh process",
+    "drain trials start from empty tables and Redis; backlog staged in one statement, then VACUUM ANALYZE, CHECKPOINT",
+]
+
+
+def _args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer rounds (a few minutes)")
+    parser.add_argument("--only", help=f"comma-separated subset of: {', '.join(WORKLOADS)}")
+    parser.add_argument("--out", type=Path, help="JSON output (default: bench/results/<timestamp>.json)")
+    args = parser.parse_args(argv)
+    args.workloads = args.only.split(",") if args.only else list(WORKLOADS)
+    unknown = [w for w in args.workloads if w not in WORKLOADS]
+    if unknown:
+        parser.error(f"unknown workload(s): {', '.join(unknown)}")
+    return args
+
+
+def _run_workloads(env: BenchEnv, profile: Profile, names: list[str], results: Results) -> dict[str, float]:
+    durations: dict[str, float] = {}
+    for name in names:
+        started = time.monotonic()
+        WORKLOADS[name](env, profile, results)
+        durations[name] = round(time.monotonic() - started, 1)
+    return durations
+
+
+def _context(env: BenchEnv, profile: Profile) -> dict[str, Any]:
+    context: dict[str, Any] = {"machine": sysinfo.machine(), "load_average_before": sysinfo.load_average()}
+    context["fsync_per_second"] = round(sysinfo.fsync_rate(env.pg.base_dir), 1)
+    if profile is FULL:
+        log("pg_test_fsync (about 15 s)")
+        context["pg_test_fsync"] = sysinfo.pg_test_fsync(env)
+    else:
+        context["pg_test_fsync"] = "skipped in quick mode (see fsync_per_second)"
+    context["servers"] = sysinfo.servers(env)
+    context["setup"] = SETUP
+    context["software"] = sysinfo.software()
+    return context
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _args(argv)
+    profile = QUICK if args.quick else FULL
+    worker_init()
+    started = time.monotonic()
+    out = args.out or RESULTS_DIR / f"{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}-{profile.name}.json"
+    log(f"starting Postgres (fsync on) and Redis (appendonly yes, appendfsync always); {profile.name} mode")
+    env = BenchEnv().start()
+    results = Results()
+    try:
+        context = _context(env, profile)
+        context["workload_seconds"] = _run_workloads(env, profile, args.workloads, results)
+    finally:
+        env.stop()
+    context["load_average_after"] = sysinfo.load_average()
+    context["total_seconds"] = round(time.monotonic() - started, 1)
+    found = targets(results, profile)
+    print(render(results, profile, found))
+    print(
+        f"\nload average before {context['load_average_before']}, after {context['load_average_after']}; "
+        f"{context['machine']['cpu_count']} CPUs; fsync {context['fsync_per_second']:,.0f}/s; "
+        f"total {context['total_seconds']:.0f} s ({context['workload_seconds']})"
+    )
+    write_json(out, results, profile, found, context)
+    print(f"results: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""What every workload shares: the run profile, measurements, interleaved repetitions, fresh worker processes."""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any, TypeVar
+
+from unilog.log import configure_logging
+
+T = TypeVar("T")
+
+SPAWN = multiprocessing.get_context("spawn")
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Sizes, durations and repetitions of one run (``quick`` or ``full``)."""
+
+    name: str
+    drain_sizes: tuple[int, ...]
+    drain_reps: int
+    streams_size: int
+    streams_reps: int
+    latency_rates: tuple[int, ...]
+    latency_seconds: float
+    latency_reps: int
+    produce_seconds: float
+    produce_reps: int
+    consume_size: int
+    consume_reps: int
+    memory_size: int
+
+
+QUICK = Profile(
+    name="quick",
+    drain_sizes=(100_000,),
+    drain_reps=3,
+    streams_size=100_000,
+    streams_reps=2,
+    latency_rates=(20, 500),
+    latency_seconds=10.0,
+    latency_reps=1,
+    produce_seconds=3.0,
+    produce_reps=4,
+    consume_size=100_000,
+    consume_reps=3,
+    memory_size=200_000,
+)
+
+FULL = Profile(
+    name="full",
+    drain_sizes=(200_000, 1_000_000),
+    drain_reps=3,
+    streams_size=400_000,
+    streams_reps=3,
+    latency_rates=(20, 500),
+    latency_seconds=60.0,
+    latency_reps=2,
+    produce_seconds=10.0,
+    produce_reps=6,
+    consume_size=200_000,
+    consume_reps=3,
+    memory_size=1_000_000,
+)
+
+
+@dataclass
+class Measurement:
+    """One trial of one variant: ``metrics`` are numbers summarised across repetitions, ``notes`` anything else."""
+
+    workload: str
+    case: str
+    variant: str
+    rep: int
+    metrics: dict[str, float]
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Summary:
+    workload: str
+    case: str
+    variant: str
+    metric: str
+    median: float
+    low: float
+    high: float
+    n: int
+
+
+class Results:
+    """Every measurement of the run, in order."""
+
+    def __init__(self) -> None:
+        self.measurements: list[Measurement] = []
+
+    def add(self, m: Measurement) -> None:
+        self.measurements.append(m)
+        shown = ", ".join(f"{k}={_short(v)}" for k, v in m.metrics.items())
+        log(f"  {m.workload} [{m.case}] {m.variant} #{m.rep + 1}: {shown}")
+
+    def summaries(self) -> list[Summary]:
+        groups: dict[tuple[str, str, str, str], list[float]] = {}
+        for m in self.measurements:
+            for metric, value in m.metrics.items():
+                groups.setdefault((m.workload, m.case, m.variant, metric), []).append(value)
+        return [Summary(*key, statistics.median(vals), min(vals), max(vals), len(vals)) for key, vals in groups.items()]
+
+    def median(self, workload: str, case: str, variant: str, metric: str) -> float | None:
+        vals = [
+            m.metrics[metric]
+            for m in self.measurements
+            if (m.workload, m.case, m.variant) == (workload, case, variant) and metric in m.metrics
+        ]
+        return statistics.median(vals) if vals else None
+
+    def paired_ratio(self, workload: str, case: str, a: str, b: str, metric: str) -> float | None:
+        """Median over rounds of ``a / b`` within the same round: variants of a round ran back to back, so drift in
+        the machine's load cancels better than in a ratio of medians."""
+        by_rep: dict[int, dict[str, float]] = {}
+        for m in self.measurements:
+            if (m.workload, m.case) == (workload, case) and m.variant in (a, b) and metric in m.metrics:
+                by_rep.setdefault(m.rep, {})[m.variant] = m.metrics[metric]
+        ratios = [r[a] / r[b] for r in by_rep.values() if a in r and r.get(b)]
+        return statistics.median(ratios) if ratios else None
+
+    def as_json(self) -> list[dict[str, Any]]:
+        return [asdict(m) for m in self.measurements]
+
+
+def interleaved(
+    results: Results,
+    workload: str,
+    case: str,
+    variants: Sequence[str],
+    reps: int,
+    trial: Callable[[str], tuple[dict[str, float], dict[str, Any]]],
+) -> None:
+    """Run ``trial(variant)`` for every variant, ``reps`` times, in the order A B C A B C ..."""
+    for rep in range(reps):
+        for variant in variants:
+            metrics, notes = trial(variant)
+            results.add(Measurement(workload, case, variant, rep, metrics, notes))
+
+
+def worker_init() -> None:
+    """Set-up of every worker process: unilog's per-batch logs off (warnings still show)."""
+    configure_logging(level="warning", stream=sys.stderr)
+
+
+def in_fresh_process(fn: Callable[..., T], *args: Any) -> T:
+    """Run ``fn(*args)`` in a new interpreter (spawned), so no trial inherits another's heap, GC state or caches."""
+    with ProcessPoolExecutor(max_workers=1, mp_context=SPAWN, initializer=worker_init) as pool:
+        return pool.submit(fn, *args).result()
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """The ``q``-quantile (0..1) of already sorted values, nearest-rank."""
+    if not sorted_values:
+        return float("nan")
+    index = min(len(sorted_values) - 1, max(0, math.ceil(q * len(sorted_values)) - 1))
+    return sorted_values[index]
+
+
+_T0 = time.monotonic()
+
+
+def log(message: str) -> None:
+    """Progress on stderr, stamped with seconds since start (the table goes to stdout)."""
+    print(f"[{time.monotonic() - _T0:7.1f}s] {message}", file=sys.stderr, flush=True)
+
+
+def _short(value: float) -> str:
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.3g}"

@@ -1,0 +1,162 @@
+"""``drain`` and ``drain_streams``: how fast a staged backlog moves from Postgres into Redis.
+
+Each trial starts from empty tables and an empty Redis, stages the backlog in one statement, VACUUM ANALYZEs and
+CHECKPOINTs, then times the drain alone (connections are opened before the clock starts) in a fresh process.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import redis
+
+from unilog import Streamer, StreamerConfig
+
+from .core import SPAWN, Profile, Results, in_fresh_process, interleaved, log, worker_init
+from .env import BenchEnv, Urls, payload
+from .reference import PgOnlyDrainer, ReferenceStreamer
+
+DRAIN_VARIANTS = ("unilog", "unilog-b5000", "reference", "pg_only", "redis_only")
+REF_STREAM = "ref-rides"
+REDIS_ONLY_STREAM = "redis-only"
+PIPELINE = 1000
+
+
+def _unilog(urls: Urls, batch_size: int) -> tuple[int, float]:
+    with Streamer(urls.settings(), StreamerConfig(batch_size=batch_size)) as streamer:
+        streamer.connect()
+        started = time.perf_counter()
+        count = streamer.drain()
+        return count, time.perf_counter() - started
+
+
+def _reference(urls: Urls) -> tuple[int, float]:
+    streamer = ReferenceStreamer(urls.database, urls.redis, REF_STREAM)
+    streamer.conn.execute("SELECT 1")
+    streamer.conn.rollback()
+    streamer.redis.ping()
+    started = time.perf_counter()
+    count = streamer.drain()
+    elapsed = time.perf_counter() - started
+    streamer.close()
+    return count, elapsed
+
+
+def _pg_only(urls: Urls) -> tuple[int, float]:
+    drainer = PgOnlyDrainer(urls.database)
+    drainer.conn.execute("SELECT 1")
+    drainer.conn.rollback()
+    started = time.perf_counter()
+    count = drainer.drain()
+    elapsed = time.perf_counter() - started
+    drainer.close()
+    return count, elapsed
+
+
+def _redis_only(urls: Urls, size: int) -> tuple[int, float]:
+    """The same payloads, from memory, as pipelined ``XADD stream * data <json>`` (no transaction), 1000 a round."""
+    payloads = [payload(i) for i in range(1, size + 1)]
+    client = redis.Redis.from_url(urls.redis)
+    client.ping()
+    started = time.perf_counter()
+    for lo in range(0, size, PIPELINE):
+        pipe = client.pipeline(transaction=False)
+        for data in payloads[lo : lo + PIPELINE]:
+            pipe.xadd(REDIS_ONLY_STREAM, {"data": data})
+        pipe.execute()
+    elapsed = time.perf_counter() - started
+    client.close()
+    return size, elapsed
+
+
+def _run_variant(urls: Urls, variant: str, size: int) -> tuple[int, float]:
+    if variant == "unilog":
+        return _unilog(urls, 1000)
+    if variant == "unilog-b5000":
+        return _unilog(urls, 5000)
+    if variant == "reference":
+        return _reference(urls)
+    if variant == "pg_only":
+        return _pg_only(urls)
+    if variant == "redis_only":
+        return _redis_only(urls, size)
+    raise ValueError(variant)
+
+
+def _expected_stream(env: BenchEnv, variant: str) -> str | None:
+    return {"reference": REF_STREAM, "redis_only": REDIS_ONLY_STREAM, "pg_only": None}.get(variant, env.urls.stream)
+
+
+def drain_trial(env: BenchEnv, variant: str, size: int) -> tuple[dict[str, float], dict[str, Any]]:
+    env.reset()
+    if variant != "redis_only":
+        env.stage(size)
+    count, elapsed = in_fresh_process(_run_variant, env.urls, variant, size)
+    stream = _expected_stream(env, variant)
+    notes = {"count": count, "staged_after": env.staged(), "xlen": env.xlen(stream) if stream else 0}
+    ok = count == size and notes["staged_after"] == 0 and (stream is None or notes["xlen"] == size)
+    if not ok:
+        log(f"  WARNING drain {variant}: expected {size}, got {notes}")
+    notes["ok"] = ok
+    return {"records/s": size / elapsed, "seconds": elapsed}, notes
+
+
+def run_drain(env: BenchEnv, profile: Profile, results: Results) -> None:
+    for size in profile.drain_sizes:
+        log(f"drain: {size:,} records, {profile.drain_reps} rounds of {', '.join(DRAIN_VARIANTS)}")
+        interleaved(
+            results,
+            "drain",
+            f"{size:,} records",
+            DRAIN_VARIANTS,
+            profile.drain_reps,
+            lambda v, size=size: drain_trial(env, v, size),  # type: ignore[misc]
+        )
+
+
+# -- drain_streams: one streamer process per stream ------------------------------------------------------------------
+
+
+def _stream_worker(urls: Urls, stream: str, barrier: Any, out: Any) -> None:
+    worker_init()
+    with Streamer(urls.settings(), StreamerConfig(streams=(stream,)), name=f"bench-{stream}") as streamer:
+        streamer.connect()
+        barrier.wait()
+        count = streamer.drain()
+        out.put((stream, count, time.monotonic()))
+
+
+def streams_trial(env: BenchEnv, n_streams: int, size: int) -> tuple[dict[str, float], dict[str, Any]]:
+    env.reset()
+    names = [f"rides-{k}" for k in range(n_streams)]
+    env.stage(size, names)
+    barrier, out = SPAWN.Barrier(n_streams + 1), SPAWN.Queue()
+    procs = [SPAWN.Process(target=_stream_worker, args=(env.urls, s, barrier, out)) for s in names]
+    for p in procs:
+        p.start()
+    barrier.wait(timeout=120)
+    started = time.monotonic()
+    done = [out.get(timeout=3600) for _ in procs]
+    for p in procs:
+        p.join()
+    elapsed = max(end for _, _, end in done) - started
+    counts = {s: c for s, c, _ in done}
+    total = sum(counts.values())
+    ok = total == size and env.staged() == 0 and sum(env.xlen(s) for s in names) == size
+    if not ok:
+        log(f"  WARNING drain_streams {n_streams}: expected {size}, got {counts}")
+    return {"records/s": total / elapsed, "seconds": elapsed}, {"counts": counts, "ok": ok}
+
+
+def run_drain_streams(env: BenchEnv, profile: Profile, results: Results) -> None:
+    size = profile.streams_size
+    log(f"drain_streams: {size:,} records over 1, 2, 4 streams, {profile.streams_reps} rounds")
+    interleaved(
+        results,
+        "drain_streams",
+        f"{size:,} records",
+        ("1 stream", "2 streams", "4 streams"),
+        profile.streams_reps,
+        lambda v: streams_trial(env, int(v.split()[0]), size),
+    )

@@ -1,0 +1,232 @@
+"""``latency``: commit-to-handler latency at a steady producer rate, unilog against the reference's polling loops.
+
+Three processes besides the coordinator: a producer (2 threads, one connection each, an open-loop schedule of
+``rate`` single-record transactions per second), the streamer and the consumer. Record ``i`` carries ``i`` in its
+payload; the producer writes ``t0[i] = time.monotonic()`` into shared memory right *before* ``COMMIT``, and the
+consumer's handler writes ``lat[i] = time.monotonic() - t0[i]`` when it first sees the record (CLOCK_MONOTONIC is
+one clock for every process on the host). Two splits show where the time goes: the ``COMMIT`` itself, and commit
+start to the ``XADD`` (from the stream entry id's millisecond, so +-1 ms); the rest is Redis to the handler.
+
+* ``unilog``: ``Streamer.run`` (LISTEN/NOTIFY wake-up) and ``Consumer.run`` (blocking ``XREAD``), defaults; records
+  staged with ``unilog.emit``.
+* ``reference``: the ports in :mod:`bench.reference` run as the reference runs them: each loop passes again at once
+  after a pass that did something and sleeps 5 s after one that found nothing; records staged with the reference's
+  raw ``INSERT``. Its consumer skips a ride whose id is not above the last one it consumed, so a transaction that
+  commits after a later one is never consumed: those show as ``missing``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+import unilog
+from unilog import Consumer, ConsumerConfig, Streamer
+
+from .core import SPAWN, Profile, Results, interleaved, log, percentile, worker_init
+from .env import BenchEnv, Urls
+from .reference import ReferenceConsumer, ReferenceStreamer
+
+PRODUCER_THREADS = 2
+REF_STREAM = "ref-latency"
+RAW_INSERT = "INSERT INTO staged_log_records (action, object, data) VALUES ('create', 'ride', %s::jsonb)"
+SETTLE_TIMEOUT = 30.0  # after the producer stops: how long to wait for the last records
+STALL_TIMEOUT = 12.0  # ... or for progress to resume (the reference sleeps up to 2 x 5 s)
+CHECKPOINT_UNILOG = "SELECT last_id FROM unilog_checkpoints WHERE name = 'bench-latency'"
+CHECKPOINT_REF = "SELECT last_redis_id FROM ref_checkpoints WHERE name = 'bench-latency'"
+
+
+@dataclass(frozen=True)
+class Probes:
+    """Shared memory, one slot per record (0.0: not yet). Monotonic clock for the latency itself; the wall clock
+    only to place the ``XADD`` (the stream entry id is Redis's wall-clock millisecond, so that split is +-1 ms)."""
+
+    t0: Any  # monotonic, just before COMMIT
+    committed: Any  # monotonic, when COMMIT returned
+    wall: Any  # time.time(), just before COMMIT
+    latency: Any  # seconds from t0 to the consumer's handler
+    to_xadd: Any  # seconds from wall to the entry id's millisecond
+    seen: Any  # records seen by the handler
+
+    @staticmethod
+    def create(n: int) -> Probes:
+        t0, committed, wall, latency, to_xadd = (SPAWN.Array("d", n, lock=False) for _ in range(5))
+        return Probes(t0, committed, wall, latency, to_xadd, SPAWN.Value("l", 0, lock=False))
+
+
+_PROBES: Probes | None = None  # the consumer process's probes, set before its handler runs
+
+
+def _probe(i: int, entry_id: str) -> None:
+    """Record the latency of record ``i`` the first time the consumer's handler sees it."""
+    p = _PROBES
+    assert p is not None
+    if p.latency[i] == 0.0:
+        p.latency[i] = time.monotonic() - p.t0[i]
+        p.to_xadd[i] = int(entry_id.partition("-")[0]) / 1000 - p.wall[i]
+        p.seen.value += 1
+
+
+def latency_handler(conn: psycopg.Connection[Any], records: Any) -> None:
+    for r in records:
+        _probe(r.data["i"], r.id)
+
+
+def _payload(i: int) -> dict[str, Any]:
+    return {"id": i + 1, "distance": 1.0 + (i % 1000) / 10, "rider": f"r-{i % 10000:04d}", "pilot": "p-01", "i": i}
+
+
+# -- processes -------------------------------------------------------------------------------------------------------
+
+
+def _streamer_main(urls: Urls, variant: str, ready: Any, stop: Any) -> None:
+    worker_init()
+    if variant == "unilog":
+        with Streamer(urls.settings(), name="bench-latency") as streamer:
+            streamer.connect()
+            ready.set()
+            streamer.run(stop)
+        return
+    ref = ReferenceStreamer(urls.database, urls.redis, REF_STREAM)
+    ready.set()
+    ref.run(stop)
+    ref.close()
+
+
+def _consumer_main(urls: Urls, variant: str, probes: Probes, ready: Any, stop: Any) -> None:
+    global _PROBES
+    worker_init()
+    _PROBES = probes
+    if variant == "unilog":
+        with Consumer(urls.settings(), ConsumerConfig(name="bench-latency"), latency_handler) as consumer:
+            consumer.connect()
+            ready.set()
+            consumer.run(stop)
+        return
+    ref = ReferenceConsumer(
+        urls.database, urls.redis, REF_STREAM, "bench-latency", lambda entry_id, d: _probe(d["i"], entry_id)
+    )
+    ready.set()
+    ref.run(stop)
+    ref.close()
+
+
+def _produce(conn: psycopg.Connection[Any], variant: str, i: int, probes: Probes) -> None:
+    data = _payload(i)
+    if variant == "unilog":
+        unilog.emit(conn, action="create", object="ride", data=data, key=f"ride-{i + 1}")
+    else:
+        conn.execute(RAW_INSERT, (psycopg.types.json.Jsonb(data),))
+    probes.wall[i] = time.time()
+    probes.t0[i] = time.monotonic()
+    conn.commit()
+    probes.committed[i] = time.monotonic()
+
+
+def _producer_main(urls: Urls, variant: str, rate: float, n: int, probes: Probes, behind_out: Any) -> None:
+    worker_init()
+    conns = [psycopg.connect(urls.database) for _ in range(PRODUCER_THREADS)]
+    start = time.monotonic() + 0.2
+    behind = [0.0] * PRODUCER_THREADS
+
+    def loop(k: int) -> None:
+        for i in range(k, n, PRODUCER_THREADS):
+            delay = start + i / rate - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            else:
+                behind[k] = max(behind[k], -delay)
+            _produce(conns[k], variant, i, probes)
+
+    threads = [threading.Thread(target=loop, args=(k,)) for k in range(PRODUCER_THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for c in conns:
+        c.close()
+    behind_out.value = max(behind)
+
+
+# -- coordinator -----------------------------------------------------------------------------------------------------
+
+
+def _caught_up(env: BenchEnv, variant: str) -> bool:
+    """Nothing staged and the consumer's checkpoint at the stream's last entry (records it skipped never arrive)."""
+    if env.staged():
+        return False
+    stream, query = (env.urls.stream, CHECKPOINT_UNILOG) if variant == "unilog" else (REF_STREAM, CHECKPOINT_REF)
+    row = env.admin.execute(query).fetchone()
+    last: Any = env.rds.xrevrange(stream, count=1)
+    return bool(row and last and row[0] == last[0][0].decode())
+
+
+def _wait_settled(env: BenchEnv, variant: str, seen: Any, n: int) -> None:
+    deadline = time.monotonic() + SETTLE_TIMEOUT
+    last, last_change = seen.value, time.monotonic()
+    while seen.value < n and time.monotonic() < deadline:
+        time.sleep(0.05)
+        if seen.value != last:
+            last, last_change = seen.value, time.monotonic()
+        elif time.monotonic() - last_change > STALL_TIMEOUT or _caught_up(env, variant):
+            return
+
+
+def latency_trial(env: BenchEnv, variant: str, rate: int, seconds: float) -> tuple[dict[str, float], dict[str, Any]]:
+    env.reset()
+    n = int(rate * seconds)
+    probes, behind = Probes.create(n), SPAWN.Value("d", 0.0, lock=False)
+    stop, ready_s, ready_c = SPAWN.Event(), SPAWN.Event(), SPAWN.Event()
+    pipeline = [
+        SPAWN.Process(target=_streamer_main, args=(env.urls, variant, ready_s, stop)),
+        SPAWN.Process(target=_consumer_main, args=(env.urls, variant, probes, ready_c, stop)),
+    ]
+    for p in pipeline:
+        p.start()
+    if not (ready_s.wait(60) and ready_c.wait(60)):
+        raise RuntimeError("latency: streamer or consumer did not start")
+    producer = SPAWN.Process(target=_producer_main, args=(env.urls, variant, rate, n, probes, behind))
+    producer.start()
+    producer.join()
+    _wait_settled(env, variant, probes.seen, n)
+    stop.set()
+    for p in pipeline:
+        p.join(30)
+        if p.is_alive():
+            p.kill()
+    return _metrics(probes, n), {"records": n, "producer_max_behind_s": round(behind.value, 4)}
+
+
+def _metrics(p: Probes, n: int) -> dict[str, float]:
+    """End-to-end p50/p99/max, records never seen, and where the time went (commit; commit start to XADD)."""
+    seen = [i for i in range(n) if p.latency[i] > 0]
+    total = sorted(p.latency[i] * 1000 for i in seen)
+    commit = sorted((p.committed[i] - p.t0[i]) * 1000 for i in seen)
+    to_xadd = sorted(p.to_xadd[i] * 1000 for i in seen)
+    return {
+        "p50 ms": percentile(total, 0.50),
+        "p99 ms": percentile(total, 0.99),
+        "max ms": total[-1] if total else float("nan"),
+        "missing": float(n - len(seen)),
+        "commit p50 ms": percentile(commit, 0.50),
+        "commit p99 ms": percentile(commit, 0.99),
+        "to XADD p50 ms": percentile(to_xadd, 0.50),
+        "to XADD p99 ms": percentile(to_xadd, 0.99),
+    }
+
+
+def run_latency(env: BenchEnv, profile: Profile, results: Results) -> None:
+    for rate in profile.latency_rates:
+        log(f"latency: {rate}/s for {profile.latency_seconds:g} s, {profile.latency_reps} rounds of unilog, reference")
+        interleaved(
+            results,
+            "latency",
+            f"{rate}/s x {profile.latency_seconds:g}s",
+            ("unilog", "reference"),
+            profile.latency_reps,
+            lambda v, rate=rate: latency_trial(env, v, rate, profile.latency_seconds),  # type: ignore[misc]
+        )

@@ -1,0 +1,86 @@
+"""``produce``: what staging a record costs the producer's own business transaction.
+
+Two client processes, one connection each, run ``INSERT INTO bench_rides ... RETURNING id; COMMIT`` back to back
+for a fixed time (``synchronous_commit`` on, fsync on); the ``emit`` variant also calls ``unilog.emit`` in the same
+transaction. No streamer runs, so the staged table only grows (as during a streamer outage).
+
+The diagnostic variant ``emit, no NOTIFY`` disables unilog's statement trigger (``pg_notify`` at commit) for the
+trial, to separate the cost of the extra row from the cost of the notification.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import psycopg
+
+import unilog
+
+from .core import SPAWN, Profile, Results, interleaved, log, worker_init
+from .env import BenchEnv, Urls
+
+CLIENTS = 2
+VARIANTS = ("without emit", "with emit", "emit, no NOTIFY")
+INSERT_RIDE = "INSERT INTO bench_rides (distance) VALUES (%s) RETURNING id"
+TRIGGER = "staged_log_records_notify"
+
+
+def _business_tx(conn: psycopg.Connection[Any], emit: bool, n: int) -> None:
+    distance = 1.0 + (n % 1000) / 10
+    row = conn.execute(INSERT_RIDE, (distance,)).fetchone()
+    if emit:
+        assert row is not None
+        data = {"id": row[0], "distance": distance}
+        unilog.emit(conn, action="create", object="ride", data=data, key=f"ride-{row[0]}")
+    conn.commit()
+
+
+def _client_main(urls: Urls, emit: bool, seconds: float, barrier: Any, out: Any) -> None:
+    worker_init()
+    with psycopg.connect(urls.database) as conn:
+        conn.execute("SELECT 1")
+        conn.rollback()
+        barrier.wait()
+        end = time.monotonic() + seconds
+        n = 0
+        while time.monotonic() < end:
+            _business_tx(conn, emit, n)
+            n += 1
+        out.put(n)
+
+
+def produce_trial(env: BenchEnv, variant: str, seconds: float) -> tuple[dict[str, float], dict[str, Any]]:
+    env.reset(keep_redis=True)
+    env.settle()
+    emit = variant != "without emit"
+    if variant == "emit, no NOTIFY":
+        env.admin.execute(f"ALTER TABLE staged_log_records DISABLE TRIGGER {TRIGGER}")
+    try:
+        barrier, out = SPAWN.Barrier(CLIENTS), SPAWN.Queue()
+        args = (env.urls, emit, seconds, barrier, out)
+        procs = [SPAWN.Process(target=_client_main, args=args) for _ in range(CLIENTS)]
+        for p in procs:
+            p.start()
+        counts = [out.get(timeout=seconds + 120) for _ in procs]
+        for p in procs:
+            p.join()
+    finally:
+        env.admin.execute(f"ALTER TABLE staged_log_records ENABLE TRIGGER {TRIGGER}")
+    total = sum(counts)
+    staged = env.staged()
+    if emit and staged != total:
+        log(f"  WARNING produce {variant}: {total} transactions but {staged} staged records")
+    return {"tx/s": total / seconds}, {"transactions": total, "staged": staged}
+
+
+def run_produce(env: BenchEnv, profile: Profile, results: Results) -> None:
+    log(f"produce: {CLIENTS} clients x {profile.produce_seconds:g} s, {profile.produce_reps} rounds of {VARIANTS}")
+    interleaved(
+        results,
+        "produce",
+        f"{CLIENTS} clients x {profile.produce_seconds:g}s",
+        VARIANTS,
+        profile.produce_reps,
+        lambda v: produce_trial(env, v, profile.produce_seconds),
+    )

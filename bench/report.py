@@ -1,0 +1,183 @@
+"""The printed table, the target checks (PASS/MISS) and the JSON file."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .core import Profile, Results, Summary
+
+TODO_LINE = (
+    "TODO: not measured yet: `spark` (not built) and consumer groups / partitioned consumers (landed in unilog while"
+    " this bench was written; no workload for them yet)."
+)
+
+
+@dataclass(frozen=True)
+class Target:
+    """One target: ``value`` compared with ``limit`` (``>=``, ``<=`` or ``<``); None when not measured."""
+
+    name: str
+    value: float | None
+    op: str
+    limit: float
+    unit: str = ""
+
+    @property
+    def verdict(self) -> str:
+        if self.value is None or math.isnan(self.value):
+            return "n/a"
+        ok = {">=": self.value >= self.limit, "<=": self.value <= self.limit, "<": self.value < self.limit}[self.op]
+        return "PASS" if ok else "MISS"
+
+    def line(self) -> str:
+        shown = "not measured" if self.value is None else f"{_fmt(self.value)}{self.unit}"
+        return f"{self.verdict:4}  {self.name}: {shown} (target {self.op} {_fmt(self.limit)}{self.unit})"
+
+
+def _cases(results: Results, workload: str) -> list[str]:
+    return list(dict.fromkeys(m.case for m in results.measurements if m.workload == workload))
+
+
+def targets(results: Results, profile: Profile) -> list[Target]:
+    return [
+        *_drain_targets(results),
+        *_latency_targets(results),
+        *_produce_targets(results),
+        *_consume_targets(results),
+        _memory_target(results, profile),
+    ]
+
+
+def _drain_targets(results: Results) -> list[Target]:
+    out = []
+    for case in _cases(results, "drain"):
+        for floor, limit in (("reference", 2.5), ("pg_only", 0.8)):
+            ratio = results.paired_ratio("drain", case, "unilog", floor, "records/s")
+            out.append(Target(f"drain {case}: unilog / {floor}", ratio, ">=", limit, "x"))
+    return out
+
+
+def _latency_targets(results: Results) -> list[Target]:
+    out = []
+    for case in _cases(results, "latency"):
+        for metric, limit in (("p50 ms", 5.0), ("p99 ms", 20.0)):
+            value = results.median("latency", case, "unilog", metric)
+            out.append(Target(f"latency {case}: unilog {metric.split()[0]}", value, "<=", limit, " ms"))
+    return out
+
+
+def _produce_targets(results: Results) -> list[Target]:
+    out = []
+    for case in _cases(results, "produce"):
+        ratio = results.paired_ratio("produce", case, "with emit", "without emit", "tx/s")
+        out.append(Target(f"produce {case}: with emit / without", ratio, ">=", 0.85, "x"))
+    return out
+
+
+def _consume_targets(results: Results) -> list[Target]:
+    return [
+        Target(
+            f"consume {case}: unilog checkpoint consumer (trivial handler)",
+            results.median("consume", case, "unilog", "records/s"),
+            ">=",
+            100_000,
+            " rec/s",
+        )
+        for case in _cases(results, "consume")
+    ]
+
+
+def _memory_target(results: Results, profile: Profile) -> Target:
+    case = f"{profile.memory_size:,} records"
+    rss = results.median("memory", case, "streamer", "peak RSS MB")
+    return Target(f"memory: streamer peak RSS through {case}", rss, "<", 150, " MB")
+
+
+def ratios(results: Results) -> list[str]:
+    """Informative ratios that have no target."""
+    wanted = [
+        ("drain", "records/s", "unilog-b5000", "reference", ""),
+        ("drain", "records/s", "unilog-b5000", "unilog", ""),
+        ("drain", "records/s", "redis_only", "reference", ""),
+        ("drain", "records/s", "unilog", "redis_only", ""),
+        ("drain_streams", "records/s", "2 streams", "1 stream", ""),
+        ("drain_streams", "records/s", "4 streams", "1 stream", ""),
+        ("produce", "tx/s", "emit, no NOTIFY", "without emit", " (diagnostic: unilog's NOTIFY trigger disabled)"),
+        ("consume", "records/s", "unilog", "reference", ""),
+        ("consume", "records/s", "unilog-distance", "reference", " (same work as the reference)"),
+    ]
+    lines = []
+    for workload, metric, a, b, note in wanted:
+        for case in _cases(results, workload):
+            r = results.paired_ratio(workload, case, a, b, metric)
+            if r is not None:
+                lines.append(f"{workload} {case}: {a} / {b} = {r:.2f}x{note}")
+    return lines
+
+
+def table(summaries: list[Summary]) -> str:
+    header = ("workload", "case", "variant", "metric", "median", "min..max", "n")
+    rows = [header] + [
+        (s.workload, s.case, s.variant, s.metric, _fmt(s.median), f"{_fmt(s.low)}..{_fmt(s.high)}", str(s.n))
+        for s in summaries
+        if s.metric not in HIDDEN_METRICS
+    ]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    right = {4, 5, 6}
+    lines = []
+    for k, row in enumerate(rows):
+        cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))]
+        lines.append("  ".join(cells).rstrip())
+        if k == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+HIDDEN_METRICS = {"exit", "seconds", "at-exit VmHWM MB", "polled VmHWM MB"}  # in the JSON; the table shows rates
+
+
+def render(results: Results, profile: Profile, found: list[Target]) -> str:
+    parts = [
+        f"unilog benchmarks ({profile.name} mode): median and min..max over the interleaved rounds",
+        "",
+        table(results.summaries()),
+        "",
+        "Targets:",
+        *(t.line() for t in found),
+        "",
+        "Other ratios (all ratios: median over rounds of the ratio within a round):",
+        *ratios(results),
+        "",
+        TODO_LINE,
+    ]
+    return "\n".join(parts)
+
+
+def write_json(path: Path, results: Results, profile: Profile, found: list[Target], context: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {
+        **context,
+        "profile": asdict(profile),
+        "summary": [asdict(s) for s in results.summaries()],
+        "targets": [{**asdict(t), "verdict": t.verdict} for t in found],
+        "ratios": ratios(results),
+        "todo": TODO_LINE,
+        "measurements": results.as_json(),
+    }
+    path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+
+
+def _fmt(value: float) -> str:
+    if math.isnan(value):
+        return "nan"
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    if abs(value) >= 100:
+        return f"{value:.0f}"
+    if abs(value) >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}"
