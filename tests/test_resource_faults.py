@@ -223,3 +223,43 @@ def test_paused_redis_then_resumed(settings: Settings, tmp_path: Path) -> None:
             server.resume()
         streamer.close()
         assert_exactly_once(server.url, 10)
+
+
+def staged_or_none(settings: Settings) -> int | None:
+    """The staged count, or None while Postgres is recovering."""
+    try:
+        return staged(settings)
+    except psycopg.OperationalError:
+        return None
+
+
+def test_postgres_out_of_disk_keeps_records_staged_until_it_clears(settings: Settings, tmp_path: Path) -> None:
+    """Postgres's data directory on a small tmpfs, filled up: the streamer cannot delete (or Postgres stops), backs
+    off, and once space is back and Postgres is up again every record is published exactly once."""
+    from unilog.embedded import EmbeddedPostgres
+    from unilog.schema import migrate
+
+    with tmpfs(tmp_path / "pgdisk", "200m") as disk:
+        pg = EmbeddedPostgres(disk / "pg").start()
+        try:
+            migrate(pg.url)
+            own = settings.with_(database_url=pg.url)
+            stage(own, 200)
+            streamer = Streamer(own, StreamerConfig(poll_interval=0.1, max_backoff=0.3, batch_size=50))
+            streamer.connect()
+            with psycopg.connect(pg.url, autocommit=True) as conn:
+                conn.execute("CREATE TABLE filler (pad text)")
+                with pytest.raises(psycopg.Error, match="space"):
+                    while True:  # fill the disk
+                        conn.execute("INSERT INTO filler SELECT repeat('x', 1000) FROM generate_series(1, 20000)")
+            with capture_logs() as logs, running(streamer.run):
+                wait_until(lambda: bool(errors_logged(logs)), 30, "a write error in the log")
+                subprocess.run(["mount", "-o", "remount,size=1g", str(disk)], check=True)
+                if pg.pid is None or not Path(f"/proc/{pg.pid}").exists():
+                    pg.start()  # Postgres stops (PANIC) when it cannot write its WAL; its supervisor restarts it
+                wait_until(lambda: staged_or_none(own) == 0, 60, "the streamer to resume")
+            print("errors seen:", sorted(set(errors_logged(logs)))[:3])
+            streamer.close()
+            assert_exactly_once(own.redis_url, 200)
+        finally:
+            pg.stop(mode="immediate", cleanup=True)
