@@ -178,8 +178,14 @@ def test_schedule_only_prints_the_seeds_schedule() -> None:
 
 
 def rec(n: int, data: dict[str, Any], obj: str = "ride") -> Record:
-    fields = {b"data": json.dumps(data).encode(), b"object": obj.encode(), b"action": b"create",
-              b"producer": b"p", b"epoch": b"1", b"seq": str(n).encode()}
+    fields = {
+        b"data": json.dumps(data).encode(),
+        b"object": obj.encode(),
+        b"action": b"create",
+        b"producer": b"p",
+        b"epoch": b"1",
+        b"seq": str(n).encode(),
+    }
     return Record("s", f"1-{n}".encode(), fields)
 
 
@@ -191,8 +197,11 @@ def test_tracked_records_every_record_in_the_handlers_transaction(settings: Sett
     def handler(conn: psycopg.Connection[Any], records: Any) -> None:
         seen.append([r.data.get("cid") or str(r.data["id"]) for r in records])
 
-    records = [rec(1, {"id": 5, "distance": 1.0}), rec(2, {"cid": "x", "poison": True}, obj="chaos"),
-               rec(3, {"id": 6, "distance": 2.0, "cid": "p0-1"})]
+    records = [
+        rec(1, {"id": 5, "distance": 1.0}),
+        rec(2, {"cid": "x", "poison": True}, obj="chaos"),
+        rec(3, {"id": 6, "distance": 2.0, "cid": "p0-1"}),
+    ]
     with psycopg.connect(settings.conninfo) as conn:
         with conn.transaction():
             tracked(handler)(conn, Batch(records, None, "c0"))
@@ -212,10 +221,22 @@ def test_tracked_records_every_record_in_the_handlers_transaction(settings: Sett
 def test_a_one_minute_chaos_run_passes(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("UNILOG_", "DATABASE_URL", "REDIS_URL"))}
     report_path = tmp_path / "report.json"
-    # Without the Spark consumer: it is covered by test_spark.py, its JVM restarts would dominate this test's time,
-    # and it does not register for retention yet (a streamer trims past it), which this run would rightly fail on.
-    argv = [sys.executable, "-m", "unilog", "chaos", "--duration", "60", "--seed", "7", "--no-spark",
-            "--report", str(report_path), "--log-dir", str(tmp_path / "logs")]
+    # without the Spark consumer: test_spark.py covers it, and its JVM restarts would dominate this test's time
+    argv = [
+        sys.executable,
+        "-m",
+        "unilog",
+        "chaos",
+        "--duration",
+        "60",
+        "--seed",
+        "7",
+        "--no-spark",
+        "--report",
+        str(report_path),
+        "--log-dir",
+        str(tmp_path / "logs"),
+    ]
     result = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
     assert "verdict: PASS" in result.stdout

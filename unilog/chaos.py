@@ -877,14 +877,13 @@ class ChaosConfig:
     group_faults: str = GROUP_FAULTS
     quiesce_timeout: float = 180.0
     log_dir: Path | None = None
-    keep_logs: bool | None = None  # None: keep them only when the verdict fails
+    keep_logs: bool | None = None  # None: keep them if log_dir was given or the verdict fails; False: on failure
     report_path: Path | None = None
     pythonpath: Sequence[str] = ()
     extra_processes: Sequence[ProcessSpec] = ()
     extra_consumers: Sequence[str] = ()
     status_interval: float = 10.0
     spark: bool | None = None  # None: when pyspark and Java are installed
-    spark_register: bool = False  # work around the Spark consumer not registering for retention (see the report)
 
     def use_spark(self) -> bool:
         from .demo import spark_available
@@ -1119,7 +1118,7 @@ def fleet_specs(
         )
     if config.use_spark():
         argv = [python, "-m", "unilog.chaos", "spark", SPARK, "--checkpoint", str(state_dir / f"{SPARK}-checkpoint")]
-        specs.append(ProcessSpec(SPARK, argv + (["--register"] if config.spark_register else [])))
+        specs.append(ProcessSpec(SPARK, argv))
     specs.extend(config.extra_processes)
     for i, name in enumerate(PRODUCERS):
         specs.append(
@@ -1189,7 +1188,12 @@ def run_chaos(config: ChaosConfig, *, out: TextIO | None = None, stop: threading
     for directory in (history_dir, state_dir):
         directory.mkdir(parents=True, exist_ok=True)
     consumers = config.consumers()
-    report: dict[str, Any] = {"seed": config.seed, "duration": config.duration, "handler": config.handler}
+    report: dict[str, Any] = {
+        "seed": config.seed,
+        "duration": config.duration,
+        "handler": config.handler,
+        "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
+    }
     notes: list[str] = []
 
     with contextlib.ExitStack() as stack:
@@ -1212,6 +1216,7 @@ def run_chaos(config: ChaosConfig, *, out: TextIO | None = None, stop: threading
         }
         prepare(pg_url)
         _prepare_chaos(pg_url, redis_url, consumers)
+        _declare(redis_url, consumers)
         proxies: dict[str, FaultProxy] = {}
         fleet_urls = {}
         for side, url in (("postgres", pg_url), ("redis", redis_url)):
@@ -1282,11 +1287,12 @@ def run_chaos(config: ChaosConfig, *, out: TextIO | None = None, stop: threading
     report_path = config.report_path or Path(f"chaos-report-{config.seed}.json")
     report_path.write_text(json.dumps(report, indent=2, default=str))
     print(format_summary(report, report_path), file=out, flush=True)
-    keep = config.keep_logs if config.keep_logs is not None else not verdict.ok
-    if not keep and config.log_dir is None:
+    keep = not verdict.ok or config.keep_logs is True or (config.keep_logs is None and config.log_dir is not None)
+    if not keep:
         import shutil
 
         shutil.rmtree(log_dir, ignore_errors=True)
+        print(f"logs removed (the run passed; give a log folder to keep them): {log_dir}", file=out, flush=True)
     return ChaosResult(verdict, report, report_path)
 
 
@@ -1316,6 +1322,19 @@ def _prepare_chaos(pg_url: str, redis_url: str, consumers: Sequence[str]) -> Non
             "unilog chaos needs throw-away servers without the demo's data, found: "
             + ", ".join(f"{k} ({v})" for k, v in found.items())
         )
+
+
+def _declare(redis_url: str, consumers: Sequence[str]) -> None:
+    """Register every checkpoint consumer at the stream's start and create the group before any traffic, as a
+    deployment declares its consumers: one that starts late (the Spark consumer's JVM takes seconds) must find its
+    history still there."""
+    api = engine.RedisStreams(engine.connect(redis_url, socket_timeout=5))
+    try:
+        for name in consumers:
+            api.register(STREAM, name, "0-0")
+        api.ensure_group(STREAM, GROUP)
+    finally:
+        api.close()
 
 
 def _proxy_for(url: str) -> FaultProxy | None:
@@ -1430,8 +1449,7 @@ def _recoveries(fleet: Fleet, log_dir: Path) -> dict[str, Any]:
                         if name:
                             events[name] += 1
                 elif raw.startswith(b"unilog: "):
-                    text = raw.decode(errors="replace").strip()
-                    exits["injected crash (exit 7)" if "injected crash" in text else text[:120]] += 1
+                    exits[_exit_reason(raw.decode(errors="replace").strip())] += 1
     restarts = {k.removeprefix("restart:"): v for k, v in sorted(fleet.events.items()) if k.startswith("restart:")}
     return {
         "process_restarts": sum(restarts.values()),
@@ -1439,6 +1457,21 @@ def _recoveries(fleet: Fleet, log_dir: Path) -> dict[str, Any]:
         **dict(sorted(events.items())),
         "exits": dict(sorted(exits.items())),
     }
+
+
+def _exit_reason(text: str) -> str:
+    """A process's last words on stderr, grouped."""
+    for needle, reason in (
+        ("injected crash", "injected crash (exit 7)"),
+        ("cannot connect to Postgres", "Postgres unreachable at start-up (exit 4)"),
+        ("cannot connect to Redis", "Redis unreachable at start-up (exit 4)"),
+        ("StreamGap", "data loss detected (exit 8)"),
+        ("StreamRewound", "data loss detected (exit 8)"),
+        ("spark consumer", "Spark query failed (exit 1)"),
+    ):
+        if needle in text:
+            return reason
+    return text[:100]
 
 
 def _consumer_report(observation: Observation, verdict: Verdict) -> dict[str, Any]:
@@ -1516,6 +1549,7 @@ def format_summary(report: Mapping[str, Any], report_path: Path | None = None) -
         lines.append("  " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in others.items()))
     if rec.get("exits"):
         lines.append("  exits: " + "; ".join(f"{k} x{v}" for k, v in rec["exits"].items()))
+    lines.append("  (exits are restarted by the supervisor; the process restarts above include them)")
     lines.append(
         f"quiesce: {'quiet' if report.get('quiesced') else 'NOT quiet'} after {report.get('quiesce_seconds', 0)} s"
     )
@@ -1837,9 +1871,8 @@ def tracked_spark_effect(name: str, effect: Any) -> Any:
 
 def spark_main(argv: Sequence[str] | None = None) -> int:
     """``python -m unilog.chaos spark NAME --checkpoint DIR``: the demo's Spark distance consumer with its effect
-    wrapped by :func:`tracked_spark_effect`. ``--register`` also registers its checkpoint in Redis for retention
-    before each batch (what Python consumers do after each commit)."""
-    from .config import postgres_conninfo
+    wrapped by :func:`tracked_spark_effect` (and, like the demo's, registered for retention by its sink)."""
+    from .cli import ExitCode
     from .log import configure_logging
     from .spark import TransactionalSink, spark_session
 
@@ -1847,18 +1880,12 @@ def spark_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("name")
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--checkpoint", required=True)
-    parser.add_argument("--register", action="store_true")
     args = parser.parse_args(argv)
     configure_logging(json=True)
     from services.spark_consumer import state_effect
 
     database_url, redis_url = os.environ["DATABASE_URL"], os.environ["REDIS_URL"]
     effect = tracked_spark_effect(args.name, state_effect(args.name))
-    if args.register:
-        effect = _registering(args.name, redis_url, effect)
-        with psycopg.connect(postgres_conninfo(database_url), autocommit=True) as conn:
-            row = conn.execute("SELECT last_id FROM unilog_checkpoints WHERE name = %s", (args.name,)).fetchone()
-        _register(redis_url, args.name, row[0] if row else "0-0")
     spark = spark_session(f"unilog-chaos-{args.name}", args.master, {"spark.sql.shuffle.partitions": "1"})
     stream = (
         spark.readStream.format("unilog")
@@ -1869,7 +1896,7 @@ def spark_main(argv: Sequence[str] | None = None) -> int:
         .option("maxEntriesPerBatch", "20000")
         .load()
     )
-    sink = TransactionalSink(database_url, args.name, STREAM, effect)
+    sink = TransactionalSink(database_url, args.name, STREAM, effect, redis_url=redis_url)
     query = (
         stream.writeStream.foreachBatch(sink)
         .option("checkpointLocation", args.checkpoint)
@@ -1882,29 +1909,14 @@ def spark_main(argv: Sequence[str] | None = None) -> int:
         pass
     if query.isActive:
         query.stop()
-    query.awaitTermination()
+    failure = query.exception()
     spark.stop()
+    if failure is not None:
+        text = str(failure)
+        reason = next((line for line in text.splitlines() if line.startswith("unilog.errors.")), text[:300])
+        print(f"unilog: error: spark consumer {args.name}: {reason.strip()}", file=sys.stderr)
+        return ExitCode.DATA_LOSS if "StreamGap" in text else ExitCode.FAILURE
     return 0
-
-
-def _register(redis_url: str, name: str, last_id: str) -> None:
-    api = engine.RedisStreams(engine.connect(redis_url, socket_timeout=5))
-    try:
-        api.register(STREAM, name, last_id)
-    finally:
-        api.close()
-
-
-def _registering(name: str, redis_url: str, effect: Any) -> Any:
-    """Before the batch's effect, register the checkpoint as it was before this batch (already committed, so safe to
-    trim behind) — the workaround for a Spark consumer that does not register itself."""
-
-    def run(conn: psycopg.Connection[Any], fresh: Any) -> Any:
-        row = conn.execute("SELECT last_id FROM unilog_checkpoints WHERE name = %s", (name,)).fetchone()
-        _register(redis_url, name, row[0] if row else "0-0")
-        return effect(conn, fresh)
-
-    return run
 
 
 def main(argv: Sequence[str] | None = None) -> int:

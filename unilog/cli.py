@@ -438,6 +438,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_chaos(args: argparse.Namespace) -> int:
+    import shlex
     import tempfile
 
     from .chaos import DEFAULT_HANDLER, ChaosConfig, FaultRates, build_schedule, print_schedule, run_chaos
@@ -457,7 +458,8 @@ def cmd_chaos(args: argparse.Namespace) -> int:
 
         sample = ChaosConfig(seed=args.seed, spark=args.spark)
         names = [s.name for s in fleet_specs(sample, api_port=0, history_dir=Path(), state_dir=Path())]
-        print_schedule(build_schedule(args.seed, args.duration, names, rates))
+        servers = [s for s, url in (("postgres", args.database_url), ("redis", args.redis_url)) if not url]
+        print_schedule(build_schedule(args.seed, args.duration, names, rates, servers=servers))
         return ExitCode.OK
     log_dir = Path(args.log_dir) if args.log_dir else Path(tempfile.mkdtemp(prefix=f"unilog-chaos-{args.seed}-"))
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -478,9 +480,9 @@ def cmd_chaos(args: argparse.Namespace) -> int:
         library_faults=args.library_faults,
         quiesce_timeout=args.quiesce_timeout,
         log_dir=log_dir,
-        keep_logs=True if args.log_dir else None,
+        keep_logs=None if args.log_dir else False,
         report_path=Path(args.report) if args.report else None,
-        extra_processes=[ProcessSpec(f"extra{i}", cmd.split()) for i, cmd in enumerate(args.extra_process or [])],
+        extra_processes=[ProcessSpec(f"extra{i}", shlex.split(cmd)) for i, cmd in enumerate(args.extra_process or [])],
         extra_consumers=args.extra_consumer or [],
         spark=args.spark,
     )
