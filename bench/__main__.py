@@ -20,6 +20,7 @@ from .latency import run_latency
 from .memory import run_memory
 from .produce import run_produce
 from .report import render, targets, write_json
+from .spark import run_spark
 
 Workload = Callable[[BenchEnv, Profile, Results], None]
 
@@ -30,6 +31,7 @@ WORKLOADS: dict[str, Workload] = {
     "produce": run_produce,
     "consume": run_consume,
     "memory": run_memory,
+    "spark": run_spark,
 }
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 SETUP = [

@@ -6,6 +6,8 @@ checkpoint and reads it from the beginning to the end, in a fresh process, conne
 * ``unilog``: ``Consumer.drain()`` with a trivial handler (counts the records);
 * ``unilog-distance``: the reference's work in a unilog handler (decode each record, add its distance, one
   ``UPDATE`` of a state row per batch);
+* ``unilog-group``: one worker of a consumer group (``XREADGROUP``, processed identities recorded in the effect's
+  transaction, ``XACK`` after commit) with the trivial handler; the group is created afresh for every trial;
 * ``reference``: the port of the reference consumer (the same work, its own checkpoint table).
 """
 
@@ -18,14 +20,16 @@ from typing import Any
 import psycopg
 
 from unilog import Consumer, ConsumerConfig, Record, Streamer
+from unilog.group import GroupConfig, GroupConsumer
 
 from .core import Profile, Results, in_fresh_process, interleaved, log
 from .env import BenchEnv, Urls
 from .handlers import count_records
 from .reference import ReferenceConsumer
 
-VARIANTS = ("unilog", "unilog-distance", "reference")
+VARIANTS = ("unilog", "unilog-distance", "unilog-group", "reference")
 NAME = "bench-consume"
+GROUP = "bench-consume-group"
 
 
 def distance_handler(conn: psycopg.Connection[Any], records: Sequence[Record]) -> None:
@@ -46,6 +50,15 @@ def _unilog(urls: Urls, distance: bool) -> tuple[int, float]:
         return count, time.perf_counter() - started
 
 
+def _group(urls: Urls) -> tuple[int, float]:
+    config = GroupConfig(group=GROUP, worker="w0", batch_size=1000)
+    with GroupConsumer(urls.settings(), config, count_records) as worker:
+        worker.connect()
+        started = time.perf_counter()
+        count = worker.drain()
+        return count, time.perf_counter() - started
+
+
 def _reference(urls: Urls) -> tuple[int, float]:
     consumer = ReferenceConsumer(urls.database, urls.redis, urls.stream, NAME)
     consumer.conn.execute("SELECT 1")
@@ -61,6 +74,8 @@ def _reference(urls: Urls) -> tuple[int, float]:
 def _run_variant(urls: Urls, variant: str) -> tuple[int, float]:
     if variant == "reference":
         return _reference(urls)
+    if variant == "unilog-group":
+        return _group(urls)
     return _unilog(urls, distance=variant == "unilog-distance")
 
 
@@ -82,6 +97,9 @@ def _total(env: BenchEnv, variant: str) -> float | None:
 def consume_trial(env: BenchEnv, variant: str, size: int) -> tuple[dict[str, float], dict[str, Any]]:
     env.reset(keep_redis=True)
     env.rds.delete(f"unilog:consumers:{env.urls.stream}")
+    if env.rds.exists(env.urls.stream):
+        env.rds.xgroup_destroy(env.urls.stream, GROUP)  # 0 if absent
+    env.admin.execute("TRUNCATE unilog_processed, unilog_group_watermarks")
     count, elapsed = in_fresh_process(_run_variant, env.urls, variant)
     if count != size:
         log(f"  WARNING consume {variant}: handled {count} of {size}")

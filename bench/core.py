@@ -36,6 +36,9 @@ class Profile:
     consume_size: int
     consume_reps: int
     memory_size: int
+    spark_size: int
+    spark_reps: int
+    spark_latency_seconds: float
 
 
 QUICK = Profile(
@@ -52,6 +55,9 @@ QUICK = Profile(
     consume_size=100_000,
     consume_reps=3,
     memory_size=200_000,
+    spark_size=100_000,
+    spark_reps=1,
+    spark_latency_seconds=10.0,
 )
 
 FULL = Profile(
@@ -68,6 +74,9 @@ FULL = Profile(
     consume_size=200_000,
     consume_reps=3,
     memory_size=1_000_000,
+    spark_size=400_000,
+    spark_reps=2,
+    spark_latency_seconds=30.0,
 )
 
 

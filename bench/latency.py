@@ -176,18 +176,23 @@ def _wait_settled(env: BenchEnv, variant: str, seen: Any, n: int) -> None:
             return
 
 
-def latency_trial(env: BenchEnv, variant: str, rate: int, seconds: float) -> tuple[dict[str, float], dict[str, Any]]:
+def latency_trial(
+    env: BenchEnv, variant: str, rate: int, seconds: float, *, consumer_main: Any = None
+) -> tuple[dict[str, float], dict[str, Any]]:
+    """One trial; ``consumer_main(urls, probes, ready, stop)`` replaces unilog's consumer process (the Spark one)."""
     env.reset()
     n = int(rate * seconds)
     probes, behind = Probes.create(n), SPAWN.Value("d", 0.0, lock=False)
     stop, ready_s, ready_c = SPAWN.Event(), SPAWN.Event(), SPAWN.Event()
     pipeline = [
         SPAWN.Process(target=_streamer_main, args=(env.urls, variant, ready_s, stop)),
-        SPAWN.Process(target=_consumer_main, args=(env.urls, variant, probes, ready_c, stop)),
+        SPAWN.Process(target=_consumer_main, args=(env.urls, variant, probes, ready_c, stop))
+        if consumer_main is None
+        else SPAWN.Process(target=consumer_main, args=(env.urls, probes, ready_c, stop)),
     ]
     for p in pipeline:
         p.start()
-    if not (ready_s.wait(60) and ready_c.wait(60)):
+    if not (ready_s.wait(60) and ready_c.wait(180)):
         raise RuntimeError("latency: streamer or consumer did not start")
     producer = SPAWN.Process(target=_producer_main, args=(env.urls, variant, rate, n, probes, behind))
     producer.start()

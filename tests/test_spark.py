@@ -87,6 +87,57 @@ def test_sink_skips_by_position_when_the_spark_checkpoint_is_lost(spark: Any, ap
         assert consumer_totals(conn)["spark-lost"] == canonical_totals(conn)
 
 
+def run_sink_once(spark: Any, app: Settings, sink: Any, checkpoint: Path) -> None:
+    df = spark.readStream.format("unilog").option("redisUrl", app.redis_url).option("stream", STREAM).load()
+    (df.writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint)).trigger(availableNow=True)
+     .start().awaitTermination())
+
+
+def test_the_sinks_spark_work_does_not_hold_back_the_streamer(
+    spark: Any, app: Settings, rds: Any, tmp_path: Path
+) -> None:
+    rides(app, 50)
+    streamer = Streamer(app)
+    streamer.drain()
+    published_meanwhile: list[int] = []
+    inner = state_effect("spark-h")
+
+    def effect(conn: psycopg.Connection[Any], fresh: Any) -> None:
+        if not published_meanwhile:  # the sink's transaction is open: a ride commits and must be published now
+            rides(app, 1)
+            published_meanwhile.append(streamer.drain(timeout=5))  # times out if the sink holds the horizon
+        inner(conn, fresh)
+
+    run_sink_once(spark, app, TransactionalSink(app.database_url, "spark-h", STREAM, effect), tmp_path / "chk")
+    streamer.close()
+    assert published_meanwhile == [1]
+    assert rds.xlen(STREAM) == 51
+
+
+def test_the_sink_reapplies_a_batch_when_another_copy_moved_the_checkpoint(
+    spark: Any, app: Settings, tmp_path: Path
+) -> None:
+    from services.consumer import apply_rides
+    from unilog import Consumer, ConsumerConfig
+
+    rides(app, 120)
+    Streamer(app).drain()
+    name, calls = "spark-twin", []
+    inner = state_effect(name)
+
+    def effect(conn: psycopg.Connection[Any], fresh: Any) -> None:
+        calls.append(fresh.count())
+        if len(calls) == 1:  # a Python copy of the same consumer applies everything while Spark computes
+            with Consumer(app, ConsumerConfig(name=name), lambda c, r: apply_rides(name, c, r)) as twin:
+                assert twin.drain() == 120
+        inner(conn, fresh)
+
+    run_sink_once(spark, app, TransactionalSink(app.database_url, name, STREAM, effect), tmp_path / "chk")
+    assert calls == [120, 0], "rolled back, then re-applied against the moved checkpoint: nothing left to apply"
+    with psycopg.connect(app.conninfo) as conn:
+        assert consumer_totals(conn)[name] == canonical_totals(conn)
+
+
 def wait_for(predicate: Any, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():

@@ -313,7 +313,9 @@ class RedisStreams:
         """Claim entries idle for ``min_idle_ms`` (their worker died or is stuck): (next start, entries, deleted ids).
 
         Entries deleted from the stream while pending (trimmed) are returned as deleted ids: Redis 7 reports them
-        separately, Redis 6.2 returns them with no fields; both end up in the third element.
+        separately; Redis 6.2 claims them but replies nil in their place, without their ids (redis-py shows a nil
+        as ``None`` or ``(None, None)``, by version), so their ids are found among ``consumer``'s pending entries
+        that are no longer in the stream.
         """
         reply: Any = self.client.execute_command(
             "XAUTOCLAIM", stream, group, consumer, min_idle_ms, start, "COUNT", count
@@ -321,16 +323,32 @@ class RedisStreams:
         next_start = to_str(reply[0])
         entries: list[Entry] = []
         deleted: list[bytes] = [bytes(d) for d in reply[2]] if len(reply) > 2 else []
+        anonymous = False
         for item in reply[1]:
-            if item is None:
+            if item is None or item[0] is None or item[1] is None:
+                anonymous = True
                 continue
             eid, raw = item[0], item[1]
-            if raw is None:
-                deleted.append(eid)
-                continue
             fields = raw if isinstance(raw, dict) else dict(zip(raw[::2], raw[1::2], strict=True))
             entries.append((eid, fields))
+        if anonymous:
+            deleted += self._pending_but_gone(stream, group, consumer)
         return next_start, entries, deleted
+
+    def _pending_but_gone(self, stream: str, group: str, consumer: str, page: int = 1000) -> list[bytes]:
+        """Ids pending on ``consumer`` whose entries are no longer in the stream."""
+        gone: list[bytes] = []
+        low = "-"
+        while True:
+            pending: Any = self.client.xpending_range(stream, group, low, "+", page, consumername=consumer)
+            ids = [p["message_id"] for p in pending]
+            pipe = self.client.pipeline(transaction=False)
+            for eid in ids:
+                pipe.xrange(stream, eid, eid, count=1)
+            gone += [bytes(eid) for eid, found in zip(ids, pipe.execute(), strict=True) if not found]
+            if len(ids) < page:
+                return gone
+            low = "(" + to_str(ids[-1])
 
     def pending_summary(self, stream: str, group: str) -> dict[str, Any]:
         """Pending entries of ``group``: count, lowest and highest id, and count per consumer."""

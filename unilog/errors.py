@@ -78,6 +78,10 @@ class StreamRewound(DataLoss):
     """The stream's last id is below a consumer's checkpoint: Redis lost entries it had confirmed."""
 
 
+class ConcurrentConsumer(UnilogError):
+    """Another copy of a consumer keeps moving its checkpoint while this one applies a batch."""
+
+
 class PublishError(UnilogError):
     """Redis rejected or did not confirm a batch; the staged records were kept and will be re-sent."""
 

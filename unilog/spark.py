@@ -22,6 +22,7 @@ reads), ``maxEntriesPerBatch`` (default 10000), ``entriesPerPartition`` (default
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sys
@@ -34,7 +35,7 @@ import structlog
 
 from . import engine, store
 from .config import postgres_conninfo
-from .errors import ConfigurationError, StreamGap
+from .errors import ConcurrentConsumer, ConfigurationError, StreamGap
 
 log = structlog.get_logger(__name__)
 
@@ -92,7 +93,7 @@ class SourceOptions:
             starting_id="0-0" if starting == "beginning" else starting,
             ending_id=_option(options, "endingId"),
             max_entries_per_batch=int(_option(options, "maxEntriesPerBatch", "10000") or 10000),
-            entries_per_partition=max(1, int(_option(options, "entriesPerPartition", "2000") or 2000)),
+            entries_per_partition=max(1, int(_option(options, "entriesPerPartition", "10000") or 10000)),
         )
 
 
@@ -128,39 +129,60 @@ def _split(options: SourceOptions, after: str, ids: list[str]) -> list[EntryRang
     return ranges
 
 
-def read_range(partition: EntryRange) -> Iterator[tuple[Any, ...]]:
-    """The rows of one range, read on an executor."""
-    api = engine.RedisStreams(engine.connect(partition.redis_url))
+def read_range(partition: EntryRange) -> Iterator[Any]:
+    """The rows of one range, read on an executor, as Arrow record batches (one per ``XRANGE`` page), built column
+    by column from Redis's raw reply: Spark takes them as they are (rows as tuples are converted one by one)."""
+    client = engine.connect(partition.redis_url)
+    client.set_response_callback("XRANGE", lambda reply, **_: reply)  # this client only: skip the dict per entry
     try:
         cursor = "(" + partition.after
         while True:
-            chunk: Any = api.client.xrange(partition.stream, min=cursor, max=partition.until, count=5000)
-            for entry_id, fields in chunk:
-                yield _row(partition.stream, entry_id, fields)
+            chunk: Any = client.execute_command("XRANGE", partition.stream, cursor, partition.until, "COUNT", 5000)
+            if chunk:
+                yield _record_batch(partition.stream, chunk)
             if len(chunk) < 5000:
                 return
             cursor = "(" + chunk[-1][0].decode()
     finally:
-        api.close()
+        client.close()
 
 
-def _row(stream: str, entry_id: bytes, fields: dict[bytes, bytes]) -> tuple[Any, ...]:
-    text = {k.decode(): v.decode() for k, v in fields.items()}
-    ms, seq = engine.id_tuple(entry_id.decode())
-    return (
-        stream,
-        entry_id.decode(),
-        ms,
-        seq,
-        text.get("producer", ""),
-        int(text["epoch"]) if "epoch" in text else None,
-        int(text["seq"]) if "seq" in text else None,
-        text.get("action"),
-        text.get("object"),
-        text.get("key"),
-        text.get("data"),
-        int(text["created"]) if "created" in text else None,
+def _record_batch(stream: str, chunk: list[Any]) -> Any:
+    """An Arrow record batch of ``SCHEMA`` from raw ``XRANGE`` entries ``[id, [field, value, ...]]``."""
+    import pyarrow as pa
+
+    def number(value: bytes | None) -> int | None:
+        return None if value is None else int(value)
+
+    ids, ms, id_seq = [], [], []
+    text: dict[bytes, list[Any]] = {name: [] for name in (b"producer", b"action", b"object", b"key", b"data")}
+    ints: dict[bytes, list[Any]] = {name: [] for name in (b"epoch", b"seq", b"created")}
+    for entry_id, flat in chunk:
+        fields = dict(zip(flat[::2], flat[1::2], strict=True))
+        ids.append(entry_id)
+        high, _, low = entry_id.partition(b"-")
+        ms.append(int(high))
+        id_seq.append(int(low))
+        for name, column in text.items():
+            column.append(fields.get(name))
+        for name, column in ints.items():
+            column.append(number(fields.get(name)))
+    text[b"producer"] = [p or b"" for p in text[b"producer"]]
+    columns = [
+        [stream] * len(ids), ids, ms, id_seq, text[b"producer"], ints[b"epoch"], ints[b"seq"], text[b"action"],
+        text[b"object"], text[b"key"], text[b"data"], ints[b"created"],
+    ]
+    schema = _arrow_schema()
+    return pa.RecordBatch.from_arrays(
+        [pa.array(col, type=f.type) for col, f in zip(columns, schema, strict=True)], schema=schema
     )
+
+
+def _arrow_schema() -> Any:
+    import pyarrow as pa
+
+    types = {"string": pa.string(), "long": pa.int64()}
+    return pa.schema([(name, types[kind]) for name, kind in (c.split() for c in SCHEMA.split(", "))])
 
 
 def _register(redis_url: str, stream: str, consumer: str, last_id: str) -> None:
@@ -234,7 +256,7 @@ class UnilogStreamReader(DataSourceStreamReader):
                 api.close()
         return _split(self.options, start["id"], ids)
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+    def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, EntryRange)
         return read_range(partition)
 
@@ -258,7 +280,7 @@ class UnilogBatchReader(DataSourceReader):
             EntryRange(self.options.redis_url, self.options.stream, "0-0", "0-0")
         ]
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+    def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, EntryRange)
         if partition.until == "0-0":
             return iter(())
@@ -318,6 +340,13 @@ class TransactionalSink:
         self.strict_start = strict_start  # a producer never seen before must start at position 1 (rebuilds)
 
     def __call__(self, batch: Any, batch_id: int) -> None:
+        batch = batch.persist()  # read from Redis once, whatever the checks and the effect ask of it
+        try:
+            self._call(batch, batch_id)
+        finally:
+            batch.unpersist()
+
+    def _call(self, batch: Any, batch_id: int) -> None:
         from pyspark.sql import functions as f
 
         bounds = batch.agg(f.max(f.struct("id_ms", "id_seq")).alias("last"), f.count("*").alias("n")).collect()[0]
@@ -327,22 +356,48 @@ class TransactionalSink:
         with psycopg.connect(self.conninfo, application_name=f"unilog-spark-{self.consumer}"[:63]) as conn:
             with conn.transaction():
                 store.ensure_checkpoint(conn, self.consumer, self.stream)
-            with conn.transaction():
-                checkpoint = store.lock_checkpoint(conn, self.consumer)
-                assert checkpoint is not None
-                fresh = self._fresh(batch, checkpoint.positions).cache()
-                try:
-                    positions = self._advance(fresh, checkpoint.positions)
-                    self.effect(conn, fresh)
-                finally:
-                    fresh.unpersist()
-                if engine.id_tuple(last_id) > engine.id_tuple(checkpoint.last_id):
-                    checkpoint.last_id = last_id
-                checkpoint.positions = positions
-                store.save_checkpoint(conn, checkpoint)
-        if self.redis_url:
-            _register(self.redis_url, self.stream, self.consumer, checkpoint.last_id)
+            applied = None
+            for attempt in itertools.count(1):
+                applied = self._apply(conn, batch, last_id)
+                if applied is not None:
+                    break
+                if attempt == 3:
+                    raise ConcurrentConsumer(
+                        f"spark consumer {self.consumer!r}: its checkpoint moved under it three times; another copy of"
+                        " this consumer (not a Spark one) is running: run one"
+                    )
+                log.warning("checkpoint moved by another copy; batch re-applied", consumer=self.consumer)
+        if self.redis_url and applied is not None:
+            _register(self.redis_url, self.stream, self.consumer, applied.last_id)
         log.info("spark batch committed", consumer=self.consumer, batch=batch_id, entries=bounds["n"], last_id=last_id)
+
+    def _apply(self, conn: psycopg.Connection[Any], batch: Any, last_id: str) -> store.Checkpoint | None:
+        """One transaction: the effect of the entries above the checkpoint, and the checkpoint past them. None (and
+        rolled back) if the checkpoint moved meanwhile.
+
+        Copies of this consumer serialize on an advisory lock, which, unlike the checkpoint's row lock, gives the
+        transaction no id: the Spark jobs that compute the effect then do not hold back the streamer's visibility
+        horizon (every record committed meanwhile would wait for this transaction). The row is locked only at the
+        end, and must be unchanged."""
+        moved = False
+        with conn.transaction() as tx:
+            checkpoint = store.lock_consumer(conn, self.consumer)
+            assert checkpoint is not None
+            fresh = self._fresh(batch, checkpoint.positions).cache()
+            try:
+                positions = self._advance(fresh, checkpoint.positions)
+                self.effect(conn, fresh)
+            finally:
+                fresh.unpersist()
+            now = store.lock_checkpoint(conn, self.consumer)
+            if now is None or (now.last_id, now.positions) != (checkpoint.last_id, checkpoint.positions):
+                moved = True
+                raise psycopg.Rollback(tx)
+            if engine.id_tuple(last_id) > engine.id_tuple(checkpoint.last_id):
+                checkpoint.last_id = last_id
+            checkpoint.positions = positions
+            store.save_checkpoint(conn, checkpoint)
+        return None if moved else checkpoint
 
     @staticmethod
     def _fresh(batch: Any, positions: dict[str, tuple[int, int]]) -> Any:

@@ -389,6 +389,18 @@ def lock_checkpoint(conn: psycopg.Connection[Any], name: str) -> Checkpoint | No
     return None if row is None else _checkpoint_from_row(name, row)
 
 
+def lock_consumer(conn: psycopg.Connection[Any], name: str) -> Checkpoint | None:
+    """Serialize copies of consumer ``name`` with a transaction-level advisory lock, then read its checkpoint.
+
+    Unlike :func:`lock_checkpoint` this takes no row lock, so the transaction gets no transaction id: a consumer that
+    computes for long before it writes (a Spark job) does not hold back the streamer's visibility horizon meanwhile.
+    Before it saves, it must re-read the row with :func:`lock_checkpoint` and find it unchanged (a copy that does not
+    take this lock, a Python consumer of the same name, may have moved it)."""
+    conn.execute("SELECT pg_advisory_xact_lock(hashtextextended('unilog.consumer:' || %s, 0))", (name,))
+    row = conn.execute("SELECT stream, last_id, positions FROM unilog_checkpoints WHERE name = %s", (name,)).fetchone()
+    return None if row is None else _checkpoint_from_row(name, row)
+
+
 def save_checkpoint(conn: psycopg.Connection[Any], checkpoint: Checkpoint) -> None:
     """Write the checkpoint in the caller's transaction (which also holds the consumer's state changes)."""
     conn.execute(
