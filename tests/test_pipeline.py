@@ -185,6 +185,39 @@ def test_late_commit_is_not_skipped(settings: Settings, pg: Any, rds: Any) -> No
     assert pg.execute("SELECT count(DISTINCT seq) FROM applied").fetchone() == (2,)
 
 
+def burn_xids_to_just_below_a_power_of_ten(pg: Any) -> int:
+    """Advance the cluster's transaction ids (subtransactions that write, in one transaction) to 3 below the next
+    power of ten; return that power."""
+    current = int(pg.execute("SELECT pg_current_xact_id()::text").fetchone()[0])
+    pg.commit()
+    boundary = 10 ** len(str(current + 10))
+    if boundary - current > 2_000_000:
+        pytest.skip(f"transaction id {current} is too far from {boundary} to burn the difference")
+    pg.execute("CREATE TEMP TABLE burn (x int)")
+    pg.execute(
+        "DO $$ BEGIN FOR i IN 1..%s LOOP BEGIN INSERT INTO burn VALUES (i); "
+        "EXCEPTION WHEN division_by_zero THEN NULL; END; END LOOP; END $$" % (boundary - current - 4)
+    )
+    pg.commit()
+    return boundary
+
+
+def test_transaction_ids_crossing_a_power_of_ten_keep_numeric_order(settings: Settings, pg: Any, rds: Any) -> None:
+    """(xid, id) order is numeric: sorted as text, xid 10000 comes before 9999, and a cursor past it skips 9999."""
+    boundary = burn_xids_to_just_below_a_power_of_ten(pg)
+    produce(settings, 1, start=0)
+    for i in range(1, 6):  # one transaction each: xids on both sides of the boundary
+        produce(settings, 1, start=i)
+    xids = [int(r[0]) for r in pg.execute("SELECT xid::text FROM staged_log_records ORDER BY id")]
+    pg.commit()
+    assert min(xids) < boundary <= max(xids), xids
+    with Streamer(settings, StreamerConfig(batch_size=2)) as streamer:
+        assert streamer.drain(timeout=10) == 6
+    entries = rds.xrange("test-stream")
+    assert [json.loads(f["data"])["n"] for _, f in entries] == list(range(6))
+    assert [int(f["seq"]) for _, f in entries] == list(range(1, 7))
+
+
 def test_backlog_larger_than_a_batch_arrives_complete_and_in_order(settings: Settings, pg: Any, rds: Any) -> None:
     n = 100_000
     pg.execute(

@@ -240,8 +240,11 @@ def staged_sources(conn: psycopg.Connection[Any]) -> list[str]:
     return [r[0] for r in rows]
 
 
+# The text of xid is selected under another name: an output column named "xid" would be what ORDER BY xid sorts by
+# (output names win over input columns), in text order ('10000' < '9999'), past the index, and out of step with the
+# numeric (xid, id) > cursor.
 FETCH_BATCH = """
-    SELECT id, action, object, data::text, key, (extract(epoch FROM created_at) * 1000)::bigint, xid::text
+    SELECT id, action, object, data::text, key, (extract(epoch FROM created_at) * 1000)::bigint, xid::text AS xid_text
     FROM staged_log_records
     WHERE stream = %s AND xid < pg_snapshot_xmin(pg_current_snapshot()) AND (xid, id) > (%s::xid8, %s)
     ORDER BY xid, id
