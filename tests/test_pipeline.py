@@ -102,6 +102,26 @@ def test_streamer_crash_after_publish_resends_same_positions(settings: Settings,
     assert applied(pg) == [0, 1, 2, 3, 4, 5]
 
 
+def test_crash_in_a_pipelined_pass_deletes_only_what_redis_confirmed(settings: Settings, pg: Any, rds: Any) -> None:
+    """A pass publishes batch 3 while it deletes batch 2: a crash after batch 3's XADD leaves batches 1-2 deleted,
+    batch 3 in Redis and still staged, and the retry re-sends it with the same positions."""
+    produce(settings, 10)
+    faults = Faults.scripted(streamer__crash_after_publish=[False, False, True])
+    streamer = Streamer(settings, StreamerConfig(batch_size=3), faults=faults)
+    with pytest.raises(InjectedCrash):
+        streamer.run_once()  # one pass: batches 1, 2, 3 back to back
+    streamer.close()
+    assert pg.execute("SELECT count(*) FROM staged_log_records").fetchone() == (4,), "batches 1 and 2 deleted"
+    assert rds.xlen("test-stream") == 9
+    with Streamer(settings, StreamerConfig(batch_size=3)) as s2:
+        assert s2.drain() == 4
+    seqs = [int(f["seq"]) for _, f in rds.xrange("test-stream")]
+    assert seqs == list(range(1, 11)), "batch 3's re-sent positions were skipped by the broker"
+    with consumer(settings) as c:
+        c.drain()
+    assert applied(pg) == list(range(10))
+
+
 def test_consumer_crash_before_commit_replays_batch_without_double_effect(settings: Settings, pg: Any) -> None:
     produce(settings, 6)
     Streamer(settings).drain()

@@ -16,6 +16,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import threading
 import time
@@ -49,9 +50,12 @@ class StreamerConfig:
     staged without a stream go to ``Settings.stream``). ``poll_interval`` is the longest sleep between checks when
     no notification arrives; while committed records wait behind an older open transaction the streamer re-checks
     after ``horizon_poll`` seconds, doubling up to ``horizon_poll_max`` (that transaction's end sends no NOTIFY).
+    A backlog drains up to ``pipeline_batches`` batches per pass, Redis appending one batch while Postgres deletes
+    the one before and fetches the one after.
     """
 
     batch_size: int = 1000
+    pipeline_batches: int = 8
     poll_interval: float = 1.0
     horizon_poll: float = 0.005
     horizon_poll_max: float = 0.1
@@ -68,6 +72,8 @@ class StreamerConfig:
     def __post_init__(self) -> None:
         if self.batch_size < 1:
             raise ValueError("batch_size must be at least 1")
+        if self.pipeline_batches < 1:
+            raise ValueError("pipeline_batches must be at least 1")
         for s in self.streams or ():
             validate_stream_name(s)
 
@@ -82,8 +88,22 @@ class BatchResult:
     blocked: bool = False
 
 
+@dataclass(frozen=True)
+class _Sent:
+    """A batch Redis confirmed and Postgres has not deleted yet."""
+
+    source: str
+    stream: str
+    rows: list[store.StagedRow]
+    last_seqs: dict[str, int]
+    next_start: tuple[str, int]
+    appended: int
+    started: float
+
+
 class Streamer:
-    """Drains ``staged_log_records`` into Redis Streams. Not thread-safe: one thread drives one streamer."""
+    """Drains ``staged_log_records`` into Redis Streams. Not thread-safe: one thread drives one streamer (which
+    uses one helper thread of its own for Redis while a large backlog drains)."""
 
     def __init__(
         self,
@@ -111,6 +131,7 @@ class Streamer:
         self._after: dict[str, tuple[str, int]] = {}  # (xid, id) last published per source: same validity
         self._last_retention = 0.0
         self._partition_counts: dict[str, tuple[int, float]] = {}
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"unilog-{name}-redis")
         self.published_total = 0
 
     # -- connections -------------------------------------------------------------------------------------------------
@@ -266,7 +287,14 @@ class Streamer:
         return got
 
     def _publish_batch(self, conn: psycopg.Connection[Any], source: str, stream: str) -> int:
-        started = time.perf_counter()
+        """Publish up to ``pipeline_batches`` batches of ``source`` back to back; return the records published.
+
+        While Redis appends batch *i* (in a helper thread), this thread deletes batch *i-1*, which Redis already
+        confirmed, and fetches batch *i+1*. Positions of batch *i* follow those of *i-1* before *i-1*'s delete
+        commits; that is safe because they are fixed by the (xid, id) order: if the delete fails, every batch not
+        deleted is re-sent later with the same positions, and the broker drops the ones it already has. Every
+        batch published in a pass is deleted (or the pass raises) before it returns.
+        """
         rows, next_start = store.fetch_visible(
             conn, source, self.config.batch_size, self._after.get(source, store.START)
         )
@@ -274,38 +302,95 @@ class Streamer:
             return 0
         identity = self._identity
         assert identity is not None
-        targets = self._split(stream, rows)
-        first_seqs = {target: self._next_seq(conn, target, identity.epoch) for target in targets}
+        epoch = identity.epoch
+        self._engine()  # connect (and check) here, not in the helper thread
+        planned: dict[str, int] = {}  # target -> last position assigned in this pass
+        sent: _Sent | None = None
+        published = 0
+        try:
+            for _ in range(self.config.pipeline_batches):
+                started = time.perf_counter()
+                targets = self._split(stream, rows)
+                first = {t: planned[t] + 1 if t in planned else self._next_seq(conn, t, epoch) for t in targets}
+                last = {t: first[t] + len(payload) - 1 for t, payload in targets.items()}
+                planned.update(last)
+                ahead: tuple[list[store.StagedRow], tuple[str, int]] = ([], next_start)
+                if sent is None and len(rows) < self.config.batch_size:  # nothing to overlap: no thread hop
+                    appended = self._send_all(targets, identity, first)
+                else:
+                    appended, ahead, done = self._overlapped(conn, source, targets, identity, first, sent, next_start)
+                    published += done
+                self.faults.crash("streamer.crash_after_publish")
+                sent = _Sent(source, stream, rows, last, next_start, appended, started)
+                rows, next_start = ahead
+                if not rows:
+                    break
+            assert sent is not None
+            published += self._delete_sent(conn, sent)
+        except BaseException:
+            self._last_seq.clear()  # positions past the last commit are read from Postgres again
+            raise
+        return published
+
+    def _overlapped(
+        self,
+        conn: psycopg.Connection[Any],
+        source: str,
+        targets: dict[str, list[engine.PublishRow]],
+        identity: store.ProducerIdentity,
+        first: dict[str, int],
+        sent: _Sent | None,
+        after: tuple[str, int],
+    ) -> tuple[int, tuple[list[store.StagedRow], tuple[str, int]], int]:
+        """Send this batch in the helper thread while deleting the previous one and fetching the next here; return
+        (entries appended, the next batch, records deleted). Waits for the send whatever happens here, so the Redis
+        client is never used by two threads."""
+        future = self._pool.submit(self._send_all, targets, identity, first)
+        try:
+            deleted = self._delete_sent(conn, sent) if sent is not None else 0
+            ahead = store.fetch_visible(conn, source, self.config.batch_size, after)
+        except BaseException:
+            concurrent.futures.wait([future])
+            raise
+        return future.result(), ahead, deleted
+
+    def _send_all(
+        self, targets: dict[str, list[engine.PublishRow]], identity: store.ProducerIdentity, first: dict[str, int]
+    ) -> int:
         appended = 0
         for target, payload in targets.items():
-            appended += self._send(target, identity, first_seqs[target], payload, dedupe=True).appended
+            appended += self._send(target, identity, first[target], payload, dedupe=True).appended
             if self.faults.fires("streamer.double_send"):
-                self._send(target, identity, first_seqs[target], payload, dedupe=False)
-        self.faults.crash("streamer.crash_after_publish")
-        last_seqs = {target: first_seqs[target] + len(payload) - 1 for target, payload in targets.items()}
-        for target in targets:
-            self._last_seq.pop(target)  # re-read from Postgres unless this commit succeeds
-        deleted = store.delete_published(conn, [r[0] for r in rows], identity.epoch, last_seqs)
-        if deleted != len(rows):
+                self._send(target, identity, first[target], payload, dedupe=False)
+        return appended
+
+    def _delete_sent(self, conn: psycopg.Connection[Any], sent: _Sent) -> int:
+        """Delete a batch Redis confirmed and advance its streams' positions, in one commit."""
+        identity = self._identity
+        assert identity is not None
+        for target in sent.last_seqs:
+            self._last_seq.pop(target, None)  # re-read from Postgres unless this commit succeeds
+        deleted = store.delete_published(conn, [r[0] for r in sent.rows], identity.epoch, sent.last_seqs)
+        if deleted != len(sent.rows):
             conn.rollback()
             raise PublishError(  # retried: the records are re-sent and deduplicated by position
-                f"deleted {deleted} of {len(rows)} published records on {stream}: another streamer is publishing "
-                "the same stream without the lock; the records will be re-sent and deduplicated by position"
+                f"deleted {deleted} of {len(sent.rows)} published records on {sent.stream}: another streamer is "
+                "publishing the same stream without the lock; the records will be re-sent and deduplicated by position"
             )
         conn.commit()
-        self._last_seq.update(last_seqs)
-        self._after[source] = next_start
-        self.published_total += len(rows)
+        self._last_seq.update(sent.last_seqs)
+        self._after[sent.source] = sent.next_start
+        self.published_total += len(sent.rows)
         log.info(
             "batch streamed",
-            stream=stream,
-            records=len(rows),
-            appended=appended,
-            targets=len(targets),
-            last_seq=last_seqs.get(stream),
-            ms=round((time.perf_counter() - started) * 1000, 2),
+            stream=sent.stream,
+            records=len(sent.rows),
+            appended=sent.appended,
+            targets=len(sent.last_seqs),
+            last_seq=sent.last_seqs.get(sent.stream),
+            ms=round((time.perf_counter() - sent.started) * 1000, 2),
         )
-        return len(rows)
+        return len(sent.rows)
 
     def _next_seq(self, conn: psycopg.Connection[Any], target: str, epoch: int) -> int:
         if target not in self._last_seq:
