@@ -131,7 +131,7 @@ class Streamer:
         self._after: dict[str, tuple[str, int]] = {}  # (xid, id) last published per source: same validity
         self._last_retention = 0.0
         self._partition_counts: dict[str, tuple[int, float]] = {}
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"unilog-{name}-redis")
+        self._helper: concurrent.futures.ThreadPoolExecutor | None = None  # Redis, while a backlog drains
         self.published_total = 0
 
     # -- connections -------------------------------------------------------------------------------------------------
@@ -161,7 +161,10 @@ class Streamer:
         self._engine()
 
     def close(self) -> None:
-        """Close connections (releasing this streamer's stream locks)."""
+        """Close connections (releasing this streamer's stream locks) and the helper thread."""
+        if self._helper is not None:
+            self._helper.shutdown(wait=True)  # idle here: a pass waits for its sends before it returns or raises
+            self._helper = None
         self._links.close()
         if self._listen is not None and not self._listen.closed:
             self._listen.close()
@@ -345,7 +348,9 @@ class Streamer:
         """Send this batch in the helper thread while deleting the previous one and fetching the next here; return
         (entries appended, the next batch, records deleted). Waits for the send whatever happens here, so the Redis
         client is never used by two threads."""
-        future = self._pool.submit(self._send_all, targets, identity, first)
+        if self._helper is None:
+            self._helper = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"unilog-{self.name}-redis")
+        future = self._helper.submit(self._send_all, targets, identity, first)
         try:
             deleted = self._delete_sent(conn, sent) if sent is not None else 0
             ahead = store.fetch_visible(conn, source, self.config.batch_size, after)
