@@ -22,6 +22,7 @@ reads), ``maxEntriesPerBatch`` (default 10000), ``entriesPerPartition`` (default
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -178,6 +179,7 @@ def _record_batch(stream: str, chunk: list[Any]) -> Any:
     )
 
 
+@functools.cache
 def _arrow_schema() -> Any:
     import pyarrow as pa
 

@@ -374,22 +374,25 @@ def _checkpoint_from_row(name: str, row: tuple[Any, ...]) -> Checkpoint:
     return Checkpoint(name, stream, last_id, {p: (int(e), int(s)) for p, (e, s) in positions.items()})
 
 
+def _read_checkpoint(conn: psycopg.Connection[Any], name: str, *, for_update: bool = False) -> Checkpoint | None:
+    query = "SELECT stream, last_id, positions FROM unilog_checkpoints WHERE name = %s"
+    row = conn.execute(query + (" FOR UPDATE" if for_update else ""), (name,)).fetchone()
+    return None if row is None else _checkpoint_from_row(name, row)
+
+
 def ensure_checkpoint(conn: psycopg.Connection[Any], name: str, stream: str) -> Checkpoint:
     """Return consumer ``name``'s checkpoint, creating it at the stream's beginning if it does not exist."""
     conn.execute(
         "INSERT INTO unilog_checkpoints (name, stream) VALUES (%s, %s) ON CONFLICT (name) DO NOTHING", (name, stream)
     )
-    row = conn.execute("SELECT stream, last_id, positions FROM unilog_checkpoints WHERE name = %s", (name,)).fetchone()
-    assert row is not None
-    return _checkpoint_from_row(name, row)
+    checkpoint = _read_checkpoint(conn, name)
+    assert checkpoint is not None
+    return checkpoint
 
 
 def lock_checkpoint(conn: psycopg.Connection[Any], name: str) -> Checkpoint | None:
     """Lock and return the checkpoint row, in the caller's transaction, so two copies of one consumer serialize."""
-    row = conn.execute(
-        "SELECT stream, last_id, positions FROM unilog_checkpoints WHERE name = %s FOR UPDATE", (name,)
-    ).fetchone()
-    return None if row is None else _checkpoint_from_row(name, row)
+    return _read_checkpoint(conn, name, for_update=True)
 
 
 def lock_consumer(conn: psycopg.Connection[Any], name: str) -> Checkpoint | None:
@@ -400,8 +403,7 @@ def lock_consumer(conn: psycopg.Connection[Any], name: str) -> Checkpoint | None
     Before it saves, it must re-read the row with :func:`lock_checkpoint` and find it unchanged (a copy that does not
     take this lock, a Python consumer of the same name, may have moved it)."""
     conn.execute("SELECT pg_advisory_xact_lock(hashtextextended('unilog.consumer:' || %s, 0))", (name,))
-    row = conn.execute("SELECT stream, last_id, positions FROM unilog_checkpoints WHERE name = %s", (name,)).fetchone()
-    return None if row is None else _checkpoint_from_row(name, row)
+    return _read_checkpoint(conn, name)
 
 
 def save_checkpoint(conn: psycopg.Connection[Any], checkpoint: Checkpoint) -> None:
