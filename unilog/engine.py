@@ -59,8 +59,9 @@ class StreamInfo:
 
 # Appends a batch only past this producer's high-water mark on the stream, so a batch re-sent after a crash, a
 # timeout with unknown outcome or a retry is not appended twice. Positions are (epoch, seq); seq is computed here as
-# first_seq + i, so each entry costs five arguments. The mark lives in a hash beside the stream; if the stream key is
-# gone (deleted, flushed) the mark is ignored, so a missing stream can never swallow records as "duplicates".
+# first_seq + i, so each entry costs five arguments (and no per-entry Lua table: Redis CPU is the drain's limit). The
+# mark lives in a hash beside the stream; if the stream key is gone (deleted, flushed) the mark is ignored, so a
+# missing stream can never swallow records as "duplicates".
 PUBLISH_LUA = """
 local producer, epoch, first = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local n = (#ARGV - 4) / 5
@@ -82,13 +83,14 @@ end
 local first_id, last_id = false, false
 for i = skip, n - 1 do
   local b = 4 + i * 5
-  local fields = {'data', ARGV[b + 1], 'action', ARGV[b + 2], 'object', ARGV[b + 3],
-                  'producer', producer, 'epoch', ARGV[2], 'seq', tostring(first + i), 'created', ARGV[b + 4]}
-  if ARGV[b + 5] ~= '' then
-    fields[#fields + 1] = 'key'
-    fields[#fields + 1] = ARGV[b + 5]
+  if ARGV[b + 5] == '' then
+    last_id = redis.call('XADD', KEYS[1], '*', 'data', ARGV[b + 1], 'action', ARGV[b + 2], 'object', ARGV[b + 3],
+                         'producer', producer, 'epoch', ARGV[2], 'seq', first + i, 'created', ARGV[b + 4])
+  else
+    last_id = redis.call('XADD', KEYS[1], '*', 'data', ARGV[b + 1], 'action', ARGV[b + 2], 'object', ARGV[b + 3],
+                         'producer', producer, 'epoch', ARGV[2], 'seq', first + i, 'created', ARGV[b + 4],
+                         'key', ARGV[b + 5])
   end
-  last_id = redis.call('XADD', KEYS[1], '*', unpack(fields))
   if not first_id then first_id = last_id end
 end
 if n > skip then
@@ -116,6 +118,27 @@ class PublishResult:
 
 # (data JSON, action, object, created ms, key or None), in position order
 PublishRow = tuple[str | bytes, str, str, int, str | None]
+
+
+@dataclass(frozen=True)
+class Packed:
+    """A batch ready to publish: ``count`` records' arguments to PUBLISH_LUA (data, action, object, created ms, key
+    or ''; five per record, in position order), already encoded as RESP bulk strings. The streamer gets these
+    bytes straight from Postgres (:func:`unilog.store.fetch_packed`), so no record passes through Python objects."""
+
+    count: int
+    body: bytes
+
+
+def pack_rows(rows: Sequence[PublishRow]) -> Packed:
+    """Encode rows the way :func:`unilog.store.fetch_packed` does."""
+    return Packed(
+        len(rows),
+        b"".join(
+            _bulk([_b(data), _b(action), _b(obj), b"%d" % created, _b(key or "")])
+            for data, action, obj, created, key in rows
+        ),
+    )
 
 
 def meta_key(stream: str) -> str:
@@ -162,7 +185,7 @@ class RedisStreams:
         producer: str,
         epoch: int,
         first_seq: int,
-        rows: Sequence[PublishRow],
+        rows: Sequence[PublishRow] | Packed,
         *,
         dedupe: bool = True,
         wait_replicas: int = 0,
@@ -176,11 +199,9 @@ class RedisStreams:
         With ``wait_replicas`` > 0, ``WAIT`` for that many replicas on the same connection and report how many
         acknowledged in ``replicas``.
         """
+        batch = rows if isinstance(rows, Packed) else pack_rows(rows)
         head = [producer, str(epoch), str(first_seq), "1" if dedupe else "0"]
-        args: list[bytes] = [_b(a) for a in head]
-        for data, action, obj, created, key in rows:
-            args += (_b(data), _b(action), _b(obj), b"%d" % created, _b(key or ""))
-        reply, replicas = self._evalsha(stream, args, wait_replicas, wait_timeout_ms)
+        reply, replicas = self._evalsha(stream, [_b(a) for a in head], batch, wait_replicas, wait_timeout_ms)
         appended, skipped, gap, first_id, last_id = reply
         return PublishResult(
             replicas=replicas,
@@ -191,14 +212,18 @@ class RedisStreams:
             gap_after=None if int(gap) < 0 else int(gap),
         )
 
-    def _evalsha(self, stream: str, args: list[bytes], wait_replicas: int, wait_timeout_ms: int) -> tuple[Any, int]:
+    def _evalsha(
+        self, stream: str, head: list[bytes], batch: Packed, wait_replicas: int, wait_timeout_ms: int
+    ) -> tuple[Any, int]:
         """EVALSHA with the command packed here: redis-py's per-argument packing dominated the streamer's profile.
 
         ``WAIT`` must follow the write on the same connection, so it is sent in the same packet.
         """
         keys = [_b(stream), _b(hwm_key(stream))]
+        args = [b"EVALSHA", self._sha.encode(), b"2", *keys, *head]
+        command = _pack(args, more=5 * batch.count)  # the batch's bulk strings follow
         for attempt in (1, 2):
-            packed = [_pack([b"EVALSHA", self._sha.encode(), b"2", *keys, *args])]
+            packed = [command, batch.body]
             if wait_replicas:
                 packed.append(_pack([b"WAIT", b"%d" % wait_replicas, b"%d" % wait_timeout_ms]))
             conn = self.client.connection_pool.get_connection()
@@ -446,9 +471,14 @@ def _b(value: str | bytes) -> bytes:
     return value if isinstance(value, bytes) else value.encode()
 
 
-def _pack(args: list[bytes]) -> bytes:
-    """Encode one command in RESP."""
-    return b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%b\r\n" % (len(a), a) for a in args)
+def _pack(args: list[bytes], more: int = 0) -> bytes:
+    """Encode one command in RESP (its head only, when ``more`` arguments follow already encoded)."""
+    return b"*%d\r\n" % (len(args) + more) + _bulk(args)
+
+
+def _bulk(values: list[bytes]) -> bytes:
+    """RESP bulk strings, back to back."""
+    return b"".join(b"$%d\r\n%b\r\n" % (len(v), v) for v in values)
 
 
 def to_str(value: Any) -> str:

@@ -20,7 +20,7 @@ import concurrent.futures
 import contextlib
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,14 +89,23 @@ class BatchResult:
 
 
 @dataclass(frozen=True)
+class _Batch:
+    """The staged rows of one source in the (xid, id) range (``after``, ``last``], packed per target stream."""
+
+    count: int
+    after: tuple[str, int]
+    last: tuple[str, int]
+    targets: dict[str, engine.Packed]
+
+
+@dataclass(frozen=True)
 class _Sent:
     """A batch Redis confirmed and Postgres has not deleted yet."""
 
     source: str
     stream: str
-    rows: list[store.StagedRow]
+    batch: _Batch
     last_seqs: dict[str, int]
-    next_start: tuple[str, int]
     appended: int
     started: float
 
@@ -132,6 +141,7 @@ class Streamer:
         self._last_retention = 0.0
         self._partition_counts: dict[str, tuple[int, float]] = {}
         self._helper: concurrent.futures.ThreadPoolExecutor | None = None  # Redis, while a backlog drains
+        self._packed_fetch = False  # whether Postgres can encode batches for Redis (a UTF8 database)
         self.published_total = 0
 
     # -- connections -------------------------------------------------------------------------------------------------
@@ -147,6 +157,7 @@ class Streamer:
         self._owned.clear()
         self._last_seq.clear()
         self._after.clear()
+        self._packed_fetch = store.packed_fetch_supported(conn)
         self._identity, new_epoch = store.resolve_identity(conn)
         if new_epoch:
             log.warning(
@@ -298,10 +309,9 @@ class Streamer:
         deleted is re-sent later with the same positions, and the broker drops the ones it already has. Every
         batch published in a pass is deleted (or the pass raises) before it returns.
         """
-        rows, next_start = store.fetch_visible(
-            conn, source, self.config.batch_size, self._after.get(source, store.START)
-        )
-        if not rows:
+        partitions = self._partitions(stream)  # here: the helper thread must be the only user of the Redis client
+        batch = self._fetch(conn, source, stream, partitions, self._after.get(source, store.START))
+        if batch is None:
             return 0
         identity = self._identity
         assert identity is not None
@@ -313,21 +323,23 @@ class Streamer:
         try:
             for _ in range(self.config.pipeline_batches):
                 started = time.perf_counter()
-                targets = self._split(stream, rows)
+                targets = batch.targets
                 first = {t: planned[t] + 1 if t in planned else self._next_seq(conn, t, epoch) for t in targets}
-                last = {t: first[t] + len(payload) - 1 for t, payload in targets.items()}
+                last = {t: first[t] + payload.count - 1 for t, payload in targets.items()}
                 planned.update(last)
-                ahead: tuple[list[store.StagedRow], tuple[str, int]] = ([], next_start)
-                if sent is None and len(rows) < self.config.batch_size:  # nothing to overlap: no thread hop
+                ahead: _Batch | None = None
+                if sent is None and batch.count < self.config.batch_size:  # nothing to overlap: no thread hop
                     appended = self._send_all(targets, identity, first)
                 else:
-                    appended, ahead, done = self._overlapped(conn, source, targets, identity, first, sent, next_start)
+                    appended, ahead, done = self._overlapped(
+                        conn, source, stream, partitions, batch, identity, first, sent
+                    )
                     published += done
                 self.faults.crash("streamer.crash_after_publish")
-                sent = _Sent(source, stream, rows, last, next_start, appended, started)
-                rows, next_start = ahead
-                if not rows:
+                sent = _Sent(source, stream, batch, last, appended, started)
+                if ahead is None:
                     break
+                batch = ahead
             assert sent is not None
             published += self._delete_sent(conn, sent)
         except BaseException:
@@ -335,32 +347,45 @@ class Streamer:
             raise
         return published
 
+    def _fetch(
+        self, conn: psycopg.Connection[Any], source: str, stream: str, partitions: int, after: tuple[str, int]
+    ) -> _Batch | None:
+        """The next batch of ``source`` after ``after``, or None. An unpartitioned stream's batch comes from Postgres
+        already encoded for Redis; a partitioned one is read as rows and split by key here."""
+        limit = self.config.batch_size
+        if partitions <= 1 and self._packed_fetch:
+            count, body, last = store.fetch_packed(conn, source, limit, after)
+            return _Batch(count, after, last, {stream: engine.Packed(count, body)}) if count else None
+        rows, last = store.fetch_visible(conn, source, limit, after)
+        return _Batch(len(rows), after, last, self._split(stream, partitions, rows)) if rows else None
+
     def _overlapped(
         self,
         conn: psycopg.Connection[Any],
         source: str,
-        targets: dict[str, list[engine.PublishRow]],
+        stream: str,
+        partitions: int,
+        batch: _Batch,
         identity: store.ProducerIdentity,
         first: dict[str, int],
         sent: _Sent | None,
-        after: tuple[str, int],
-    ) -> tuple[int, tuple[list[store.StagedRow], tuple[str, int]], int]:
-        """Send this batch in the helper thread while deleting the previous one and fetching the next here; return
+    ) -> tuple[int, _Batch | None, int]:
+        """Send ``batch`` in the helper thread while deleting the previous one and fetching the next here; return
         (entries appended, the next batch, records deleted). Waits for the send whatever happens here, so the Redis
         client is never used by two threads."""
         if self._helper is None:
             self._helper = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"unilog-{self.name}-redis")
-        future = self._helper.submit(self._send_all, targets, identity, first)
+        future = self._helper.submit(self._send_all, batch.targets, identity, first)
         try:
             deleted = self._delete_sent(conn, sent) if sent is not None else 0
-            ahead = store.fetch_visible(conn, source, self.config.batch_size, after)
+            ahead = self._fetch(conn, source, stream, partitions, batch.last)
         except BaseException:
             concurrent.futures.wait([future])
             raise
         return future.result(), ahead, deleted
 
     def _send_all(
-        self, targets: dict[str, list[engine.PublishRow]], identity: store.ProducerIdentity, first: dict[str, int]
+        self, targets: dict[str, engine.Packed], identity: store.ProducerIdentity, first: dict[str, int]
     ) -> int:
         appended = 0
         for target, payload in targets.items():
@@ -375,43 +400,50 @@ class Streamer:
         assert identity is not None
         for target in sent.last_seqs:
             self._last_seq.pop(target, None)  # re-read from Postgres unless this commit succeeds
-        deleted = store.delete_published(conn, [r[0] for r in sent.rows], identity.epoch, sent.last_seqs)
-        if deleted != len(sent.rows):
+        batch = sent.batch
+        deleted = store.delete_published(
+            conn, sent.source, batch.after, batch.last, batch.count, identity.epoch, sent.last_seqs
+        )
+        if deleted != batch.count:
             conn.rollback()
             raise PublishError(  # retried: the records are re-sent and deduplicated by position
-                f"deleted {deleted} of {len(sent.rows)} published records on {sent.stream}: another streamer is "
+                f"deleted {deleted} of {batch.count} published records on {sent.stream}: another streamer is "
                 "publishing the same stream without the lock; the records will be re-sent and deduplicated by position"
             )
         conn.commit()
         self._last_seq.update(sent.last_seqs)
-        self._after[sent.source] = sent.next_start
-        self.published_total += len(sent.rows)
+        self._after[sent.source] = batch.last
+        self.published_total += batch.count
         log.info(
             "batch streamed",
             stream=sent.stream,
-            records=len(sent.rows),
+            records=batch.count,
             appended=sent.appended,
             targets=len(sent.last_seqs),
             last_seq=sent.last_seqs.get(sent.stream),
             ms=round((time.perf_counter() - sent.started) * 1000, 2),
         )
-        return len(sent.rows)
+        return batch.count
 
     def _next_seq(self, conn: psycopg.Connection[Any], target: str, epoch: int) -> int:
         if target not in self._last_seq:
             self._last_seq[target] = store.last_published_seq(conn, target, epoch)
         return self._last_seq[target] + 1
 
-    def _split(self, stream: str, rows: list[store.StagedRow]) -> dict[str, list[engine.PublishRow]]:
+    @staticmethod
+    def _split(stream: str, count: int, rows: list[store.StagedRow]) -> dict[str, engine.Packed]:
         """The batch's payload per target stream: the stream itself, or its partitions by key (in batch order)."""
-        count = self._partitions(stream)
         if count <= 1:
-            return {stream: [(data, action, obj, created, key) for _id, action, obj, data, key, created in rows]}
+            return {
+                stream: engine.pack_rows(
+                    [(data, action, obj, created, key) for _, action, obj, data, key, created in rows]
+                )
+            }
         targets: dict[str, list[engine.PublishRow]] = {}
         for row_id, action, obj, data, key, created in rows:
             target = partition_stream(stream, partition_of(key if key is not None else str(row_id), count))
             targets.setdefault(target, []).append((data, action, obj, created, key))
-        return targets
+        return {target: engine.pack_rows(payload) for target, payload in targets.items()}
 
     def _partitions(self, stream: str) -> int:
         """The stream's partition count, from Redis (``unilog stream partition``): cached for good once set (it
@@ -428,7 +460,7 @@ class Streamer:
         stream: str,
         identity: store.ProducerIdentity,
         first_seq: int,
-        payload: Sequence[engine.PublishRow],
+        payload: engine.Packed,
         *,
         dedupe: bool,
     ) -> engine.PublishResult:

@@ -1,0 +1,72 @@
+"""The streamer's packed fetch: Postgres encodes a batch for Redis, byte for byte what the row path would send."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import psycopg
+import redis
+
+from unilog import Settings, Streamer, StreamerConfig, emit, engine, store
+from unilog.schema import migrate
+from unilog.testing import PostgresHandle, drop_database
+
+TRICKY = [
+    ({"text": "plain"}, None),
+    ({"text": "é ü ß", "emoji": "🚀🛰️", "cjk": "火箭"}, "ключ-🔑"),
+    ({"quote": 'a "q" \\ b', "nl": "line1\nline2\r\n", "tab": "\t"}, "k with spaces"),
+    ({"nested": {"list": [1, 2.5, None, True, "x"]}, "empty": ""}, None),
+]
+
+
+def stage(conn: psycopg.Connection[Any]) -> None:
+    """One transaction per record (``conn`` is in autocommit mode)."""
+    for data, key in TRICKY:
+        with conn.transaction():
+            emit(conn, action="update", object="ride", data=data, key=key)
+
+
+def test_packed_batch_equals_the_rows_encoded_in_python(settings: Settings, pg: Any) -> None:
+    stage(pg)
+    with psycopg.connect(settings.conninfo) as conn:
+        assert store.packed_fetch_supported(conn)
+        rows, last = store.fetch_visible(conn, "", 100)
+        count, body, packed_last = store.fetch_packed(conn, "", 100)
+        assert (count, packed_last) == (len(TRICKY), last)
+        expected = engine.pack_rows([(data, action, obj, created, key) for _, action, obj, data, key, created in rows])
+        assert body == expected.body
+        # a limit inside the backlog stops at the same record, and an empty range says so
+        assert store.fetch_packed(conn, "", 2)[2] == store.fetch_visible(conn, "", 2)[1]
+        assert store.fetch_packed(conn, "", 100, last) == (0, b"", last)
+
+
+def test_streamed_entries_carry_the_exact_json_and_keys(settings: Settings, pg: Any) -> None:
+    stage(pg)
+    with Streamer(settings, StreamerConfig(batch_size=3)) as streamer:
+        assert streamer.drain() == len(TRICKY)
+    entries = redis.Redis.from_url(settings.redis_url).xrange(settings.stream)
+    assert [json.loads(f[b"data"]) for _, f in entries] == [data for data, _ in TRICKY]
+    assert [f.get(b"key", b"").decode() for _, f in entries] == [key or "" for _, key in TRICKY]
+
+
+def test_a_latin1_database_streams_through_the_row_path(unilog_postgres: PostgresHandle, settings: Settings) -> None:
+    """octet_length() counts server-encoding bytes, so the packed fetch is only used in UTF8 databases."""
+    name = f"unilog_latin1_{id(settings)}"
+    with psycopg.connect(unilog_postgres.admin_url, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name} ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0")
+    url = unilog_postgres.url_for(name)
+    try:
+        migrate(url)
+        latin = Settings.from_dsn(url, settings.redis_url, stream="latin1-stream")
+        with psycopg.connect(url) as conn:
+            assert not store.packed_fetch_supported(conn)
+            emit(conn, action="create", object="café", data={"text": "crème brûlée"}, key="clé")
+            conn.commit()
+        with Streamer(latin) as streamer:
+            assert streamer.drain() == 1
+        [(_, fields)] = redis.Redis.from_url(settings.redis_url).xrange("latin1-stream")
+        assert json.loads(fields[b"data"]) == {"text": "crème brûlée"}
+        assert (fields[b"object"].decode(), fields[b"key"].decode()) == ("café", "clé")
+    finally:
+        drop_database(unilog_postgres, url)
