@@ -19,7 +19,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Any, cast
 
 import psycopg
@@ -40,25 +39,45 @@ from .runtime import Links, run_loop
 log = structlog.get_logger(__name__)
 
 
-class Record:
-    """One log record as a handler sees it. ``data`` is decoded from JSON on first access."""
+_NO_DATA = object()
 
-    __slots__ = ("__dict__", "_fields", "id", "stream")
+
+class Record:
+    """One log record as a handler sees it. ``data`` is decoded from JSON on first access.
+
+    ``producer`` ('' for entries not written by a unilog streamer) and ``position``, the record's (epoch, seq)
+    within its producer (None for entries without unilog metadata), are read when the record is made: every
+    consumer needs them to deduplicate, so they are plain attributes (this class is the consumers' hot path).
+    """
+
+    __slots__ = ("_data", "_fields", "_id", "position", "producer", "stream")
 
     def __init__(self, stream: str, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
         self.stream = stream
-        self.id = entry_id.decode()
+        self._id = entry_id
         self._fields = fields
+        self._data: Any = _NO_DATA
+        producer = fields.get(b"producer")
+        self.producer: str = producer.decode() if producer else ""
+        seq = fields.get(b"seq")
+        self.position: tuple[int, int] | None = None if seq is None else (int(fields.get(b"epoch", b"0")), int(seq))
 
     def _text(self, name: bytes) -> str | None:
         value = self._fields.get(name)
         return None if value is None else value.decode()
 
-    @cached_property
+    @property
+    def id(self) -> str:
+        """The stream entry id, like ``1700000000000-0``."""
+        return self._id.decode()
+
+    @property
     def data(self) -> Any:
         """The record's payload, decoded from the entry's ``data`` field (None if it has none)."""
-        raw = self._fields.get(b"data")
-        return None if raw is None else json.loads(raw)
+        if self._data is _NO_DATA:
+            raw = self._fields.get(b"data")
+            self._data = None if raw is None else json.loads(raw)
+        return self._data
 
     @property
     def raw_data(self) -> bytes | None:
@@ -76,19 +95,6 @@ class Record:
     @property
     def key(self) -> str | None:
         return self._text(b"key")
-
-    @cached_property
-    def producer(self) -> str:
-        """The producer id ('' for entries not written by a unilog streamer)."""
-        return self._text(b"producer") or ""
-
-    @cached_property
-    def position(self) -> tuple[int, int] | None:
-        """(epoch, seq) of the record within its producer, or None for entries without unilog metadata."""
-        seq = self._fields.get(b"seq")
-        if seq is None:
-            return None
-        return int(self._fields.get(b"epoch", b"0")), int(seq)
 
     @property
     def seq(self) -> int | None:
