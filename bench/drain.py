@@ -17,14 +17,16 @@ from .core import SPAWN, Profile, Results, in_fresh_process, interleaved, log, w
 from .env import BenchEnv, Urls, payload
 from .reference import PgOnlyDrainer, ReferenceStreamer
 
-DRAIN_VARIANTS = ("unilog", "unilog-b5000", "reference", "pg_only", "redis_only")
+DRAIN_VARIANTS = ("unilog", "unilog-b1000", "reference", "pg_only", "redis_only")
 REF_STREAM = "ref-rides"
 REDIS_ONLY_STREAM = "redis-only"
 PIPELINE = 1000
 
 
-def _unilog(urls: Urls, batch_size: int) -> tuple[int, float]:
-    with Streamer(urls.settings(), StreamerConfig(batch_size=batch_size)) as streamer:
+def _unilog(urls: Urls, batch_size: int | None) -> tuple[int, float]:
+    """The streamer with its default configuration, or with ``batch_size`` (the reference's is 1000)."""
+    config = StreamerConfig() if batch_size is None else StreamerConfig(batch_size=batch_size)
+    with Streamer(urls.settings(), config) as streamer:
         streamer.connect()
         started = time.perf_counter()
         count = streamer.drain()
@@ -72,9 +74,9 @@ def _redis_only(urls: Urls, size: int) -> tuple[int, float]:
 
 def _run_variant(urls: Urls, variant: str, size: int) -> tuple[int, float]:
     if variant == "unilog":
+        return _unilog(urls, None)
+    if variant == "unilog-b1000":
         return _unilog(urls, 1000)
-    if variant == "unilog-b5000":
-        return _unilog(urls, 5000)
     if variant == "reference":
         return _reference(urls)
     if variant == "pg_only":

@@ -32,6 +32,7 @@ from .errors import (
 )
 from .faults import FaultConfig, Faults
 from .log import configure_logging
+from .streamer import StreamerConfig
 
 
 class ExitCode(IntEnum):
@@ -139,7 +140,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_streamer(args: argparse.Namespace) -> int:
-    from .streamer import Streamer, StreamerConfig
+    from .streamer import Streamer
 
     settings = _settings(args)
     config = StreamerConfig(
@@ -519,7 +520,7 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("streamer", help="stream staged records into Redis")
     _connection_args(p)
     p.add_argument("--once", action="store_true", help="drain everything visible, then exit")
-    p.add_argument("--batch-size", type=_positive_int, default=1000)
+    p.add_argument("--batch-size", type=_positive_int, default=StreamerConfig.batch_size, help="default %(default)s")
     p.add_argument("--poll-interval", type=float, default=1.0, help="seconds between polls without notifications")
     p.add_argument("--streams", help="comma-separated target streams this streamer publishes (default: all)")
     p.add_argument("--name", default="streamer", help="name in logs and pg_stat_activity")
