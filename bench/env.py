@@ -17,7 +17,7 @@ DB_NAME = "bench"
 DEFAULT_STREAM = "rides"
 
 # The reference design's consumer tables (schema.sql of Unified Rocket Rides, prefixed), the business table the
-# `produce` workload writes, and the state row of the unilog "distance" handler.
+# `produce` workload writes (and its plain-outbox floor), and the state row of the unilog "distance" handler.
 BENCH_DDL = (
     """CREATE TABLE IF NOT EXISTS ref_checkpoints (
         id BIGSERIAL PRIMARY KEY, name TEXT NOT NULL UNIQUE, last_redis_id TEXT NOT NULL, last_ride_id BIGINT NOT NULL
@@ -28,6 +28,7 @@ BENCH_DDL = (
     """CREATE TABLE IF NOT EXISTS bench_rides (
         id BIGSERIAL PRIMARY KEY, created_at TIMESTAMPTZ NOT NULL DEFAULT now(), distance DOUBLE PRECISION NOT NULL
     )""",
+    "CREATE TABLE IF NOT EXISTS bench_outbox (id BIGSERIAL PRIMARY KEY, data JSONB NOT NULL)",
     """CREATE TABLE IF NOT EXISTS bench_state (
         name TEXT PRIMARY KEY, total_distance DOUBLE PRECISION NOT NULL DEFAULT 0, n BIGINT NOT NULL DEFAULT 0
     )""",
@@ -40,6 +41,7 @@ RESET_TABLES = (
     "ref_checkpoints",
     "ref_consumer_states",
     "bench_rides",
+    "bench_outbox",
     "bench_state",
 )
 

@@ -4,12 +4,15 @@ Two client processes, one connection each, run ``INSERT INTO bench_rides ... RET
 for a fixed time (``synchronous_commit`` on, fsync on); the ``emit`` variant also calls ``unilog.emit`` in the same
 transaction. No streamer runs, so the staged table only grows (as during a streamer outage).
 
-The diagnostic variant ``emit, no NOTIFY`` disables unilog's statement trigger (``pg_notify`` at commit) for the
-trial, to separate the cost of the extra row from the cost of the notification.
+Two diagnostic variants separate the costs: ``emit, no NOTIFY`` disables unilog's statement trigger (``pg_notify``
+at commit) for the trial; ``plain INSERT`` replaces ``emit`` by the cheapest extra statement an outbox could make,
+an ``INSERT ... RETURNING id`` of the same JSON into a table with nothing but a primary key: the floor that any
+design staging a row with its own statement pays.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -21,22 +24,25 @@ from .core import SPAWN, Profile, Results, interleaved, log, worker_init
 from .env import BenchEnv, Urls
 
 CLIENTS = 2
-VARIANTS = ("without emit", "with emit", "emit, no NOTIFY")
+VARIANTS = ("without emit", "with emit", "emit, no NOTIFY", "plain INSERT")
 INSERT_RIDE = "INSERT INTO bench_rides (distance) VALUES (%s) RETURNING id"
+INSERT_PLAIN = "INSERT INTO bench_outbox (data) VALUES (%s::jsonb) RETURNING id"
 TRIGGER = "staged_log_records_notify"
 
 
-def _business_tx(conn: psycopg.Connection[Any], emit: bool, n: int) -> None:
+def _business_tx(conn: psycopg.Connection[Any], stage: str, n: int) -> None:
     distance = 1.0 + (n % 1000) / 10
     row = conn.execute(INSERT_RIDE, (distance,)).fetchone()
-    if emit:
-        assert row is not None
-        data = {"id": row[0], "distance": distance}
+    assert row is not None
+    data = {"id": row[0], "distance": distance}
+    if stage == "emit":
         unilog.emit(conn, action="create", object="ride", data=data, key=f"ride-{row[0]}")
+    elif stage == "plain":
+        conn.execute(INSERT_PLAIN, (json.dumps(data, separators=(",", ":")),)).fetchone()
     conn.commit()
 
 
-def _client_main(urls: Urls, emit: bool, seconds: float, barrier: Any, out: Any) -> None:
+def _client_main(urls: Urls, stage: str, seconds: float, barrier: Any, out: Any) -> None:
     worker_init()
     with psycopg.connect(urls.database) as conn:
         conn.execute("SELECT 1")
@@ -45,7 +51,7 @@ def _client_main(urls: Urls, emit: bool, seconds: float, barrier: Any, out: Any)
         end = time.monotonic() + seconds
         n = 0
         while time.monotonic() < end:
-            _business_tx(conn, emit, n)
+            _business_tx(conn, stage, n)
             n += 1
         out.put(n)
 
@@ -53,12 +59,12 @@ def _client_main(urls: Urls, emit: bool, seconds: float, barrier: Any, out: Any)
 def produce_trial(env: BenchEnv, variant: str, seconds: float) -> tuple[dict[str, float], dict[str, Any]]:
     env.reset(keep_redis=True)
     env.settle()
-    emit = variant != "without emit"
+    stage = {"without emit": "", "plain INSERT": "plain"}.get(variant, "emit")
     if variant == "emit, no NOTIFY":
         env.admin.execute(f"ALTER TABLE staged_log_records DISABLE TRIGGER {TRIGGER}")
     try:
         barrier, out = SPAWN.Barrier(CLIENTS), SPAWN.Queue()
-        args = (env.urls, emit, seconds, barrier, out)
+        args = (env.urls, stage, seconds, barrier, out)
         procs = [SPAWN.Process(target=_client_main, args=args) for _ in range(CLIENTS)]
         for p in procs:
             p.start()
@@ -69,7 +75,7 @@ def produce_trial(env: BenchEnv, variant: str, seconds: float) -> tuple[dict[str
         env.admin.execute(f"ALTER TABLE staged_log_records ENABLE TRIGGER {TRIGGER}")
     total = sum(counts)
     staged = env.staged()
-    if emit and staged != total:
+    if stage == "emit" and staged != total:
         log(f"  WARNING produce {variant}: {total} transactions but {staged} staged records")
     return {"tx/s": total / seconds}, {"transactions": total, "staged": staged}
 

@@ -104,6 +104,8 @@ def ratios(results: Results) -> list[str]:
         ("drain_streams", "records/s", "2 streams", "1 stream", ""),
         ("drain_streams", "records/s", "4 streams", "1 stream", ""),
         ("produce", "tx/s", "emit, no NOTIFY", "without emit", " (diagnostic: unilog's NOTIFY trigger disabled)"),
+        ("produce", "tx/s", "plain INSERT", "without emit", " (diagnostic: the floor of any extra INSERT)"),
+        ("produce", "tx/s", "with emit", "plain INSERT", " (emit against that floor)"),
         ("consume", "records/s", "unilog", "reference", ""),
         ("consume", "records/s", "unilog-distance", "reference", " (same work as the reference)"),
         ("consume", "records/s", "unilog-group", "reference", ""),

@@ -106,13 +106,19 @@ def test_poison_record_is_dead_lettered_while_the_rest_flow_then_replayed(
     assert [m[1] for m in marks] == [4], "the watermark stops below the dead letter"
     # the fix ships; replay through the CLI
     monkeypatch.setenv("POISON_FIXED", "1")
-    env = {**os.environ, "DATABASE_URL": settings.database_url, "REDIS_URL": settings.redis_url,
-           "UNILOG_STREAM": "test-stream"}
-    listed = subprocess.run([sys.executable, "-m", "unilog", "dlq", "list", "--json"], env=env, capture_output=True,
-                            text=True, check=True)
+    env = {
+        **os.environ,
+        "DATABASE_URL": settings.database_url,
+        "REDIS_URL": settings.redis_url,
+        "UNILOG_STREAM": "test-stream",
+    }
+    listed = subprocess.run(
+        [sys.executable, "-m", "unilog", "dlq", "list", "--json"], env=env, capture_output=True, text=True, check=True
+    )
     assert [d["id"] for d in json.loads(listed.stdout)] == [letter_id]
-    subprocess.run([sys.executable, "-m", "unilog", "dlq", "replay", letter_id], env=env, check=True,
-                   capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "unilog", "dlq", "replay", letter_id], env=env, check=True, capture_output=True
+    )
     w.drain()
     assert counts(pg) == {n: 1 for n in range(10)}
     assert rds.xlen("test-stream:dlq") == 0
@@ -127,8 +133,12 @@ def test_dropped_dead_letter_lets_the_watermark_pass(settings: Settings, pg: Any
     w = worker(settings, "w", max_deliveries=1)
     w.drain()
     [(letter_id, _)] = rds.xrange("test-stream:dlq")
-    env = {**os.environ, "DATABASE_URL": settings.database_url, "REDIS_URL": settings.redis_url,
-           "UNILOG_STREAM": "test-stream"}
+    env = {
+        **os.environ,
+        "DATABASE_URL": settings.database_url,
+        "REDIS_URL": settings.redis_url,
+        "UNILOG_STREAM": "test-stream",
+    }
     subprocess.run([sys.executable, "-m", "unilog", "dlq", "drop", letter_id], env=env, check=True, capture_output=True)
     w.prune()
     assert pg.execute("SELECT seq FROM unilog_group_watermarks").fetchone() == (3,)
@@ -184,18 +194,42 @@ def test_trimming_respects_pending_entries(settings: Settings, rds: Any) -> None
 @pytest.mark.slow
 def test_three_worker_processes_one_killed_mid_batch(settings: Settings, pg: Any, rds: redis.Redis) -> None:
     with psycopg.connect(settings.conninfo) as conn:
-        conn.execute("INSERT INTO staged_log_records (action, object, data) "
-                     "SELECT 'create', 'ride', jsonb_build_object('n', g) FROM generate_series(0, 1999) g")
+        conn.execute(
+            "INSERT INTO staged_log_records (action, object, data) "
+            "SELECT 'create', 'ride', jsonb_build_object('n', g) FROM generate_series(0, 1999) g"
+        )
         conn.commit()
     Streamer(settings).drain()
     env = {k: v for k, v in os.environ.items() if not k.startswith("UNILOG_")}
-    env.update(DATABASE_URL=settings.database_url, REDIS_URL=settings.redis_url, UNILOG_STREAM="test-stream",
-               SLOW_HANDLER="0.05")
+    env.update(
+        DATABASE_URL=settings.database_url,
+        REDIS_URL=settings.redis_url,
+        UNILOG_STREAM="test-stream",
+        SLOW_HANDLER="0.05",
+    )
     procs = {
         name: subprocess.Popen(
-            [sys.executable, "-m", "unilog", "consume", "handlers:group_handler", "--group", "g", "--worker", name,
-             "--batch-size", "50", "--block-ms", "100", "--claim-idle-ms", "1000"],
-            cwd=TESTS, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                sys.executable,
+                "-m",
+                "unilog",
+                "consume",
+                "handlers:group_handler",
+                "--group",
+                "g",
+                "--worker",
+                name,
+                "--batch-size",
+                "50",
+                "--block-ms",
+                "100",
+                "--claim-idle-ms",
+                "1000",
+            ],
+            cwd=TESTS,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         for name in ("w1", "w2", "w3")
     }
@@ -228,3 +262,18 @@ def test_three_worker_processes_one_killed_mid_batch(settings: Settings, pg: Any
                 proc.wait(20)
     applied = counts(pg, "group")
     assert applied == {n: 1 for n in range(2000)}, "every record applied exactly once"
+
+
+def test_claiming_identities_reports_exactly_the_new_ones(settings: Settings, pg: Any) -> None:
+    """Identities go to Postgres as runs of consecutive seqs; gaps, producers, epochs and partial repeats must not
+    blur which ones were new."""
+    from unilog import store
+
+    first = [("p", 1, 1), ("p", 1, 2), ("p", 1, 3), ("q", 1, 7), ("p", 1, 5), ("p", 2, 6), ("", 1700000000000, 0)]
+    assert store.claim_identities(pg, "g", "s", first) == set(first)
+    again = [("p", 1, 3), ("p", 1, 4), ("p", 1, 5), ("q", 1, 7), ("q", 1, 8), ("p", 2, 6), ("", 1700000000000, 1)]
+    assert store.claim_identities(pg, "g", "s", again) == {("p", 1, 4), ("q", 1, 8), ("", 1700000000000, 1)}
+    assert store.claim_identities(pg, "g", "s", first) == set()
+    assert store.claim_identities(pg, "other-group", "s", first[:2]) == set(first[:2])
+    rows = pg.execute("SELECT count(*) FROM unilog_processed WHERE group_name = 'g'").fetchone()
+    assert rows == (10,)

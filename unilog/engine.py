@@ -400,9 +400,15 @@ class RedisStreams:
         survives the worker)."""
         return int(self.client.hincrby(attempts_key(stream, group), to_str(entry_id), 1))
 
-    def forget_attempts(self, stream: str, group: str, ids: Sequence[bytes | str]) -> None:
-        if ids:
-            self.client.hdel(attempts_key(stream, group), *[to_str(i) for i in ids])
+    def settle(self, stream: str, group: str, ids: Sequence[bytes | str]) -> int:
+        """Acknowledge ``ids`` in ``group`` and forget their failed attempts, in one round trip; return acked."""
+        if not ids:
+            return 0
+        pipe = self.client.pipeline(transaction=False)
+        pipe.xack(stream, group, *ids)
+        pipe.hdel(attempts_key(stream, group), *ids)
+        acked, _ = pipe.execute()
+        return int(acked)
 
     def dead_letter(
         self,

@@ -231,8 +231,7 @@ class GroupConsumer:
         self.faults.crash("group.crash_before_ack")
         ids = [eid for eid, _ in entries]
         api = self._engine()
-        api.ack(self.stream, self.config.group, ids)
-        api.forget_attempts(self.stream, self.config.group, ids)
+        api.settle(self.stream, self.config.group, ids)
         skipped = len(records) - len(fresh)
         self.handled_total += len(fresh)
         self.skipped_total += skipped

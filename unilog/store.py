@@ -502,23 +502,60 @@ def group_watermarks(conn: psycopg.Connection[Any], group: str, stream: str) -> 
 def claim_identities(
     conn: psycopg.Connection[Any], group: str, stream: str, identities: Sequence[Identity]
 ) -> set[Identity]:
-    """Insert ``identities`` as applied by ``group`` in the caller's transaction; return those that were new.
+    """Insert ``identities`` (distinct) as applied by ``group`` in the caller's transaction; return those that were
+    new.
 
     Identities already present belong to records this group applied before (a redelivery): the caller skips them.
+    They are sent as runs of consecutive seqs, which is what a stream's positions mostly are, and the new ones are
+    listed only when some were not new: the common batch costs a few values each way, not one per record.
     """
     if not identities:
         return set()
-    producers, epochs, seqs = zip(*identities, strict=True)
-    rows = conn.execute(
+    producers, epochs, lows, highs = _runs(identities)
+    row = conn.execute(
         """
-        INSERT INTO unilog_processed (group_name, stream, producer, epoch, seq)
-        SELECT %s, %s, p, e, s FROM unnest(%s::text[], %s::bigint[], %s::bigint[]) AS t(p, e, s)
-        ON CONFLICT DO NOTHING
-        RETURNING producer, epoch, seq
+        WITH ins AS (
+            INSERT INTO unilog_processed (group_name, stream, producer, epoch, seq)
+            SELECT %(g)s, %(s)s, r.p, r.e, n
+            FROM unnest(%(p)s::text[], %(e)s::bigint[], %(lo)s::bigint[], %(hi)s::bigint[]) AS r(p, e, lo, hi),
+                 generate_series(r.lo, r.hi) AS n
+            ON CONFLICT DO NOTHING
+            RETURNING producer, epoch, seq
+        )
+        SELECT count(*),
+               CASE WHEN count(*) < %(n)s THEN array_agg(producer) END,
+               CASE WHEN count(*) < %(n)s THEN array_agg(epoch) END,
+               CASE WHEN count(*) < %(n)s THEN array_agg(seq) END
+        FROM ins
         """,
-        (group, stream, list(producers), list(epochs), list(seqs)),
-    ).fetchall()
-    return {(r[0], int(r[1]), int(r[2])) for r in rows}
+        {"g": group, "s": stream, "p": producers, "e": epochs, "lo": lows, "hi": highs, "n": len(identities)},
+    ).fetchone()
+    assert row is not None
+    if row[0] == len(identities):
+        return set(identities)
+    if not row[0]:
+        return set()
+    return {(p, int(e), int(n)) for p, e, n in zip(row[1], row[2], row[3], strict=True)}
+
+
+def _runs(identities: Sequence[Identity]) -> tuple[list[str], list[int], list[int], list[int]]:
+    """``identities`` as runs of consecutive seqs per (producer, epoch): four parallel lists."""
+    producers: list[str] = []
+    epochs: list[int] = []
+    lows: list[int] = []
+    highs: list[int] = []
+    last: Identity | None = None
+    for identity in identities:
+        producer, epoch, seq = identity
+        if last is not None and seq == last[2] + 1 and epoch == last[1] and producer == last[0]:
+            highs[-1] = seq
+        else:
+            producers.append(producer)
+            epochs.append(epoch)
+            lows.append(seq)
+            highs.append(seq)
+        last = identity
+    return producers, epochs, lows, highs
 
 
 def advance_watermarks(conn: psycopg.Connection[Any], group: str, stream: str) -> int:
