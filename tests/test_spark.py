@@ -138,6 +138,29 @@ def test_the_sink_reapplies_a_batch_when_another_copy_moved_the_checkpoint(
         assert consumer_totals(conn)[name] == canonical_totals(conn)
 
 
+def test_the_sink_gives_up_with_a_clear_error_when_the_checkpoint_keeps_moving(spark: Any, app: Settings) -> None:
+    from unilog.errors import ConcurrentConsumer
+
+    rides(app, 10)
+    Streamer(app).drain()
+    name, calls = "spark-contested", []
+    inner = state_effect(name)
+
+    def effect(conn: psycopg.Connection[Any], fresh: Any) -> None:
+        calls.append(fresh.count())
+        inner(conn, fresh)  # rolled back each time
+        with psycopg.connect(app.conninfo, autocommit=True) as other:  # a copy that does not take the lock
+            other.execute("UPDATE unilog_checkpoints SET last_id = %s WHERE name = %s", (f"{len(calls)}-0", name))
+
+    batch = spark.read.format("unilog").option("redisUrl", app.redis_url).option("stream", STREAM).load()
+    with pytest.raises(ConcurrentConsumer, match="moved under it three times"):
+        TransactionalSink(app.database_url, name, STREAM, effect)(batch, 0)
+    assert calls == [10, 10, 10]
+    with psycopg.connect(app.conninfo) as conn:
+        assert name not in consumer_totals(conn), "no attempt committed its effect"
+        assert conn.execute("SELECT last_id FROM unilog_checkpoints WHERE name = %s", (name,)).fetchone() == ("3-0",)
+
+
 def wait_for(predicate: Any, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():

@@ -349,85 +349,109 @@ class TransactionalSink:
             batch.unpersist()
 
     def _call(self, batch: Any, batch_id: int) -> None:
-        from pyspark.sql import functions as f
-
-        bounds = batch.agg(f.max(f.struct("id_ms", "id_seq")).alias("last"), f.count("*").alias("n")).collect()[0]
-        if not bounds["n"]:
-            return
-        last_id = f"{bounds['last']['id_ms']}-{bounds['last']['id_seq']}"
         with psycopg.connect(self.conninfo, application_name=f"unilog-spark-{self.consumer}"[:63]) as conn:
-            with conn.transaction():
-                store.ensure_checkpoint(conn, self.consumer, self.stream)
-            applied = None
-            for attempt in itertools.count(1):
-                applied = self._apply(conn, batch, last_id)
-                if applied is not None:
-                    break
-                if attempt == 3:
-                    raise ConcurrentConsumer(
-                        f"spark consumer {self.consumer!r}: its checkpoint moved under it three times; another copy of"
-                        " this consumer (not a Spark one) is running: run one"
-                    )
-                log.warning("checkpoint moved by another copy; batch re-applied", consumer=self.consumer)
-        if self.redis_url and applied is not None:
-            _register(self.redis_url, self.stream, self.consumer, applied.last_id)
-        log.info("spark batch committed", consumer=self.consumer, batch=batch_id, entries=bounds["n"], last_id=last_id)
+            done = self._commit(conn, batch)
+        if done is None:
+            return  # an empty micro-batch
+        plan, checkpoint = done
+        if self.redis_url:
+            _register(self.redis_url, self.stream, self.consumer, checkpoint.last_id)
+        log.info(
+            "spark batch committed", consumer=self.consumer, batch=batch_id, entries=plan.entries, last_id=plan.last_id
+        )
 
-    def _apply(self, conn: psycopg.Connection[Any], batch: Any, last_id: str) -> store.Checkpoint | None:
-        """One transaction: the effect of the entries above the checkpoint, and the checkpoint past them. None (and
-        rolled back) if the checkpoint moved meanwhile.
+    def _commit(self, conn: psycopg.Connection[Any], batch: Any) -> tuple[_Plan, store.Checkpoint] | None:
+        """Plan the batch against the checkpoint and apply it; plan again if the checkpoint moved meanwhile."""
+        with conn.transaction():
+            seen = store.ensure_checkpoint(conn, self.consumer, self.stream).positions
+        for attempt in itertools.count(1):
+            plan = self._plan(batch, seen)
+            if plan is None:
+                return None
+            applied, seen = self._apply(conn, batch, plan, seen)
+            if applied is not None:
+                return plan, applied
+            if attempt == 3:
+                raise ConcurrentConsumer(
+                    f"spark consumer {self.consumer!r}: its checkpoint moved under it three times; another copy of"
+                    " this consumer (not a Spark one) is running: run one"
+                )
+            log.warning("checkpoint moved by another copy; batch re-applied", consumer=self.consumer)
+        raise AssertionError("unreachable")
+
+    def _apply(
+        self, conn: psycopg.Connection[Any], batch: Any, plan: _Plan, seen: dict[str, tuple[int, int]]
+    ) -> tuple[store.Checkpoint | None, dict[str, tuple[int, int]]]:
+        """One transaction: the effect of the entries above the checkpoint, and the checkpoint past them. Returns
+        (the saved checkpoint, its positions), or (None, the positions found) if the checkpoint was not at ``seen``
+        (the plan is stale) or moved meanwhile; nothing is committed then.
 
         Copies of this consumer serialize on an advisory lock, which, unlike the checkpoint's row lock, gives the
         transaction no id: the Spark jobs that compute the effect then do not hold back the streamer's visibility
         horizon (every record committed meanwhile would wait for this transaction). The row is locked only at the
         end, and must be unchanged."""
-        moved = False
         with conn.transaction() as tx:
             checkpoint = store.lock_consumer(conn, self.consumer)
             assert checkpoint is not None
-            fresh = self._fresh(batch, checkpoint.positions).cache()
+            if checkpoint.positions != seen:
+                raise psycopg.Rollback(tx)  # planned against positions that are no longer the checkpoint's
+            fresh = self._fresh(batch, seen).cache()
             try:
-                positions = self._advance(fresh, checkpoint.positions)
                 self.effect(conn, fresh)
             finally:
                 fresh.unpersist()
             now = store.lock_checkpoint(conn, self.consumer)
             if now is None or (now.last_id, now.positions) != (checkpoint.last_id, checkpoint.positions):
-                moved = True
+                checkpoint = now or checkpoint
                 raise psycopg.Rollback(tx)
-            if engine.id_tuple(last_id) > engine.id_tuple(checkpoint.last_id):
-                checkpoint.last_id = last_id
-            checkpoint.positions = positions
+            if engine.id_tuple(plan.last_id) > engine.id_tuple(checkpoint.last_id):
+                checkpoint.last_id = plan.last_id
+            checkpoint.positions = plan.positions
             store.save_checkpoint(conn, checkpoint)
-        return None if moved else checkpoint
+            return checkpoint, checkpoint.positions
+        return None, checkpoint.positions
 
     @staticmethod
-    def _fresh(batch: Any, positions: dict[str, tuple[int, int]]) -> Any:
-        """Entries above the checkpoint's position for their producer, one per position."""
+    def _above(positions: dict[str, tuple[int, int]]) -> Any:
+        """A column: the entry has a position, above the checkpoint's for its producer."""
         from pyspark.sql import functions as f
 
-        positioned = batch.filter(f.col("seq").isNotNull())
-        keep = f.lit(True)
+        keep = f.col("seq").isNotNull()
         for producer, (epoch, seq) in positions.items():
             above = (f.col("epoch") > epoch) | ((f.col("epoch") == epoch) & (f.col("seq") > seq))
             keep = keep & ((f.col("producer") != producer) | above)
-        return positioned.filter(keep).dropDuplicates(["producer", "epoch", "seq"])
+        return keep
 
-    def _advance(self, fresh: Any, positions: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
-        """The checkpoint's new positions; raises :class:`StreamGap` if the batch skips positions."""
+    def _fresh(self, batch: Any, positions: dict[str, tuple[int, int]]) -> Any:
+        """Entries above the checkpoint's position for their producer, one per position."""
+        return batch.filter(self._above(positions)).dropDuplicates(["producer", "epoch", "seq"])
+
+    def _plan(self, batch: Any, positions: dict[str, tuple[int, int]]) -> _Plan | None:
+        """One Spark job over the batch: its size and last id, and the checkpoint's positions after it (None for an
+        empty batch). Raises :class:`StreamGap` if the batch skips positions."""
         from pyspark.sql import functions as f
 
+        seq = f.when(self._above(positions), f.col("seq"))
         stats = (
-            fresh.groupBy("producer", "epoch")
-            .agg(f.min("seq").alias("lo"), f.max("seq").alias("hi"), f.count("*").alias("n"))
+            batch.groupBy("producer", "epoch")
+            .agg(
+                f.max(f.struct("id_ms", "id_seq")).alias("last"),
+                f.count("*").alias("entries"),
+                f.min(seq).alias("lo"),
+                f.max(seq).alias("hi"),
+                f.countDistinct(seq).alias("n"),
+            )
             .collect()
         )
+        if not stats:
+            return None
+        last = max((row["last"]["id_ms"], row["last"]["id_seq"]) for row in stats)
         updated = dict(positions)
-        for row in sorted(stats, key=lambda r: (r["producer"], r["epoch"])):
-            last = updated.get(row["producer"])
-            expected = 1 if last is None or last[0] != row["epoch"] else last[1] + 1
+        for row in sorted((r for r in stats if r["n"]), key=lambda r: (r["producer"], r["epoch"])):
+            seen = updated.get(row["producer"])
+            expected = 1 if seen is None or seen[0] != row["epoch"] else seen[1] + 1
             contiguous = row["n"] == row["hi"] - row["lo"] + 1
-            checked_start = last is not None or self.strict_start
+            checked_start = seen is not None or self.strict_start
             if not contiguous or (checked_start and row["lo"] != expected):
                 raise StreamGap(
                     f"spark consumer {self.consumer!r}: producer {row['producer']!r} positions are missing in "
@@ -435,7 +459,16 @@ class TransactionalSink:
                     " entries): trimmed or lost; repair with `unilog reconcile --repair`"
                 )
             updated[row["producer"]] = (int(row["epoch"]), int(row["hi"]))
-        return updated
+        return _Plan(sum(int(r["entries"]) for r in stats), f"{last[0]}-{last[1]}", updated)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What a micro-batch will do to the checkpoint: entries in it, its last stream id, the positions after it."""
+
+    entries: int
+    last_id: str
+    positions: dict[str, tuple[int, int]]
 
 
 def spark_session(app: str = "unilog", master: str | None = None, conf: Mapping[str, str] | None = None) -> Any:
