@@ -2,6 +2,13 @@
 
 Each trial starts from empty tables and an empty Redis, stages the backlog in one statement, VACUUM ANALYZEs and
 CHECKPOINTs, then times the drain alone (connections are opened before the clock starts) in a fresh process.
+
+* ``unilog``: the streamer as configured by default; ``unilog-b1000``: with the reference's batch of 1000;
+* ``reference``: the reference streamer's algorithm (bench/reference.py), its backlog bug fixed;
+* ``pg_only``: the reference's select and delete alone (no Redis): what Postgres does per session;
+* ``redis_only``: pipelined ``XADD stream * data <json>`` of the same payloads from memory (no Postgres);
+* ``redis_script``: unilog's Redis half alone: its publish script over the same payloads, already encoded, in
+  batches of the default size, with positions and every metadata field (no Postgres).
 """
 
 from __future__ import annotations
@@ -11,15 +18,16 @@ from typing import Any
 
 import redis
 
-from unilog import Streamer, StreamerConfig
+from unilog import Streamer, StreamerConfig, engine
 
 from .core import SPAWN, Profile, Results, in_fresh_process, interleaved, log, worker_init
 from .env import BenchEnv, Urls, payload
 from .reference import PgOnlyDrainer, ReferenceStreamer
 
-DRAIN_VARIANTS = ("unilog", "unilog-b1000", "reference", "pg_only", "redis_only")
+DRAIN_VARIANTS = ("unilog", "unilog-b1000", "reference", "pg_only", "redis_only", "redis_script")
 REF_STREAM = "ref-rides"
 REDIS_ONLY_STREAM = "redis-only"
+REDIS_SCRIPT_STREAM = "redis-script"
 PIPELINE = 1000
 
 
@@ -72,6 +80,24 @@ def _redis_only(urls: Urls, size: int) -> tuple[int, float]:
     return size, elapsed
 
 
+def _redis_script(urls: Urls, size: int) -> tuple[int, float]:
+    """unilog's Redis half alone: the same payloads, already encoded, appended by the streamer's publish script in
+    batches of the streamer's default size (positions, deduplication, every metadata field), no Postgres."""
+    batch = StreamerConfig().batch_size
+    rows = [(payload(i), "create", "ride", 1_700_000_000_000 + i, None) for i in range(1, size + 1)]
+    packed = [engine.pack_rows(rows[lo : lo + batch]) for lo in range(0, size, batch)]
+    api = engine.RedisStreams(engine.connect(urls.redis))
+    api.client.ping()
+    started = time.perf_counter()
+    first = 1
+    for chunk in packed:
+        api.publish(REDIS_SCRIPT_STREAM, "bench-producer", 1, first, chunk)
+        first += chunk.count
+    elapsed = time.perf_counter() - started
+    api.close()
+    return size, elapsed
+
+
 def _run_variant(urls: Urls, variant: str, size: int) -> tuple[int, float]:
     if variant == "unilog":
         return _unilog(urls, None)
@@ -83,16 +109,19 @@ def _run_variant(urls: Urls, variant: str, size: int) -> tuple[int, float]:
         return _pg_only(urls)
     if variant == "redis_only":
         return _redis_only(urls, size)
+    if variant == "redis_script":
+        return _redis_script(urls, size)
     raise ValueError(variant)
 
 
 def _expected_stream(env: BenchEnv, variant: str) -> str | None:
-    return {"reference": REF_STREAM, "redis_only": REDIS_ONLY_STREAM, "pg_only": None}.get(variant, env.urls.stream)
+    streams = {"reference": REF_STREAM, "redis_only": REDIS_ONLY_STREAM, "redis_script": REDIS_SCRIPT_STREAM}
+    return streams.get(variant, env.urls.stream) if variant != "pg_only" else None
 
 
 def drain_trial(env: BenchEnv, variant: str, size: int) -> tuple[dict[str, float], dict[str, Any]]:
     env.reset()
-    if variant != "redis_only":
+    if not variant.startswith("redis_"):
         env.stage(size)
     count, elapsed = in_fresh_process(_run_variant, env.urls, variant, size)
     stream = _expected_stream(env, variant)

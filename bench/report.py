@@ -101,6 +101,8 @@ def ratios(results: Results) -> list[str]:
         ("drain", "records/s", "unilog", "unilog-b1000", ""),
         ("drain", "records/s", "redis_only", "reference", ""),
         ("drain", "records/s", "unilog", "redis_only", ""),
+        ("drain", "records/s", "unilog", "redis_script", " (unilog against its own Redis half alone)"),
+        ("drain", "records/s", "redis_script", "pg_only", " (the Redis half against the Postgres half)"),
         ("drain_streams", "records/s", "2 streams", "1 stream", ""),
         ("drain_streams", "records/s", "4 streams", "1 stream", ""),
         ("produce", "tx/s", "emit, no NOTIFY", "without emit", " (diagnostic: unilog's NOTIFY trigger disabled)"),

@@ -5,7 +5,8 @@ Guarantees:
 * **Nothing committed is skipped.** Records are read only below the transaction-visibility horizon, in (xid, id)
   order (see :func:`unilog.store.fetch_visible`), so a transaction that commits late is published after, never
   lost behind, records already streamed.
-* **Nothing is deleted before Redis confirmed it.** A batch is deleted by its exact ids, after ``XADD`` returned,
+* **Nothing is deleted before Redis confirmed it.** A batch is deleted after Redis confirmed it, as exactly the rows
+  fetched (the (xid, id) range they span, which no other row can enter: see :func:`unilog.store.delete_published`),
   in the transaction that also advances the stream's position. A crash anywhere before that commit leaves the
   records staged; they are re-sent with the *same* positions, which consumers deduplicate.
 * **Dense, monotone positions.** Each stream's records carry ``seq`` numbers 1, 2, 3, ... per (producer, epoch),
