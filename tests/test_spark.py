@@ -16,6 +16,7 @@ from typing import Any
 
 import psycopg
 import pytest
+import redis
 
 pytest.importorskip("pyspark")
 
@@ -71,6 +72,9 @@ def test_double_sent_batches_are_applied_once(spark: Any, app: Settings, tmp_pat
     query.awaitTermination()
     with psycopg.connect(app.conninfo) as conn:
         assert consumer_totals(conn)["spark-dd"] == canonical_totals(conn)
+        last_id = conn.execute("SELECT last_id FROM unilog_checkpoints WHERE name = 'spark-dd'").fetchone()[0]
+    [(top, _)] = redis.Redis.from_url(app.redis_url).xrevrange(STREAM, count=1)
+    assert last_id == top.decode(), "the checkpoint ends at the stream's last entry"
 
 
 def test_sink_skips_by_position_when_the_spark_checkpoint_is_lost(spark: Any, app: Settings, tmp_path: Path) -> None:
