@@ -243,27 +243,31 @@ def staged_sources(conn: psycopg.Connection[Any]) -> list[str]:
 # The text of xid is selected under another name: an output column named "xid" would be what ORDER BY xid sorts by
 # (output names win over input columns), in text order ('10000' < '9999'), past the index, and out of step with the
 # numeric (xid, id) > cursor.
-FETCH_BATCH = """
-    SELECT id, action, object, data::text, key, (extract(epoch FROM created_at) * 1000)::bigint, xid::text AS xid_text
+# The next batch of a source: only rows below the visibility horizon, after (xid, id), in (xid, id) order
+# (see fetch_visible). Parameters: stream, after xid, after id, limit.
+VISIBLE_BATCH = """
     FROM staged_log_records
     WHERE stream = %s AND xid < pg_snapshot_xmin(pg_current_snapshot()) AND (xid, id) > (%s::xid8, %s)
     ORDER BY xid, id
     LIMIT %s
 """
 
+FETCH_BATCH = (
+    "SELECT id, action, object, data::text, key, (extract(epoch FROM created_at) * 1000)::bigint, xid::text AS xid_text"
+    + VISIBLE_BATCH
+)
+
 # The same batch as FETCH_BATCH, returned as ONE row: the count, every record's five publish arguments (data, action,
 # object, created ms, key or '') already encoded as RESP bulk strings, and the last (xid, id). Postgres hands over
 # the JSON text and does the per-record encoding in C, so the streamer touches no record in Python. The lengths are
 # octet_length() of server-encoding text, so this is only used on UTF8 databases (see packed_fetch_supported).
-FETCH_PACKED = """
+FETCH_PACKED = (
+    """
     WITH batch AS MATERIALIZED (
         SELECT xid, id, data::text AS data, action, object, coalesce(key, '') AS key,
-               ((extract(epoch FROM created_at) * 1000)::bigint)::text AS created
-        FROM staged_log_records
-        WHERE stream = %s AND xid < pg_snapshot_xmin(pg_current_snapshot()) AND (xid, id) > (%s::xid8, %s)
-        ORDER BY xid, id
-        LIMIT %s
-    ), last AS (
+               ((extract(epoch FROM created_at) * 1000)::bigint)::text AS created"""
+    + VISIBLE_BATCH
+    + """), last AS (
         SELECT xid, id FROM batch ORDER BY xid DESC, id DESC LIMIT 1
     )
     SELECT (SELECT count(*) FROM batch),
@@ -274,6 +278,7 @@ FETCH_PACKED = """
                || key || E'\\r\\n', '' ORDER BY xid, id) FROM batch), 'UTF8'),
            (SELECT xid::text FROM last), (SELECT id FROM last)
 """
+)
 
 # Where a fetch starts: the (xid, id) of the last row published, or the very beginning.
 START = ("0", 0)

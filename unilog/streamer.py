@@ -436,15 +436,10 @@ class Streamer:
     @staticmethod
     def _split(stream: str, count: int, rows: list[store.StagedRow]) -> dict[str, engine.Packed]:
         """The batch's payload per target stream: the stream itself, or its partitions by key (in batch order)."""
-        if count <= 1:
-            return {
-                stream: engine.pack_rows(
-                    [(data, action, obj, created, key) for _, action, obj, data, key, created in rows]
-                )
-            }
         targets: dict[str, list[engine.PublishRow]] = {}
         for row_id, action, obj, data, key, created in rows:
-            target = partition_stream(stream, partition_of(key if key is not None else str(row_id), count))
+            partition = partition_of(key if key is not None else str(row_id), count) if count > 1 else None
+            target = stream if partition is None else partition_stream(stream, partition)
             targets.setdefault(target, []).append((data, action, obj, created, key))
         return {target: engine.pack_rows(payload) for target, payload in targets.items()}
 
