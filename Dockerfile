@@ -17,10 +17,12 @@ RUN apt-get update && apt-get install -y --no-install-recommends openjdk-17-jre-
     && rm -rf /var/lib/apt/lists/*
 
 # Dependencies first, in their own layer, so editing the code does not reinstall them: the runtime and `demo`
-# requirements, read from pyproject.toml (all of them ship manylinux wheels, no compiler needed).
+# requirements, read from pyproject.toml (all of them ship manylinux wheels, no compiler needed). `demo` names
+# `unilog[embedded]` (throw-away servers for `unilog demo`): skipped here, the compose file runs real ones.
 COPY pyproject.toml README.md ./
 RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
-print('\n'.join(p['dependencies'] + p['optional-dependencies']['demo'] + p['optional-dependencies']['spark']))" \
+deps = p['dependencies'] + p['optional-dependencies']['demo'] + p['optional-dependencies']['spark']; \
+print('\n'.join(d for d in deps if not d.startswith('unilog')))" \
     > /tmp/requirements.txt \
     && pip install --no-cache-dir -r /tmp/requirements.txt \
     && rm /tmp/requirements.txt

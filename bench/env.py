@@ -10,7 +10,7 @@ import psycopg
 import redis
 
 from unilog import Settings
-from unilog.embedded import EmbeddedPostgres, EmbeddedRedis
+from unilog.harness.embedded import EmbeddedPostgres, EmbeddedRedis
 from unilog.schema import migrate
 
 DB_NAME = "bench"

@@ -38,7 +38,7 @@ assert LATENCY_NAME in CHECKPOINT_UNILOG
 
 
 def available() -> bool:
-    from unilog.demo import spark_available
+    from unilog.harness.app import spark_available
 
     return spark_available()
 

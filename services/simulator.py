@@ -27,9 +27,11 @@ import structlog
 from unilog.log import configure_logging
 
 if TYPE_CHECKING:
-    from unilog.chaos import HistoryWriter
+    from unilog.harness.chaos import HistoryWriter
 
 log = structlog.get_logger(__name__)
+
+RIDE_CID_PREFIX = "ride-"  # a ride's record in a chaos history: its object and id (unilog.harness.chaos.cid_of)
 
 
 class Client:
@@ -66,13 +68,11 @@ class Client:
 
 def post_recorded(client: Client, distance: float, history: HistoryWriter) -> int:
     """POST one ride with its attempt and outcome in ``history``; return the HTTP status (0: unreachable)."""
-    from unilog.chaos import API_CID_PREFIX
-
-    aid = history.attempt(cid_prefix=API_CID_PREFIX)
+    aid = history.attempt(cid_prefix=RIDE_CID_PREFIX)
     status, body, sent = client.post_ride_detail(distance)
     if status == 201:
         ride_id = json.loads(body)["ride"]["id"]
-        history.outcome(aid, "committed", [f"{API_CID_PREFIX}{ride_id}"])
+        history.outcome(aid, "committed", [f"{RIDE_CID_PREFIX}{ride_id}"])
     elif (400 <= status < 500) or not sent:
         history.outcome(aid, "rolled_back", status=status)  # refused before anything was written, or never sent
     else:
@@ -132,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         threading.Timer(args.duration, stop.set).start()
     history = None
     if args.history:
-        from unilog.chaos import HistoryWriter
+        from unilog.harness.chaos import HistoryWriter
 
         history = HistoryWriter(args.history, "simulator")
     counts = simulate(

@@ -1,22 +1,16 @@
-"""Shared fixtures: the real servers come from unilog's own pytest plugin (unilog.testing)."""
+"""Shared fixtures: the real servers come from unilog's own pytest plugin (unilog.harness.pytest_plugin)."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 import redis
+from handlers import APPLIED_DDL  # tests/ is on sys.path: pytest puts a rootdir-less test folder there
 
 from unilog import Settings
-
-sys.path.insert(0, str(Path(__file__).parent))
-sys.path.insert(0, str(Path(__file__).parent.parent))  # services/ (the demo app) is not an installed package
-
-from handlers import APPLIED_DDL
 
 
 @pytest.fixture

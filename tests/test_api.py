@@ -10,10 +10,10 @@ from typing import Any
 import psycopg
 import pytest
 from flask.testing import FlaskClient
+from unilog_demo.api import create_app
+from unilog_demo.migrate import prepare
+from unilog_demo.rides import STREAM
 
-from services.api import create_app
-from services.migrate import prepare
-from services.rides import STREAM
 from unilog import Settings
 
 

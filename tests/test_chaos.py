@@ -17,8 +17,7 @@ import psycopg
 import pytest
 
 from unilog import Batch, InjectedCrash, Record, Settings
-from unilog.chaos import (
-    CHAOS_DDL,
+from unilog.harness.chaos import (
     ChaosConfig,
     FaultRates,
     HistoryWriter,
@@ -29,6 +28,7 @@ from unilog.chaos import (
     summarize_history,
     tracked,
 )
+from unilog.harness.chaos.tables import DDL as CHAOS_DDL
 
 ROOT = Path(__file__).parent.parent
 PROCESSES = ["api", "consumer0", "consumer1", "group0-a", "group0-b", "producer0", "simulator", "streamer"]
@@ -262,7 +262,7 @@ def test_a_one_minute_chaos_run_passes(tmp_path: Path) -> None:
 BUGGY_HANDLER = '''
     """A distance consumer with a classic bug: it commits its state itself, so the state and unilog's checkpoint
     commit in separate transactions; a crash between them replays the batch onto state already committed."""
-    from services.consumer import apply_rides
+    from unilog_demo.consumer import apply_rides
 
 
     def handle(conn, records):
@@ -294,10 +294,12 @@ def test_the_checker_catches_a_consumer_that_commits_state_and_checkpoint_separa
         report_path=tmp_path / "report.json",
         quiesce_timeout=90,
     )
-    from unilog.chaos import run_chaos
+    from unilog_demo.fleet import APP
+
+    from unilog.harness.chaos import run_chaos
 
     out = io.StringIO()
-    result = run_chaos(config, out=out)
+    result = run_chaos(APP, config, out=out)
     assert not result.verdict.ok, out.getvalue()
     with psycopg.connect(settings.conninfo) as conn:
         rows = conn.execute(

@@ -15,7 +15,7 @@ import psycopg
 
 from unilog import Settings, emit
 from unilog.cli import ExitCode
-from unilog.embedded import free_port
+from unilog.harness.embedded import free_port
 
 TESTS = Path(__file__).parent
 
@@ -178,3 +178,33 @@ def test_status_reports_backlog_and_lag(settings: Settings) -> None:
     assert report["consumers"][0]["name"] == "cli" and report["consumers"][0]["lag_entries"] == 3
     table = unilog("status", env=env_for(settings)).stdout
     assert "cli-stream" in table and "lag (entries)" in table
+
+
+# -- commands from other packages (entry points in `unilog.commands`) ------------------------------------------------
+
+
+def test_the_demo_package_adds_demo_and_chaos_to_the_command() -> None:
+    result = unilog("--help")
+    assert result.returncode == 0, result.stderr
+    assert "demo" in result.stdout and "chaos" in result.stdout and "(unavailable" not in result.stdout
+    assert "Rocket Rides" in unilog("demo", "--help").stdout
+
+
+def broken_plugin(tmp_path: Path) -> dict[str, str]:
+    """A distribution whose `unilog.commands` entry point cannot be imported, on PYTHONPATH."""
+    info = tmp_path / "brokenplugin-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: brokenplugin\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[unilog.commands]\nbroken = brokenplugin_missing.commands:add\n")
+    return {"PYTHONPATH": str(tmp_path)}
+
+
+def test_a_broken_plugin_breaks_only_its_own_command(tmp_path: Path) -> None:
+    env = broken_plugin(tmp_path)
+    assert unilog("streamer", "--help", env=env).returncode == 0, "the other commands keep working"
+    listing = unilog("--help", env=env)
+    assert listing.returncode == 0 and "broken" in listing.stdout and "unavailable" in listing.stdout
+    result = unilog("broken", "--whatever", env=env)
+    assert result.returncode == ExitCode.CONFIG
+    line = one_line_error(result)
+    assert "'broken' command cannot be loaded" in line and "brokenplugin_missing" in line and "brokenplugin" in line

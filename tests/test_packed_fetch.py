@@ -9,8 +9,8 @@ import psycopg
 import redis
 
 from unilog import Settings, Streamer, StreamerConfig, emit, engine, store
+from unilog.harness.pytest_plugin import PostgresHandle, drop_database
 from unilog.schema import migrate
-from unilog.testing import PostgresHandle, drop_database
 
 TRICKY = [
     ({"text": "plain"}, None),

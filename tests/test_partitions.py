@@ -12,10 +12,10 @@ from typing import Any
 
 import psycopg
 import pytest
+from unilog_demo.consumer import apply_rides
+from unilog_demo.migrate import prepare
+from unilog_demo.rides import STREAM, canonical_totals, consumer_totals
 
-from services.consumer import apply_rides
-from services.migrate import prepare
-from services.rides import STREAM, canonical_totals, consumer_totals
 from unilog import Consumer, ConsumerConfig, Settings, Streamer, emit
 from unilog.consumer import reset_checkpoint
 from unilog.engine import RedisStreams, connect
@@ -116,8 +116,8 @@ def test_reset_and_rebuild_give_the_live_consumers_state(settings: Settings, pg:
     env = {**os.environ, "DATABASE_URL": settings.database_url, "REDIS_URL": settings.redis_url,
            "UNILOG_STREAM": STREAM, "PYTHONPATH": str(ROOT)}
     rebuild = subprocess.run(
-        [sys.executable, "-m", "unilog", "consumer", "rebuild", "live", "services.consumer:handle",
-         "--reset-state", "services.consumer:reset_state"],
+        [sys.executable, "-m", "unilog", "consumer", "rebuild", "live", "unilog_demo.consumer:handle",
+         "--reset-state", "unilog_demo.consumer:reset_state"],
         env=env, capture_output=True, text=True, cwd=ROOT,
     )
     assert rebuild.returncode == 0, rebuild.stderr

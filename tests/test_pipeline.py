@@ -14,7 +14,7 @@ import redis
 from handlers import record_applied
 
 from unilog import Consumer, ConsumerConfig, Faults, InjectedCrash, Record, Settings, Streamer, StreamerConfig, emit
-from unilog.testing import running
+from unilog.harness.pytest_plugin import running
 
 
 def produce(settings: Settings, n: int, start: int = 0, **kw: Any) -> None:

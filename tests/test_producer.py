@@ -141,7 +141,7 @@ def test_reference_style_raw_insert_uses_defaults(settings: Settings, pg: psycop
 
 
 def test_emit_without_migrations_says_so(unilog_postgres: Any) -> None:
-    from unilog.testing import drop_database
+    from unilog.harness.pytest_plugin import drop_database
 
     url = unilog_postgres.url_for("postgres")
     with psycopg.connect(url) as conn:

@@ -12,9 +12,9 @@ import pytest
 from handlers import APPLIED_DDL, record_applied
 
 from unilog import Consumer, ConsumerConfig, Record, Settings, Streamer, StreamerConfig, emit
-from unilog.embedded import EmbeddedPostgres
+from unilog.harness.embedded import EmbeddedPostgres
+from unilog.harness.pytest_plugin import PostgresHandle, create_database, drop_database
 from unilog.schema import migrate
-from unilog.testing import PostgresHandle, create_database, drop_database
 
 
 def stage(url: str, tag: str, n: int) -> None:

@@ -46,7 +46,7 @@ from hypothesis import strategies as st
 
 from unilog import Consumer, ConsumerConfig, Faults, InjectedCrash, Record, Settings, Streamer, StreamerConfig, emit
 from unilog.faults import NO_FAULTS
-from unilog.testing import PostgresHandle, RedisHandle, create_database, drop_database
+from unilog.harness.pytest_plugin import PostgresHandle, RedisHandle, create_database, drop_database
 
 EXAMPLES = int(os.environ.get("UNILOG_HYPOTHESIS_EXAMPLES") or 25)
 DERANDOMIZE = os.environ.get("UNILOG_HYPOTHESIS_DERANDOMIZE", "").lower() in ("1", "true", "yes")

@@ -1,4 +1,4 @@
-"""Tests for unilog.proxy.FaultProxy against real Redis and Postgres servers (no mocks)."""
+"""Tests for unilog.harness.proxy.FaultProxy against real Redis and Postgres servers (no mocks)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from unilog.embedded import EmbeddedPostgres, EmbeddedRedis, free_port
-from unilog.proxy import FaultProxy, Mode
+from unilog.harness.embedded import EmbeddedPostgres, EmbeddedRedis, free_port
+from unilog.harness.proxy import FaultProxy, Mode
 
 
 @pytest.fixture(scope="module")

@@ -19,9 +19,9 @@ import redis
 from structlog.testing import capture_logs
 
 from unilog import Consumer, ConsumerConfig, Settings, Streamer, StreamerConfig, emit
-from unilog.embedded import EmbeddedRedis
-from unilog.proxy import FaultProxy
-from unilog.testing import running
+from unilog.harness.embedded import EmbeddedRedis
+from unilog.harness.proxy import FaultProxy
+from unilog.harness.pytest_plugin import running
 
 
 def stage(settings: Settings, n: int, start: int = 0, size: int = 0) -> None:
@@ -236,7 +236,7 @@ def staged_or_none(settings: Settings) -> int | None:
 def test_postgres_out_of_disk_keeps_records_staged_until_it_clears(settings: Settings, tmp_path: Path) -> None:
     """Postgres's data directory on a small tmpfs, filled up: the streamer cannot delete (or Postgres stops), backs
     off, and once space is back and Postgres is up again every record is published exactly once."""
-    from unilog.embedded import EmbeddedPostgres
+    from unilog.harness.embedded import EmbeddedPostgres
     from unilog.schema import migrate
 
     with tmpfs(tmp_path / "pgdisk", "200m") as disk:

@@ -14,8 +14,8 @@ import redis
 from handlers import record_applied
 
 from unilog import Consumer, ConsumerConfig, Record, Settings, Streamer, StreamerConfig, emit
-from unilog.embedded import EmbeddedRedis, find_redis
 from unilog.errors import PublishError, StreamGap, StreamRewound
+from unilog.harness.embedded import EmbeddedRedis, find_redis
 
 
 def stage(settings: Settings, n: int, start: int = 0) -> None:

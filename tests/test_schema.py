@@ -11,8 +11,8 @@ from typing import Any
 import psycopg
 
 from unilog.config import sqlalchemy_url
+from unilog.harness.pytest_plugin import PostgresHandle
 from unilog.store import SCHEMA_HEAD
-from unilog.testing import PostgresHandle
 
 
 def test_app_alembic_env_can_include_unilog_branch(unilog_postgres: PostgresHandle, tmp_path: Path) -> None:

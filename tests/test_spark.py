@@ -20,9 +20,10 @@ import redis
 
 pytest.importorskip("pyspark")
 
-from services.migrate import prepare
-from services.rides import STREAM, canonical_totals, consumer_totals
-from services.spark_consumer import start_query, state_effect
+from unilog_demo.migrate import prepare
+from unilog_demo.rides import STREAM, canonical_totals, consumer_totals
+from unilog_demo.spark_consumer import start_query, state_effect
+
 from unilog import Faults, Settings, Streamer, emit
 from unilog.spark import TransactionalSink, spark_session
 
@@ -121,7 +122,8 @@ def test_the_sinks_spark_work_does_not_hold_back_the_streamer(
 def test_the_sink_reapplies_a_batch_when_another_copy_moved_the_checkpoint(
     spark: Any, app: Settings, tmp_path: Path
 ) -> None:
-    from services.consumer import apply_rides
+    from unilog_demo.consumer import apply_rides
+
     from unilog import Consumer, ConsumerConfig
 
     rides(app, 120)
@@ -179,7 +181,7 @@ def test_spark_consumer_killed_mid_batch_and_restarted(app: Settings, pg: Any, t
 
     def start() -> subprocess.Popen[bytes]:
         return subprocess.Popen(
-            [sys.executable, "-m", "services.spark_consumer", "spark0", "--checkpoint", str(checkpoint)],
+            [sys.executable, "-m", "unilog_demo.spark_consumer", "spark0", "--checkpoint", str(checkpoint)],
             env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
 
@@ -226,8 +228,9 @@ def test_spark_consumer_killed_mid_batch_and_restarted(app: Settings, pg: Any, t
 def test_reconcile_detects_a_planted_discrepancy_and_repair_fixes_it(
     spark: Any, app: Settings, pg: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from services.consumer import apply_rides
-    from services.reconcile import model
+    from unilog_demo.consumer import apply_rides
+    from unilog_demo.reconcile import model
+
     from unilog import Consumer, ConsumerConfig
     from unilog.reconcile import reconcile
 
@@ -259,7 +262,8 @@ def test_reconcile_detects_a_planted_discrepancy_and_repair_fixes_it(
 def test_archive_plus_live_stream_rebuilds_a_consumer_exactly(
     spark: Any, app: Settings, pg: Any, rds: Any, tmp_path: Path
 ) -> None:
-    from services.consumer import apply_rides
+    from unilog_demo.consumer import apply_rides
+
     from unilog import Consumer, ConsumerConfig
     from unilog.archive import archive, archiver_name, read_archive, rebuild_from_archive
 

@@ -15,11 +15,11 @@ from typing import Any
 
 import psycopg
 import pytest
+from unilog_demo.migrate import prepare
+from unilog_demo.rides import STREAM, canonical_totals, consumer_totals
 
-from services.migrate import prepare
-from services.rides import STREAM, canonical_totals, consumer_totals
 from unilog import Settings, Streamer, StreamerConfig, UnilogError, emit
-from unilog.testing import running
+from unilog.harness.pytest_plugin import running
 
 ROOT = Path(__file__).parent.parent
 
@@ -63,7 +63,7 @@ def test_two_streamers_two_consumers_survive_sigkill_of_the_active_streamer(
         rds.hset(f"unilog:consumers:{STREAM}", name, "0-0")
     streamers = {name: spawn(settings, "-m", "unilog", "streamer", "--name", name, "--poll-interval", "0.5")
                  for name in ("sA", "sB")}
-    consumers = [spawn(settings, "-m", "services.consumer", name, "--block-ms", "200")
+    consumers = [spawn(settings, "-m", "unilog_demo.consumer", name, "--block-ms", "200")
                  for name in ("consumer0", "consumer1")]
     stop = threading.Event()
     producer = threading.Thread(target=produce_rides, args=(settings, stop))

@@ -16,7 +16,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import structlog
 
 from . import engine, store
@@ -38,7 +37,7 @@ def archive(spark: Any, settings: Settings, path: str, *, stream: str | None = N
     name = archiver_name(stream)
     api = engine.RedisStreams(engine.connect(settings.redis_url))
     try:
-        with psycopg.connect(settings.conninfo) as conn:
+        with store.connect(settings.conninfo, application_name="unilog-archive") as conn:
             checkpoint = store.ensure_checkpoint(conn, name, stream)
             conn.commit()
         api.register(stream, name, checkpoint.last_id)
@@ -65,7 +64,7 @@ def archive(spark: Any, settings: Settings, path: str, *, stream: str | None = N
         }
         df.write.mode("append").partitionBy("date").parquet(path)
         df.unpersist()
-        with psycopg.connect(settings.conninfo) as conn, conn.transaction():
+        with store.connect(settings.conninfo, application_name="unilog-archive") as conn, conn.transaction():
             locked = store.lock_checkpoint(conn, name)
             assert locked is not None
             locked.last_id = until

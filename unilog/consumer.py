@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ import psycopg
 import structlog
 
 from . import engine, store
-from .config import Settings, redact_url, validate_stream_name
+from .config import Settings, validate_stream_name
 from .errors import (
     ConfigurationError,
     HandlerNotFound,
@@ -34,7 +33,7 @@ from .errors import (
     StreamRewound,
 )
 from .faults import NO_FAULTS, Faults
-from .runtime import Links, run_loop
+from .runtime import Links, Worker
 
 log = structlog.get_logger(__name__)
 
@@ -178,7 +177,7 @@ class ConsumeResult:
     skipped: int = 0
 
 
-class Consumer:
+class Consumer(Worker):
     """Runs a handler over a stream with exactly-once effects. One thread drives one consumer."""
 
     def __init__(
@@ -194,7 +193,9 @@ class Consumer:
         self.stream = config.stream or settings.stream
         self.handler = handler
         self.faults = faults
-        self._links = Links(
+        self.restart_after_crash = config.restart_after_crash
+        self.max_backoff = config.max_backoff
+        self.links = Links(
             settings,
             app_name=f"unilog-consumer-{config.name}",
             pg_timeout=config.pg_timeout,
@@ -207,13 +208,25 @@ class Consumer:
         self._last_rewind_check = 0.0
         self._registered_at = 0.0
 
+    kind = "consumer"
+
+    @property
+    def label(self) -> dict[str, Any]:
+        return {"consumer": self.config.name}
+
+    def describe(self) -> dict[str, Any]:
+        return {"stream": self.stream, **self.settings.describe()}
+
+    def totals(self) -> dict[str, Any]:
+        return {"handled": self.handled_total}
+
     # -- connections -------------------------------------------------------------------------------------------------
 
     def _conn(self) -> psycopg.Connection[Any]:
-        return self._links.pg()
+        return self.links.pg()
 
     def _engine(self) -> engine.RedisStreams:
-        return self._links.redis()
+        return self.links.redis()
 
     def _forget_checkpoint(self, _conn: object = None) -> None:
         self._checkpoint = None
@@ -247,14 +260,8 @@ class Consumer:
 
     def close(self) -> None:
         """Close connections; the committed checkpoint is all that carries over."""
-        self._links.close()
+        super().close()
         self._checkpoint = None
-
-    def __enter__(self) -> Consumer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     @property
     def checkpoint(self) -> store.Checkpoint:
@@ -387,35 +394,11 @@ class Consumer:
 
     # -- the loop ----------------------------------------------------------------------------------------------------
 
-    def run(self, stop_event: threading.Event) -> None:
-        """Consume until ``stop_event`` is set, finishing the batch in progress first.
-
-        A handler error rolls the batch back and retries it with exponential back-off (the batch is never
-        skipped); connection failures are retried the same way; data loss stops the consumer.
-        """
-        self.connect()
-        label = {"consumer": self.config.name}
-        log.info(
-            "consumer started",
-            stream=self.stream,
-            database=redact_url(self.settings.database_url),
-            redis=redact_url(self.settings.redis_url),
-            **label,
-        )
-        run_loop(
-            self.run_once,
-            stop_event,
-            label=label,
-            restart_after_crash=self.config.restart_after_crash,
-            restart=self.close,
-            on_error=self._recover,
-            max_backoff=self.config.max_backoff,
-        )
-        log.info("consumer stopped", handled=self.handled_total, **label)
-
-    def _recover(self, _exc: Exception) -> None:
-        self._links.discard_failed_transaction()
+    def on_handler_error(self, exc: Exception) -> bool:
+        """A handler error: the batch was rolled back; the loop retries it with back-off (it is never skipped)."""
+        self.links.discard_failed_transaction()
         self._checkpoint = None
+        return True
 
 
 def load_object(ref: str) -> Any:
@@ -445,17 +428,12 @@ def load_handler(ref: str) -> Handler:
 def positions_through(api: engine.RedisStreams, stream: str, last_id: str | None) -> dict[str, tuple[int, int]]:
     """The highest (epoch, seq) per producer among the entries up to ``last_id`` (None: the whole stream)."""
     positions: dict[str, tuple[int, int]] = {}
-    start = "-"
-    while True:
-        chunk: Any = api.client.xrange(stream, min=start, max=last_id or "+", count=10_000)
-        for entry_id, fields in chunk:
-            record = Record(stream, entry_id, fields)
-            pos = record.position
-            if pos is not None and pos > positions.get(record.producer, (0, 0)):
-                positions[record.producer] = pos
-        if len(chunk) < 10_000:
-            return positions
-        start = "(" + chunk[-1][0].decode()
+    for entry_id, fields in api.entries(stream, "-", last_id or "+"):
+        record = Record(stream, entry_id, fields)
+        pos = record.position
+        if pos is not None and pos > positions.get(record.producer, (0, 0)):
+            positions[record.producer] = pos
+    return positions
 
 
 def reset_checkpoint(

@@ -59,14 +59,13 @@ def _decode(entry_id: bytes, raw: dict[bytes, bytes]) -> DeadLetter:
 
 def list_letters(api: engine.RedisStreams, stream: str, group: str | None = None) -> list[DeadLetter]:
     """Every dead letter of ``stream`` (of ``group`` only, if given), oldest first."""
-    raw: Any = api.client.xrange(engine.dlq_key(stream))
-    letters = [_decode(eid, fields) for eid, fields in raw]
+    letters = [_decode(eid, fields) for eid, fields in api.dead_letters(stream)]
     return [d for d in letters if group is None or d.group == group]
 
 
 def get_letter(api: engine.RedisStreams, stream: str, letter_id: str) -> DeadLetter:
     """One dead letter by id; raises :class:`ConfigurationError` if there is none."""
-    raw: Any = api.client.xrange(engine.dlq_key(stream), min=letter_id, max=letter_id)
+    raw = api.dead_letters(stream, letter_id)
     if not raw:
         raise ConfigurationError(f"no dead letter {letter_id!r} on {engine.dlq_key(stream)!r}")
     return _decode(raw[0][0], raw[0][1])
@@ -74,11 +73,7 @@ def get_letter(api: engine.RedisStreams, stream: str, letter_id: str) -> DeadLet
 
 def replay(api: engine.RedisStreams, stream: str, letter: DeadLetter) -> str:
     """Append the dead letter's record to ``stream`` again and remove it from the dead letters; return the new id."""
-    pipe = api.client.pipeline(transaction=True)
-    pipe.xadd(stream, letter.fields)  # type: ignore[arg-type]
-    pipe.xdel(engine.dlq_key(stream), letter.id)
-    new_id = pipe.execute()[0]
-    return engine.to_str(new_id)
+    return api.replay_dead_letter(stream, letter.id, letter.fields)
 
 
 def drop(api: engine.RedisStreams, conn: Any, stream: str, letter: DeadLetter) -> None:
@@ -88,4 +83,4 @@ def drop(api: engine.RedisStreams, conn: Any, stream: str, letter: DeadLetter) -
         with conn.transaction():
             identity = (letter.fields.get("producer", ""), int(letter.fields.get("epoch", "0")), int(seq))
             store.mark_dropped(conn, letter.group, stream, identity)
-    api.client.xdel(engine.dlq_key(stream), letter.id)
+    api.delete_dead_letter(stream, letter.id)

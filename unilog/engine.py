@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +22,9 @@ from .errors import ConfigurationError, ServerUnreachable
 
 Fields = Mapping[str, Any]
 Entry = tuple[bytes, dict[bytes, bytes]]
+# What a failure of Redis itself raises (other modules name it here instead of importing redis-py)
+RedisError = redis.RedisError
+PAGE = 10_000  # entries per XRANGE page: large enough to amortize the round trip, small enough to bound memory
 
 
 def connect(url: str, *, socket_timeout: float | None = 10.0) -> redis.Redis:
@@ -165,6 +168,11 @@ def id_tuple(entry_id: str) -> tuple[int, int]:
     """A stream id as a comparable (ms, seq) tuple."""
     ms, _, seq = entry_id.partition("-")
     return int(ms), int(seq or 0)
+
+
+def workers_key(stream: str, consumer: str) -> str:
+    """The sorted set of a partitioned consumer's live workers, scored by their last heartbeat."""
+    return f"unilog:workers:{stream}:{consumer}"
 
 
 def hwm_key(stream: str) -> str:
@@ -458,16 +466,77 @@ class RedisStreams:
             last_id=last[0][0].decode() if last else None,
         )
 
+    def pages(
+        self, stream: str, start: str = "-", end: str = "+", *, page: int = PAGE, reverse: bool = False
+    ) -> Iterator[list[Entry]]:
+        """The entries of ``stream`` from ``start`` to ``end`` (ids, ``-``/``+``, or ``(id`` to exclude it), one
+        ``XRANGE`` page at a time, oldest first (newest first with ``reverse``, where ``start`` is the upper end).
+        The one paging loop of the library: each page resumes after the last id of the one before."""
+        cursor = start
+        while True:
+            chunk: Any = (
+                self.client.xrevrange(stream, max=cursor, min=end, count=page)
+                if reverse
+                else self.client.xrange(stream, min=cursor, max=end, count=page)
+            )
+            if chunk:
+                yield chunk
+            if len(chunk) < page:
+                return
+            cursor = "(" + to_str(chunk[-1][0])
+
+    def entries(
+        self, stream: str, start: str = "-", end: str = "+", *, page: int = PAGE, reverse: bool = False
+    ) -> Iterator[Entry]:
+        """The entries :meth:`pages` reads, one by one."""
+        for chunk in self.pages(stream, start, end, page=page, reverse=reverse):
+            yield from chunk
+
+    def first_after(self, stream: str, after_id: str) -> Entry | None:
+        """The first entry after ``after_id`` (``0-0``: the first entry), or None."""
+        return next(self.entries(stream, "-" if after_id == "0-0" else "(" + after_id, page=1), None)
+
     def entries_after(self, stream: str, after_id: str) -> int:
         """How many entries follow ``after_id`` (a consumer's lag in entries); linear in the lag."""
-        total = 0
-        start = "(" + after_id
-        while True:
-            chunk: Any = self.client.xrange(stream, min=start, count=10_000)
-            total += len(chunk)
-            if len(chunk) < 10_000:
-                return total
-            start = "(" + chunk[-1][0].decode()
+        return sum(len(chunk) for chunk in self.pages(stream, "(" + after_id))
+
+    def wait_for_entries(self, after: Mapping[str, str], block_ms: int) -> bool:
+        """Block until any stream in ``after`` (stream -> last id read) has an entry after its id, or ``block_ms``
+        passed (one ``XREAD`` over all of them); return whether one arrived."""
+        return bool(self.client.xread(dict(after), count=1, block=block_ms))  # type: ignore[arg-type]
+
+    # -- dead letters and worker heartbeats --------------------------------------------------------------------------
+
+    def dead_letters(self, stream: str, letter_id: str | None = None) -> list[Entry]:
+        """Every dead letter of ``stream`` oldest first, or just ``letter_id`` (an empty list if it is gone)."""
+        if letter_id is not None:
+            return list(self.client.xrange(dlq_key(stream), min=letter_id, max=letter_id))  # type: ignore[arg-type]
+        return list(self.entries(dlq_key(stream)))
+
+    def replay_dead_letter(self, stream: str, letter_id: str, fields: Mapping[str, str]) -> str:
+        """Append a dead letter's original fields to ``stream`` and delete the letter, in one ``MULTI``; return the
+        new entry's id."""
+        pipe = self.client.pipeline(transaction=True)
+        pipe.xadd(stream, dict(fields))  # type: ignore[arg-type]
+        pipe.xdel(dlq_key(stream), letter_id)
+        return to_str(pipe.execute()[0])
+
+    def delete_dead_letter(self, stream: str, letter_id: str) -> None:
+        self.client.xdel(dlq_key(stream), letter_id)
+
+    def heartbeat(self, stream: str, consumer: str, worker: str, ttl: float) -> int:
+        """Mark ``worker`` of partitioned consumer ``consumer`` alive now, forget workers silent for ``ttl`` seconds,
+        and return how many are alive (one round trip)."""
+        key, now = workers_key(stream, consumer), time.time()
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zadd(key, {worker: now})
+        pipe.zremrangebyscore(key, "-inf", now - ttl)
+        pipe.zcard(key)
+        return int(pipe.execute()[2])
+
+    def leave(self, stream: str, consumer: str, worker: str) -> None:
+        """Take ``worker`` out of the live workers at once (the others re-balance without waiting for its ttl)."""
+        self.client.zrem(workers_key(stream, consumer), worker)
 
     def close(self) -> None:
         self.client.close()
@@ -485,6 +554,24 @@ def _pack(args: list[bytes], more: int = 0) -> bytes:
 def _bulk(values: list[bytes]) -> bytes:
     """RESP bulk strings, back to back."""
     return b"".join(b"$%d\r\n%b\r\n" % (len(v), v) for v in values)
+
+
+def raw_pages(url: str, stream: str, after: str, until: str, page: int) -> Iterator[list[Any]]:
+    """Entries in (``after``, ``until``] as Redis sent them (``[id, [field, value, ...]]``, no dict per entry), one
+    page at a time, on a client of their own: for bulk readers (Spark) that build columns straight from the reply."""
+    client = connect(url)
+    client.set_response_callback("XRANGE", lambda reply, **_: reply)  # this client only
+    try:
+        cursor = "(" + after
+        while True:
+            chunk: Any = client.execute_command("XRANGE", stream, cursor, until, "COUNT", page)
+            if chunk:
+                yield chunk
+            if len(chunk) < page:
+                return
+            cursor = "(" + to_str(chunk[-1][0])
+    finally:
+        client.close()
 
 
 def to_str(value: Any) -> str:

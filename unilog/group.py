@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import socket
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -30,10 +29,10 @@ import psycopg
 import structlog
 
 from . import engine, store
-from .config import Settings, redact_url, validate_stream_name
+from .config import Settings, validate_stream_name
 from .consumer import Batch, Handler, Record
 from .faults import NO_FAULTS, Faults
-from .runtime import TRANSIENT, Links, run_loop
+from .runtime import TRANSIENT, Links, Worker
 
 log = structlog.get_logger(__name__)
 
@@ -85,7 +84,7 @@ class GroupResult:
     claimed: int = 0
 
 
-class GroupConsumer:
+class GroupConsumer(Worker):
     """One worker of a consumer group. One thread drives one worker; run several processes for several workers."""
 
     def __init__(self, settings: Settings, config: GroupConfig, handler: Handler, *, faults: Faults = NO_FAULTS):
@@ -95,7 +94,9 @@ class GroupConsumer:
         self.worker = config.worker or default_worker_name()
         self.handler = handler
         self.faults = faults
-        self._links = Links(
+        self.restart_after_crash = config.restart_after_crash
+        self.max_backoff = config.max_backoff
+        self.links = Links(
             settings,
             app_name=f"unilog-group-{config.group}-{self.worker}",
             pg_timeout=config.pg_timeout,
@@ -108,13 +109,25 @@ class GroupConsumer:
         self.skipped_total = 0
         self.dead_total = 0
 
+    kind = "group worker"
+
+    @property
+    def label(self) -> dict[str, Any]:
+        return {"group": self.config.group, "worker": self.worker}
+
+    def describe(self) -> dict[str, Any]:
+        return {"stream": self.stream, **self.settings.describe()}
+
+    def totals(self) -> dict[str, Any]:
+        return {"handled": self.handled_total, "dead": self.dead_total}
+
     # -- connections -------------------------------------------------------------------------------------------------
 
     def _conn(self) -> psycopg.Connection[Any]:
-        return self._links.pg()
+        return self.links.pg()
 
     def _engine(self) -> engine.RedisStreams:
-        return self._links.redis()
+        return self.links.redis()
 
     def connect(self) -> None:
         """Connect to both servers and create the group (at the stream's beginning) if it does not exist."""
@@ -124,14 +137,8 @@ class GroupConsumer:
 
     def close(self) -> None:
         """Close connections; entries this worker read but did not acknowledge stay pending for others to claim."""
-        self._links.close()
+        super().close()
         self._pending_cursor = "0"
-
-    def __enter__(self) -> GroupConsumer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # -- one pass ----------------------------------------------------------------------------------------------------
 
@@ -259,7 +266,7 @@ class GroupConsumer:
 
     def _failed(self, entry: engine.Entry, exc: Exception) -> int:
         """Count a failed attempt at ``entry``; dead-letter it after ``max_deliveries``. Returns 1 if dead-lettered."""
-        self._links.discard_failed_transaction()
+        self.links.discard_failed_transaction()
         entry_id, fields = entry
         api = self._engine()
         attempts = api.attempt(self.stream, self.config.group, entry_id)
@@ -298,33 +305,12 @@ class GroupConsumer:
         """Advance this group's watermarks and delete the processed rows at or below them; return rows deleted."""
         conn = self._conn()
         with conn.transaction():
-            got = conn.execute(
-                "SELECT pg_try_advisory_xact_lock(hashtextextended('unilog.group:' || %s || ':' || %s, 0))",
-                (self.config.group, self.stream),
-            ).fetchone()
-            if not got or not got[0]:
+            if not store.try_prune_lock(conn, self.config.group, self.stream):
                 return 0  # another worker is pruning
             pruned = store.advance_watermarks(conn, self.config.group, self.stream)
         if pruned:
             log.info("processed records pruned", group=self.config.group, rows=pruned)
         return pruned
-
-    # -- the loop ----------------------------------------------------------------------------------------------------
-
-    def run(self, stop_event: threading.Event) -> None:
-        """Work until ``stop_event`` is set, finishing the batch in progress first."""
-        self.connect()
-        label = {"group": self.config.group, "worker": self.worker}
-        log.info("group worker started", stream=self.stream, database=redact_url(self.settings.database_url), **label)
-        run_loop(
-            self.run_once,
-            stop_event,
-            label=label,
-            restart_after_crash=self.config.restart_after_crash,
-            restart=self.close,
-            max_backoff=self.config.max_backoff,
-        )
-        log.info("group worker stopped", handled=self.handled_total, dead=self.dead_total, **label)
 
 
 def _identity(record: Record) -> store.Identity:

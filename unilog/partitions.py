@@ -20,6 +20,7 @@ when order per aggregate matters, groups when it does not.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
@@ -27,28 +28,20 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-import psycopg
 import structlog
 
-from . import engine, store
+from . import store
 from .config import Settings
 from .consumer import Consumer, ConsumerConfig, Handler
 from .errors import ConfigurationError
 from .faults import NO_FAULTS, Faults
 from .group import default_worker_name
-from .runtime import run_loop
+from .routing import partition_of, partition_stream
+from .runtime import TRANSIENT, Links, Worker
+
+__all__ = ["PartitionConfig", "PartitionedConsumer", "partition_of", "partition_stream"]
 
 log = structlog.get_logger(__name__)
-
-
-def partition_of(key: str, count: int) -> int:
-    """The partition of ``key`` among ``count``: stable across processes and versions (crc32, not ``hash``)."""
-    return zlib.crc32(key.encode()) % count
-
-
-def partition_stream(stream: str, index: int) -> str:
-    """The name of partition ``index`` of ``stream``."""
-    return f"{stream}.p{index}"
 
 
 @dataclass(frozen=True)
@@ -66,7 +59,7 @@ class PartitionConfig:
     restart_after_crash: bool = True
 
 
-class PartitionedConsumer:
+class PartitionedConsumer(Worker):
     """One worker of a partitioned consumer. One thread drives it; run several processes for several workers."""
 
     def __init__(self, settings: Settings, config: PartitionConfig, handler: Handler, *, faults: Faults = NO_FAULTS):
@@ -76,27 +69,46 @@ class PartitionedConsumer:
         self.worker = config.worker or default_worker_name()
         self.handler = handler
         self.faults = faults
-        self._locks: psycopg.Connection[Any] | None = None
-        self._redis: engine.RedisStreams | None = None
+        self.restart_after_crash = config.restart_after_crash
+        self.max_backoff = config.max_backoff
+        # an autocommit session that holds this worker's partition locks: they die with it
+        self.links = Links(
+            settings,
+            app_name=f"unilog-part-{self.worker}",
+            pg_timeout=None,
+            redis_timeout=config.block_ms / 1000 + 10,
+            autocommit=True,
+            on_pg_connect=self._locks_lost,
+        )
         self._count = 0
         self.owned: dict[int, Consumer] = {}
         self._last_rebalance = 0.0
         self.handled_total = 0
 
+    kind = "partition worker"
+
+    @property
+    def label(self) -> dict[str, Any]:
+        return {"consumer": self.config.name, "worker": self.worker}
+
+    def describe(self) -> dict[str, Any]:
+        return {"stream": self.stream, "partitions": self._count}
+
+    def totals(self) -> dict[str, Any]:
+        return {"handled": self.handled_total}
+
+    def _locks_lost(self, _conn: object = None) -> None:
+        """A new lock session: the old one's partition locks are gone, so are the partitions they guarded."""
+        for consumer in self.owned.values():
+            consumer.close()
+        self.owned.clear()
+
     # -- ownership ---------------------------------------------------------------------------------------------------
 
     def connect(self) -> None:
         """Connect, read the partition count, and register this worker."""
-        if self._redis is None:
-            client = engine.connect(self.settings.redis_url, socket_timeout=self.config.block_ms / 1000 + 10)
-            engine.ping(client, self.settings.redis_url)
-            self._redis = engine.RedisStreams(client)
-        if self._locks is None or self._locks.closed:
-            self.owned.clear()
-            self._locks = store.connect(
-                self.settings.conninfo, autocommit=True, application_name=f"unilog-part-{self.worker}"[:63]
-            )
-        self._count = self._redis.partitions(self.stream)
+        self.links.pg()
+        self._count = self.links.redis().partitions(self.stream)
         if self._count <= 1:
             raise ConfigurationError(
                 f"stream {self.stream!r} is not partitioned: run `unilog stream partition {self.stream} N` first"
@@ -105,19 +117,10 @@ class PartitionedConsumer:
 
     def _heartbeat(self) -> int:
         """Refresh this worker's heartbeat; return the number of live workers."""
-        assert self._redis is not None
-        key = f"unilog:workers:{self.stream}:{self.config.name}"
-        now = time.time()
-        client = self._redis.client
-        pipe = client.pipeline(transaction=False)
-        pipe.zadd(key, {self.worker: now})
-        pipe.zremrangebyscore(key, "-inf", now - self.config.heartbeat_ttl)
-        pipe.zcard(key)
-        return int(pipe.execute()[2])
+        return self.links.redis().heartbeat(self.stream, self.config.name, self.worker, self.config.heartbeat_ttl)
 
     def rebalance(self) -> None:
         """Take free partitions up to the fair share and give back any beyond it."""
-        assert self._locks is not None
         live = max(1, self._heartbeat())
         fair = math.ceil(self._count / live)
         for index in sorted(self.owned, reverse=True)[: max(0, len(self.owned) - fair)]:
@@ -134,11 +137,7 @@ class PartitionedConsumer:
         return f"unilog.partition:{self.stream}:{self.config.name}:{index}"
 
     def _try_lock(self, index: int) -> bool:
-        assert self._locks is not None
-        row = self._locks.execute(
-            "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (self._lock_key(index),)
-        ).fetchone()
-        return bool(row and row[0])
+        return store.try_partition_lock(self.links.pg(), self._lock_key(index))
 
     def _acquire(self, index: int) -> None:
         config = ConsumerConfig(
@@ -156,43 +155,33 @@ class PartitionedConsumer:
     def _release(self, index: int) -> None:
         consumer = self.owned.pop(index)
         consumer.close()
-        assert self._locks is not None
-        self._locks.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (self._lock_key(index),))
+        store.release_partition_lock(self.links.pg(), self._lock_key(index))
         log.info("partition released", consumer=self.config.name, partition=index, worker=self.worker)
 
     def close(self) -> None:
-        """Give back every partition and close connections."""
+        """Give back every partition and close connections (ending the lock session releases every lock)."""
         for consumer in self.owned.values():
             consumer.close()
         self.owned.clear()
-        if self._locks is not None and not self._locks.closed:
-            self._locks.close()  # ends the session: every partition lock is released
-        self._locks = None
-        if self._redis is not None:
-            self._redis.client.zrem(f"unilog:workers:{self.stream}:{self.config.name}", self.worker)
-            self._redis.close()
-            self._redis = None
-
-    def __enter__(self) -> PartitionedConsumer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        redis = self.links.redis_open
+        if redis is not None:
+            with contextlib.suppress(*TRANSIENT):  # the heartbeat expires by itself if Redis is unreachable
+                redis.leave(self.stream, self.config.name, self.worker)
+        super().close()
 
     # -- work --------------------------------------------------------------------------------------------------------
 
-    def run_once(self) -> int:
-        """Re-balance if due, then one batch from every owned partition; wait briefly if all were idle."""
-        if self._locks is None or self._redis is None:
-            self.connect()
+    def before_pass(self) -> None:
+        """Re-balance if due: take free partitions up to the fair share, give back any beyond it."""
         now = time.monotonic()
         if now - self._last_rebalance >= self.config.rebalance_interval:
             self._last_rebalance = now
             self.rebalance()
+
+    def run_once(self) -> int:
+        """One batch from every owned partition (:meth:`before_pass` or :meth:`rebalance` takes partitions)."""
         handled = sum(consumer.run_once(block_ms=-1).handled for consumer in list(self.owned.values()))
         self.handled_total += handled
-        if not handled:
-            self._wait_for_entries()
         return handled
 
     def drain(self) -> int:
@@ -204,30 +193,27 @@ class PartitionedConsumer:
 
     def _wait_for_entries(self) -> None:
         """Block on all owned partitions at once (one XREAD) so an idle worker wakes within milliseconds."""
-        assert self._redis is not None
         if not self.owned:
             time.sleep(self.config.rebalance_interval / 4)
             return
         streams = {c.stream: c.checkpoint.last_id for c in self.owned.values()}
-        self._redis.client.xread(streams, count=1, block=min(self.config.block_ms, 250))  # type: ignore[arg-type]
+        self.links.redis().wait_for_entries(streams, min(self.config.block_ms, 250))
 
-    def run(self, stop_event: threading.Event) -> None:
-        """Work until ``stop_event`` is set, finishing the batch in progress first."""
-        self.connect()
-        label = {"consumer": self.config.name, "worker": self.worker}
-        log.info("partition worker started", partitions=self._count, **label)
-        run_loop(
-            self.run_once,
-            stop_event,
-            label=label,
-            restart_after_crash=self.config.restart_after_crash,
-            restart=self._restart,
-            on_error=lambda _exc: self._restart(),  # a handler failure: roll back, rebalance, retry from checkpoints
-            max_backoff=self.config.max_backoff,
-        )
-        self.close()
-        log.info("partition worker stopped", handled=self.handled_total, **label)
+    def idle(self, result: int, stop_event: threading.Event) -> None:
+        """Nothing handled: wait for entries on the owned partitions."""
+        if not result:
+            self._wait_for_entries()
 
-    def _restart(self) -> None:
+    def restart(self) -> None:
         self.close()
         self._last_rebalance = 0.0
+
+    recover = restart
+
+    def on_handler_error(self, exc: Exception) -> bool:
+        """A handler failure: roll back, re-balance, retry from the checkpoints."""
+        self.restart()
+        return True
+
+    def stopped(self) -> None:
+        self.close()

@@ -116,14 +116,9 @@ def _plain(value: Any) -> Any:
 
 def _read_range(conninfo: str, snapshot: str, table: str, columns: tuple[str, ...], lo: int, hi: int) -> Iterator[Any]:
     """Rows of ``table`` with ``lo <= id < hi`` as of the exported ``snapshot`` (runs on an executor)."""
-    with psycopg.connect(conninfo) as conn:
-        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
-        conn.execute(f"SET TRANSACTION SNAPSHOT '{snapshot}'")
-        cur = conn.execute(
-            f"SELECT {', '.join(columns)} FROM {table} WHERE id >= %s AND id < %s",
-            (lo, hi),
-        )
-        yield from cur
+    with store.connect(conninfo, application_name="unilog-reconcile") as conn:
+        store.import_snapshot(conn, snapshot)
+        yield from store.rows_between(conn, table, columns, lo, hi)
         conn.rollback()
 
 
@@ -133,26 +128,20 @@ def reconcile(
     """Compare every checkpoint consumer of ``stream`` with the canonical state at its checkpoint; repair on request."""
     stream = stream or settings.stream
     conninfo = settings.conninfo
-    with psycopg.connect(conninfo) as snap:
-        snap.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
-        snapshot = snap.execute("SELECT pg_export_snapshot()").fetchone()[0]  # type: ignore[index]
+    with store.connect(conninfo, application_name="unilog-reconcile") as snap:
+        snapshot = store.export_snapshot(snap)
         identity = store.producer_identity(snap)
         last_seq = store.last_published_seq(snap, stream, identity.epoch)
-        bounds = snap.execute(f"SELECT coalesce(min(id), 0), coalesce(max(id), 0) FROM {model.table}").fetchone()
-        staged = [
-            {"action": r[0], "object": r[1], **r[2]}
-            for r in snap.execute(
-                "SELECT action, object, data FROM staged_log_records WHERE stream IN (%s, %s)",
-                (stream, "" if stream == settings.stream else stream),
-            )
-        ]
+        bounds = store.id_bounds(snap, model.table)
+        sources = [stream, "" if stream == settings.stream else stream]
+        staged = [{"action": a, "object": o, **data} for a, o, data in store.staged_records(snap, sources)]
         canonical = _canonical(spark, model, conninfo, snapshot, bounds, slices)  # while the snapshot is held
         snap.rollback()
     at_last = canonical - _records_totals(spark, model, staged)
     report = Report(stream, identity.producer_id, identity.epoch, last_seq, canonical)
     api = engine.RedisStreams(engine.connect(settings.redis_url))
     try:
-        with psycopg.connect(conninfo) as conn:
+        with store.connect(conninfo, application_name="unilog-reconcile") as conn:
             states = model.states(conn)
             for checkpoint in store.list_checkpoints(conn):
                 if checkpoint.stream != stream:
@@ -186,17 +175,11 @@ def _records_totals(spark: Any, model: Model, records: list[dict[str, Any]]) -> 
 def _entries_between(api: engine.RedisStreams, stream: str, producer: str, epoch: int, lo: int, hi: int) -> list:
     """Decoded records of ``producer`` with lo < seq <= hi in ``epoch`` (one per position)."""
     found: dict[int, dict[str, Any]] = {}
-    cursor = "-"
-    while True:
-        chunk: Any = api.client.xrange(stream, min=cursor, count=10_000)
-        for _entry_id, fields in chunk:
-            text = {k.decode(): v.decode() for k, v in fields.items()}
-            seq = int(text.get("seq", 0))
-            if text.get("producer") == producer and int(text.get("epoch", 0)) == epoch and lo < seq <= hi:
-                found[seq] = {"action": text.get("action"), "object": text.get("object"), **json.loads(text["data"])}
-        if len(chunk) < 10_000:
-            break
-        cursor = "(" + chunk[-1][0].decode()
+    for _entry_id, fields in api.entries(stream):
+        text = {k.decode(): v.decode() for k, v in fields.items()}
+        seq = int(text.get("seq", 0))
+        if text.get("producer") == producer and int(text.get("epoch", 0)) == epoch and lo < seq <= hi:
+            found[seq] = {"action": text.get("action"), "object": text.get("object"), **json.loads(text["data"])}
     if len(found) != hi - lo:
         raise ConfigurationError(
             f"the stream no longer holds positions {lo + 1}..{hi} of {producer}: cannot place the checkpoint"
@@ -208,19 +191,14 @@ def _entry_id_of(api: engine.RedisStreams, stream: str, producer: str, epoch: in
     """The stream id of position (epoch, seq) of ``producer`` (``0-0`` for seq 0)."""
     if seq == 0:
         return "0-0"
-    cursor = "+"
-    while True:
-        chunk: Any = api.client.xrevrange(stream, max=cursor, count=10_000)
-        for entry_id, fields in chunk:
-            if (
-                fields.get(b"producer") == producer.encode()
-                and int(fields.get(b"epoch", 0)) == epoch
-                and int(fields.get(b"seq", 0)) == seq
-            ):
-                return str(entry_id.decode())
-        if len(chunk) < 10_000:
-            raise ConfigurationError(f"position {epoch}:{seq} of {producer} is not in the stream {stream!r}")
-        cursor = "(" + chunk[-1][0].decode()
+    for entry_id, fields in api.entries(stream, "+", "-", reverse=True):
+        if (
+            fields.get(b"producer") == producer.encode()
+            and int(fields.get(b"epoch", 0)) == epoch
+            and int(fields.get(b"seq", 0)) == seq
+        ):
+            return engine.to_str(entry_id)
+    raise ConfigurationError(f"position {epoch}:{seq} of {producer} is not in the stream {stream!r}")
 
 
 def _compare(

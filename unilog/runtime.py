@@ -1,22 +1,23 @@
-"""What every long-running unilog process shares: its two connections and its retry loop.
+"""What every long-running unilog process shares: the worker contract, its two connections and its loop.
 
-:class:`Links` opens the Postgres and Redis connections lazily, checks the schema once per Postgres session, and
-drops both on :meth:`Links.close` (a restart: only committed state carries over). :func:`run_loop` drives a
-``step`` until a stop is requested, with the same failure policy everywhere: data loss stops the process, an
-injected crash restarts it in-process (or propagates), a connection failure reconnects with exponential back-off,
-and anything else is handed to ``on_error`` (a handler failure: roll back and retry).
+:class:`Worker` is the declared interface (``connect``, ``run_once``, ``drain``, ``run(stop_event)``, ``close``)
+that the streamer, the checkpoint consumer, the group worker and the partition worker implement. :class:`Links`
+opens a worker's Postgres and Redis connections lazily, checks the schema once per Postgres session, and drops both
+on :meth:`Links.close` (a restart: only committed state carries over). :func:`serve` is the one loop they all run,
+with one failure policy and hooks for what differs (the streamer's ``LISTEN`` wait, the partition worker's
+re-balancing).
 """
 
 from __future__ import annotations
 
+import abc
 import inspect
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar, Self
 
 import psycopg
-import redis
 import structlog
 
 from . import engine, store
@@ -26,7 +27,7 @@ from .errors import DataLoss, InjectedCrash, ServerUnreachable
 log = structlog.get_logger(__name__)
 
 # Failures of the infrastructure rather than of a record: retried after reconnecting, never held against a record.
-TRANSIENT: tuple[type[BaseException], ...] = (psycopg.OperationalError, redis.RedisError, OSError, ServerUnreachable)
+TRANSIENT: tuple[type[BaseException], ...] = (psycopg.OperationalError, engine.RedisError, OSError, ServerUnreachable)
 
 
 class Links:
@@ -89,6 +90,11 @@ class Links:
         """The Postgres connection if one is open, without opening one."""
         return self._pg if self._pg is not None and not self._pg.closed else None
 
+    @property
+    def redis_open(self) -> engine.RedisStreams | None:
+        """The Redis client if one was created, without creating one."""
+        return self._redis
+
     def discard_failed_transaction(self) -> None:
         """After a failure: drop the Postgres connection if it is broken or still inside a transaction."""
         pg = self.pg_open
@@ -112,45 +118,151 @@ class Links:
             self._redis = None
 
 
-def run_loop(
-    step: Callable[[], Any],
-    stop_event: threading.Event,
-    *,
-    label: dict[str, Any],
-    restart_after_crash: bool,
-    restart: Callable[[], None],
-    on_error: Callable[[Exception], None] | None = None,
-    max_backoff: float = 10.0,
-) -> None:
-    """Call ``step`` until ``stop_event`` is set (the step in progress always finishes).
+class Worker(abc.ABC):
+    """The contract of every long-running unilog process: the streamer, the checkpoint consumer, the group worker
+    and the partition worker.
 
-    ``restart`` drops the process's connections and caches; ``label`` names the process in logs.
+    * :meth:`connect` opens both connections now and checks what must hold before work starts (schema, checkpoint,
+      group, partition count); it raises a one-line-worthy :class:`~unilog.errors.UnilogError` if it cannot.
+    * :meth:`run_once` does one pass (at most one batch per source) and returns what it did. A pass either commits
+      its batch whole or raises with nothing committed; a record is never skipped because a pass failed.
+    * :meth:`drain` is burst mode: passes until nothing is left to do, then returns the records processed.
+    * :meth:`run` is the long-running mode: passes until ``stop_event`` is set, always finishing the pass in
+      progress (SIGTERM lets the current batch finish); every worker runs the same loop, :func:`serve`.
+    * :meth:`close` drops the connections (and with them the session's locks); only committed state carries over,
+      so a closed worker can be connected again.
+
+    Subclasses set :attr:`links`, :attr:`restart_after_crash` and :attr:`max_backoff` in ``__init__`` and may
+    override the hooks :meth:`before_pass`, :meth:`idle`, :meth:`restart`, :meth:`recover` and
+    :meth:`on_handler_error`.
     """
-    backoff = 0.1
 
-    def pause() -> None:
-        nonlocal backoff
-        stop_event.wait(backoff)
-        backoff = min(backoff * 2, max_backoff)
+    kind: ClassVar[str] = "worker"  # names the process in its log lines ("streamer started", ...)
+    # failures of the infrastructure: reconnect, back off, retry; never held against a record
+    retryable: ClassVar[tuple[type[BaseException], ...]] = TRANSIENT
+    links: Links
+    restart_after_crash: bool = True
+    max_backoff: float = 10.0
 
+    @abc.abstractmethod
+    def connect(self) -> None:
+        """Connect to both servers and check the preconditions of work."""
+
+    @abc.abstractmethod
+    def run_once(self) -> Any:
+        """One pass; returns a result that :meth:`idle` understands."""
+
+    @abc.abstractmethod
+    def drain(self) -> int:
+        """Work until nothing is left (burst mode); return the records processed."""
+
+    @property
+    @abc.abstractmethod
+    def label(self) -> dict[str, Any]:
+        """What names this process in log lines (its stream, consumer, group or worker)."""
+
+    def close(self) -> None:
+        """Close both connections; only committed state carries over."""
+        self.links.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def run(self, stop_event: threading.Event) -> None:
+        """Work until ``stop_event`` is set, finishing the pass in progress first (see :func:`serve`)."""
+        self.connect()
+        log.info(f"{self.kind} started", **self.label, **self.describe())
+        try:
+            serve(self, stop_event)
+        finally:
+            self.stopped()
+        log.info(f"{self.kind} stopped", **self.label, **self.totals())
+
+    # -- hooks -------------------------------------------------------------------------------------------------------
+
+    def describe(self) -> dict[str, Any]:
+        """Extra fields for the start-up log line (servers, with passwords redacted)."""
+        return self.links.settings.describe()
+
+    def totals(self) -> dict[str, Any]:
+        """Extra fields for the stop log line (what was processed)."""
+        return {}
+
+    def before_pass(self) -> None:  # noqa: B027 (an optional hook)
+        """Called by the loop before each pass (the partition worker re-balances here)."""
+
+    def idle(self, result: Any, stop_event: threading.Event) -> None:  # noqa: B027 (an optional hook)
+        """Called by the loop after a successful pass with its result: wait here when there was nothing to do and
+        :meth:`run_once` does not block by itself (the streamer sleeps on ``LISTEN``)."""
+
+    def restart(self) -> None:
+        """After an injected crash: start over from committed state, in-process."""
+        self.close()
+
+    def recover(self) -> None:
+        """After a connection failure, before the back-off: drop what may be broken."""
+        self.close()
+
+    def on_handler_error(self, exc: Exception) -> bool:
+        """After any other exception from a pass: return True if it was a handler's failure that was rolled back
+        (the loop backs off and retries the batch), False to let it propagate."""
+        return False
+
+    def stopped(self) -> None:  # noqa: B027 (an optional hook)
+        """Called once when the loop ends, however it ends."""
+
+
+class Backoff:
+    """Exponential back-off between failed passes: 0.1 s, doubling up to ``maximum``; reset by a success."""
+
+    def __init__(self, maximum: float) -> None:
+        self.maximum = maximum
+        self.delay = 0.1
+
+    def wait(self, stop_event: threading.Event) -> None:
+        stop_event.wait(self.delay)
+        self.delay = min(self.delay * 2, self.maximum)
+
+    def reset(self) -> None:
+        self.delay = 0.1
+
+
+def serve(worker: Worker, stop_event: threading.Event) -> None:
+    """The loop every worker shares: passes until ``stop_event`` is set (the pass in progress always finishes).
+
+    The same failure policy everywhere: data loss (:class:`~unilog.errors.DataLoss`) stops the process; an
+    injected crash restarts it in-process (or propagates, without ``restart_after_crash``); a connection failure
+    reconnects with exponential back-off; a handler failure is rolled back and retried with back-off if the worker
+    says so (:meth:`Worker.on_handler_error`), and anything else propagates.
+    """
+    backoff = Backoff(worker.max_backoff)
     while not stop_event.is_set():
         try:
-            step()
-            backoff = 0.1
+            worker.before_pass()
+            result = worker.run_once()
         except DataLoss:
             raise
         except InjectedCrash as exc:
-            if not restart_after_crash:
+            if not worker.restart_after_crash:
                 raise
-            log.warning("crashed (injected); restarting in-process", point=exc.point, **label)
-            restart()
-        except TRANSIENT as exc:
-            log.error("connection failed; retrying", error=str(exc), retry_in=backoff, **label)
-            restart()
-            pause()
+            log.warning("crashed (injected); restarting in-process", point=exc.point, **worker.label)
+            worker.restart()
+            continue
+        except worker.retryable as exc:
+            log.error("connection failed; retrying", error=str(exc), retry_in=backoff.delay, **worker.label)
+            worker.recover()
+            backoff.wait(stop_event)
+            continue
         except Exception as exc:
-            if on_error is None:
+            if not worker.on_handler_error(exc):
                 raise
-            log.exception("handler failed; rolled back, retrying", error=str(exc), retry_in=backoff, **label)
-            on_error(exc)
-            pause()
+            log.exception(
+                "handler failed; rolled back, retrying", error=str(exc), retry_in=backoff.delay, **worker.label
+            )
+            backoff.wait(stop_event)
+            continue
+        backoff.reset()
+        worker.idle(result, stop_event)

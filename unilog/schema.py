@@ -13,15 +13,13 @@ from pathlib import Path
 import structlog
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import create_engine, pool, text
+from sqlalchemy import create_engine, pool
 
-from .config import redact_url, sqlalchemy_url
+from . import store
+from .config import postgres_conninfo, redact_url, sqlalchemy_url
 from .errors import ServerUnreachable
 
 log = structlog.get_logger(__name__)
-
-_MIGRATE_LOCK = 0x756E696C6F67  # "unilog": serializes concurrent `unilog migrate` runs
-
 
 def migrations_path() -> Path:
     """The folder holding unilog's Alembic environment (``env.py`` and ``versions/``)."""
@@ -37,15 +35,24 @@ def alembic_config() -> Config:
 
 def migrate(database_url: str, *, revision: str = "heads", producer_id: str | None = None) -> None:
     """Upgrade the database to ``revision``; optionally set this database's producer id. Idempotent."""
-    engine = create_engine(sqlalchemy_url(database_url), poolclass=pool.NullPool)
+    conninfo = postgres_conninfo(database_url)
+    # SQLAlchemy (for Alembic) gets its connection from the store: one place opens connections, with keepalives
+    # and a one-line ServerUnreachable when the server is not there
+    engine = create_engine(
+        sqlalchemy_url(database_url),
+        poolclass=pool.NullPool,
+        creator=lambda: store.connect(conninfo, application_name="unilog-migrate"),
+    )
     try:
         with engine.begin() as conn:
-            conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _MIGRATE_LOCK})
+            pg = conn.connection.driver_connection  # the same session and transaction Alembic runs in
+            assert pg is not None
+            store.take_migration_lock(pg)
             cfg = alembic_config()
             cfg.attributes["connection"] = conn
             command.upgrade(cfg, revision)
             if producer_id is not None:
-                conn.execute(text("UPDATE unilog_producer SET producer_id = :p"), {"p": producer_id})
+                store.set_producer_id(pg, producer_id)
     except Exception as exc:
         if type(exc).__name__ == "OperationalError":
             reason = str(getattr(exc, "orig", exc)).strip().splitlines()[-1]
@@ -57,3 +64,11 @@ def migrate(database_url: str, *, revision: str = "heads", producer_id: str | No
     finally:
         engine.dispose()
     log.info("migrated", database=redact_url(database_url), revision=revision)
+
+
+def set_producer_id(database_url: str, producer_id: str) -> None:
+    """Make the database a distinct producer ``producer_id`` in epoch 1, as if freshly migrated: for a database
+    copied from another (a test database cloned from a migrated template), whose identity would otherwise be the
+    original's, or be taken for a restore and start a new epoch."""
+    with store.connect(postgres_conninfo(database_url), application_name="unilog-schema") as conn:
+        store.adopt_identity(conn, producer_id)

@@ -108,14 +108,11 @@ class EntryRange(InputPartition):
 def _ids_after(api: engine.RedisStreams, stream: str, after: str, limit: int | None, until: str = "+") -> list[str]:
     """Ids of up to ``limit`` entries after ``after`` (and at most ``until``), in order."""
     ids: list[str] = []
-    cursor = "(" + after
-    while limit is None or len(ids) < limit:
-        count = 10_000 if limit is None else min(10_000, limit - len(ids))
-        chunk: Any = api.client.xrange(stream, min=cursor, max=until, count=count)
-        ids += [entry_id.decode() for entry_id, _ in chunk]
-        if len(chunk) < count:
-            break
-        cursor = "(" + ids[-1]
+    page = engine.PAGE if limit is None else max(1, min(engine.PAGE, limit))
+    for chunk in api.pages(stream, "(" + after, until, page=page):
+        ids += [engine.to_str(entry_id) for entry_id, _ in chunk]
+        if limit is not None and len(ids) >= limit:
+            return ids[:limit]
     return ids
 
 
@@ -133,19 +130,8 @@ def _split(options: SourceOptions, after: str, ids: list[str]) -> list[EntryRang
 def read_range(partition: EntryRange) -> Iterator[Any]:
     """The rows of one range, read on an executor, as Arrow record batches (one per ``XRANGE`` page), built column
     by column from Redis's raw reply: Spark takes them as they are (rows as tuples are converted one by one)."""
-    client = engine.connect(partition.redis_url)
-    client.set_response_callback("XRANGE", lambda reply, **_: reply)  # this client only: skip the dict per entry
-    try:
-        cursor = "(" + partition.after
-        while True:
-            chunk: Any = client.execute_command("XRANGE", partition.stream, cursor, partition.until, "COUNT", 5000)
-            if chunk:
-                yield _record_batch(partition.stream, chunk)
-            if len(chunk) < 5000:
-                return
-            cursor = "(" + chunk[-1][0].decode()
-    finally:
-        client.close()
+    for chunk in engine.raw_pages(partition.redis_url, partition.stream, partition.after, partition.until, 5000):
+        yield _record_batch(partition.stream, chunk)
 
 
 def _record_batch(stream: str, chunk: list[Any]) -> Any:
@@ -198,9 +184,9 @@ def _register(redis_url: str, stream: str, consumer: str, last_id: str) -> None:
 
 def checkpoint_id(database_url: str, consumer: str) -> str | None:
     """The stream id consumer ``consumer`` has consumed up to, per its checkpoint in Postgres (None if none)."""
-    with psycopg.connect(postgres_conninfo(database_url)) as conn:
-        row = conn.execute("SELECT last_id FROM unilog_checkpoints WHERE name = %s", (consumer,)).fetchone()
-    return row[0] if row else None
+    with store.connect(postgres_conninfo(database_url), application_name=f"unilog-spark-{consumer}"[:63]) as conn:
+        checkpoint = store.read_checkpoint(conn, consumer)
+    return checkpoint.last_id if checkpoint else None
 
 
 class UnilogStreamReader(DataSourceStreamReader):
@@ -349,7 +335,7 @@ class TransactionalSink:
             batch.unpersist()
 
     def _call(self, batch: Any, batch_id: int) -> None:
-        with psycopg.connect(self.conninfo, application_name=f"unilog-spark-{self.consumer}"[:63]) as conn:
+        with store.connect(self.conninfo, application_name=f"unilog-spark-{self.consumer}"[:63]) as conn:
             done = self._commit(conn, batch)
         if done is None:
             return  # an empty micro-batch

@@ -44,14 +44,10 @@ def _partitions(api: engine.RedisStreams, stream: str) -> list[str]:
 
 def _lag(api: engine.RedisStreams, stream: str, after_id: str, now_ms: float) -> tuple[int, float]:
     """(entries after ``after_id``, age in seconds of the first of them: how long the oldest unread one waited)."""
-    first: Any = (
-        api.client.xrange(stream, min="(" + after_id, count=1)
-        if after_id != "0-0"
-        else api.client.xrange(stream, count=1)
-    )
-    if not first:
+    first = api.first_after(stream, after_id)
+    if first is None:
         return 0, 0.0
-    waited = max(0.0, now_ms - engine.id_tuple(first[0][0].decode())[0]) / 1000
+    waited = max(0.0, now_ms - engine.id_tuple(engine.to_str(first[0]))[0]) / 1000
     return api.entries_after(stream, after_id), round(waited, 3)
 
 

@@ -26,15 +26,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-import redis
 import structlog
 
 from . import engine, store
 from .config import Settings, validate_stream_name
-from .errors import InjectedCrash, PublishError, UnilogError
+from .errors import PublishError, UnilogError
 from .faults import NO_FAULTS, Faults
-from .partitions import partition_of, partition_stream
-from .runtime import TRANSIENT, Links
+from .routing import partition_of, partition_stream
+from .runtime import TRANSIENT, Links, Worker
 
 log = structlog.get_logger(__name__)
 
@@ -113,7 +112,7 @@ class _Sent:
     started: float
 
 
-class Streamer:
+class Streamer(Worker):
     """Drains ``staged_log_records`` into Redis Streams. Not thread-safe: one thread drives one streamer (which
     uses one helper thread of its own for Redis while a large backlog drains)."""
 
@@ -129,7 +128,9 @@ class Streamer:
         self.config = config or StreamerConfig()
         self.faults = faults
         self.name = name
-        self._links = Links(
+        self.restart_after_crash = self.config.restart_after_crash
+        self.max_backoff = self.config.max_backoff
+        self.links = Links(
             settings,
             app_name=f"unilog-{name}",
             pg_timeout=self.config.pg_timeout,
@@ -145,15 +146,26 @@ class Streamer:
         self._partition_counts: dict[str, tuple[int, float]] = {}
         self._helper: concurrent.futures.ThreadPoolExecutor | None = None  # Redis, while a backlog drains
         self._packed_fetch = False  # whether Postgres can encode batches for Redis (a UTF8 database)
+        self._horizon_delay = self.config.horizon_poll  # between looks while records wait behind the horizon
         self.published_total = 0
+
+    kind = "streamer"
+    retryable = RETRYABLE
+
+    @property
+    def label(self) -> dict[str, Any]:
+        return {"streamer": self.name}
+
+    def totals(self) -> dict[str, Any]:
+        return {"published": self.published_total}
 
     # -- connections -------------------------------------------------------------------------------------------------
 
     def _conn(self) -> psycopg.Connection[Any]:
-        return self._links.pg()
+        return self.links.pg()
 
     def _engine(self) -> engine.RedisStreams:
-        return self._links.redis()
+        return self.links.redis()
 
     def _on_pg_connect(self, conn: psycopg.Connection[Any]) -> None:
         """A new Postgres session: locks died with the old one; a restored database starts a new epoch."""
@@ -179,17 +191,11 @@ class Streamer:
         if self._helper is not None:
             self._helper.shutdown(wait=True)  # idle here: a pass waits for its sends before it returns or raises
             self._helper = None
-        self._links.close()
+        super().close()
         if self._listen is not None and not self._listen.closed:
             self._listen.close()
         self._listen = None
         self._owned.clear()
-
-    def __enter__(self) -> Streamer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # -- one pass ----------------------------------------------------------------------------------------------------
 
@@ -473,7 +479,7 @@ class Streamer:
                 wait_replicas=self.config.wait_replicas,
                 wait_timeout_ms=self.config.wait_timeout_ms,
             )
-        except (redis.RedisError, OSError) as exc:
+        except (engine.RedisError, OSError) as exc:
             raise PublishError(f"Redis did not confirm the batch for {stream}: {exc}") from exc
         if result.replicas < self.config.wait_replicas:
             raise PublishError(
@@ -494,41 +500,18 @@ class Streamer:
 
     # -- the loop ----------------------------------------------------------------------------------------------------
 
-    def run(self, stop_event: threading.Event) -> None:
-        """Stream until ``stop_event`` is set, finishing the batch in progress first.
-
-        Sleeps on ``LISTEN`` so a producer's commit wakes it within milliseconds, with a poll fallback. Connection
-        and publish failures are logged and retried with exponential back-off; they never lose a record.
-        """
-        self.connect()
-        log.info("streamer started", streamer=self.name, **self.settings.describe())
-        delay, backoff = self.config.horizon_poll, 0.1
-        while not stop_event.is_set():
-            try:
-                result = self.run_once()
-            except InjectedCrash:
-                if not self.config.restart_after_crash:
-                    raise
-                log.warning("streamer crashed (injected); restarting")
-                self.close()
-                continue
-            except RETRYABLE as exc:
-                log.error("streamer pass failed; retrying", error=str(exc), retry_in=backoff)
-                self._reset()
-                stop_event.wait(backoff)
-                backoff = min(backoff * 2, self.config.max_backoff)
-                continue
-            backoff = 0.1
-            if result.published:
-                delay = self.config.horizon_poll
-                continue
-            if result.waiting:
-                stop_event.wait(delay)
-                delay = min(delay * 2, self.config.horizon_poll_max)
-                continue
-            delay = self.config.horizon_poll
+    def idle(self, result: BatchResult, stop_event: threading.Event) -> None:
+        """Between passes of :meth:`run`: go on at once after publishing; poll with a growing delay while committed
+        records wait behind an open transaction; else sleep on ``LISTEN`` so a producer's commit wakes the streamer
+        within milliseconds, with a poll fallback."""
+        if result.published:
+            self._horizon_delay = self.config.horizon_poll
+        elif result.waiting:
+            stop_event.wait(self._horizon_delay)
+            self._horizon_delay = min(self._horizon_delay * 2, self.config.horizon_poll_max)
+        else:
+            self._horizon_delay = self.config.horizon_poll
             self._wait_for_notify(stop_event)
-        log.info("streamer stopped", streamer=self.name, published=self.published_total)
 
     def _wait_for_notify(self, stop_event: threading.Event) -> None:
         """Sleep until a producer commits (NOTIFY), ``poll_interval`` passes, or a stop is requested."""
@@ -537,7 +520,7 @@ class Streamer:
                 self._listen = store.connect(
                     self.settings.conninfo, autocommit=True, application_name=f"unilog-{self.name}-listen"
                 )
-                self._listen.execute(f"LISTEN {store.NOTIFY_CHANNEL}")
+                store.listen(self._listen)
                 return  # notifications sent before LISTEN are lost: check once more before sleeping
             deadline = time.monotonic() + self.config.poll_interval
             while not stop_event.is_set():
@@ -559,12 +542,12 @@ class Streamer:
         for _ in self._listen.notifies(timeout=0, stop_after=1000):
             pass
 
-    def _reset(self) -> None:
+    def recover(self) -> None:
         """After a failed pass: roll back or drop the Postgres session, and drop the Redis client (it reconnects)."""
-        pg = self._links.pg_open
+        pg = self.links.pg_open
         if pg is not None and not pg.broken:
             with contextlib.suppress(psycopg.Error):
                 pg.rollback()
-        self._links.discard_failed_transaction()
-        self._links.drop_redis()
+        self.links.discard_failed_transaction()
+        self.links.drop_redis()
         self._after.clear()

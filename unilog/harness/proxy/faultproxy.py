@@ -1,192 +1,45 @@
-"""A small TCP fault proxy for tests and chaos runs.
-
-:class:`FaultProxy` sits between a client (the streamer, a consumer, psycopg, redis-py) and a real server on loopback
-and injects network faults on command::
-
-    with FaultProxy("127.0.0.1", redis_server.port) as proxy:
-        client = redis.Redis.from_url(proxy.url_for(redis_server.url), socket_timeout=0.5)
-        proxy.drop_replies()                   # the server executes, the client never hears back
-        ...
-        proxy.pass_through()
-
-Loopback only: the proxy listens on ``127.0.0.1`` and the upstream must be a loopback IPv4 address.
-
-Modes (:class:`Mode`) and what they mean for connections that already exist and for new ones:
-
-``PASS``
-    Bytes are forwarded unchanged in both directions as soon as they arrive.
-``DELAY``
-    Every chunk is held ``delay`` seconds after it arrived before it is forwarded, in either direction, order
-    preserved (a latency, not a bandwidth limit: chunks arriving together leave together). At most
-    ``MAX_QUEUED_BYTES`` are held per direction, so a bulk transfer runs at about ``MAX_QUEUED_BYTES / delay``
-    bytes per second, like a TCP window. Switching away from ``DELAY`` does not shorten the hold of bytes already
-    queued.
-``BLACKHOLE``
-    A dead network: connections are accepted and bytes are read from both peers, but nothing is forwarded in either
-    direction and nothing is ever answered, not even a FIN. Bytes that arrive (or are still queued) while blackholed
-    are DROPPED, not delivered later, so a connection that saw a blackhole is corrupt for good: the client's own
-    timeout has to fire, and it should reconnect once the mode changes. A peer's RST still tears the pair down.
-``RESET``
-    Every current connection is aborted with an RST (``SO_LINGER`` 0) on both sides, and every new connection is
-    reset right after it is accepted, until the mode changes.
-``DROP_REPLIES``
-    Client-to-server bytes are forwarded, server-to-client bytes (and the server's FIN) are discarded: the server
-    executes the command and the client never learns the outcome.
-
-:meth:`FaultProxy.cut` aborts the current connections with RST without changing the mode. Every mode change and
-every cut has taken effect on all existing connections when the call returns.
-
-Implementation: one daemon thread runs a ``selectors`` loop over the listener and every connection (non-blocking
-sockets, ``recv_into`` a shared 64 KiB buffer, ``TCP_NODELAY`` on both legs); other threads talk to it through a
-command queue and a wake-up socket pair, so all socket work happens on the loop thread and mode changes are
-thread-safe. Peer errors are propagated: if either side resets or fails, both sides are reset.
-"""
+"""The :class:`FaultProxy`: one loop thread relays every connection and applies the mode."""
 
 from __future__ import annotations
 
-import enum
 import errno
 import functools
-import ipaddress
 import math
 import queue
 import selectors
 import socket
-import struct
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from contextlib import suppress
-from dataclasses import dataclass, field
 from types import TracebackType
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 import structlog
 
-__all__ = ["MAX_QUEUED_BYTES", "FaultProxy", "Mode"]
+from .parts import (
+    _ACCEPTS_PER_EVENT,
+    _HOST_PARAMS,
+    _LISTEN_BACKLOG,
+    _READ,
+    _URL_SCHEMES,
+    _WRITE,
+    BUFFER_SIZE,
+    COMMAND_TIMEOUT,
+    LISTEN_HOST,
+    MAX_QUEUED_BYTES,
+    STOP_TIMEOUT,
+    Mode,
+    _Command,
+    _Conn,
+    _loopback_ipv4,
+    _Pipe,
+    _prepare,
+    _rst_close,
+    _send,
+)
 
 log = structlog.get_logger(__name__)
-
-LISTEN_HOST = "127.0.0.1"
-BUFFER_SIZE = 64 * 1024
-MAX_QUEUED_BYTES = 1024 * 1024
-STOP_TIMEOUT = 2.0
-COMMAND_TIMEOUT = 5.0
-_ACCEPTS_PER_EVENT = 64
-_LISTEN_BACKLOG = 128
-_URL_SCHEMES = frozenset({"postgres", "postgresql", "redis", "rediss"})
-# libpq query parameters that would silently route around the proxy
-_HOST_PARAMS = frozenset({"host", "hostaddr", "port"})
-_LINGER_RST = struct.pack("ii", 1, 0)
-_READ = selectors.EVENT_READ
-_WRITE = selectors.EVENT_WRITE
-
-
-class Mode(enum.Enum):
-    """What the proxy does to the traffic; see the module docstring for the exact semantics."""
-
-    PASS = "pass"
-    DELAY = "delay"
-    BLACKHOLE = "blackhole"
-    RESET = "reset"
-    DROP_REPLIES = "drop_replies"
-
-
-@dataclass(eq=False)
-class _Pipe:
-    """One direction of a connection: bytes read from ``src`` and written to ``dst``."""
-
-    src: socket.socket
-    dst: socket.socket
-    upstream: bool  # True: client -> server
-    queue: deque[tuple[float, memoryview]] = field(default_factory=deque)  # (due time, bytes not yet sent)
-    queued: int = 0
-    src_eof: bool = False
-    shut: bool = False  # src's EOF has been passed on to dst
-
-    def clear(self) -> int:
-        """Drop everything queued; return the number of bytes dropped."""
-        dropped, self.queued = self.queued, 0
-        self.queue.clear()
-        return dropped
-
-    def head_due(self) -> float | None:
-        """Due time of the oldest queued chunk, or None when nothing is queued."""
-        return self.queue[0][0] if self.queue else None
-
-
-@dataclass(eq=False)
-class _Conn:
-    """A proxied client connection and its upstream leg."""
-
-    client: socket.socket
-    server: socket.socket
-    connected: bool  # upstream connect() has completed
-    up: _Pipe = field(init=False)
-    down: _Pipe = field(init=False)
-    masks: dict[socket.socket, int] = field(default_factory=dict)  # selector registrations
-    closed: bool = False
-
-    def __post_init__(self) -> None:
-        self.up = _Pipe(self.client, self.server, upstream=True)
-        self.down = _Pipe(self.server, self.client, upstream=False)
-
-    def pipes(self) -> tuple[_Pipe, _Pipe]:
-        """Both directions, client->server first."""
-        return self.up, self.down
-
-
-@dataclass(eq=False)
-class _Command:
-    """A callable to run on the loop thread; the caller waits for ``done``."""
-
-    fn: Callable[[], None]
-    done: threading.Event = field(default_factory=threading.Event)
-    error: BaseException | None = None
-
-    def run(self) -> None:
-        """Run ``fn``, remember its exception, and always signal ``done``."""
-        try:
-            self.fn()
-        except BaseException as exc:  # handed to the waiting caller
-            self.error = exc
-        finally:
-            self.done.set()
-
-
-def _loopback_ipv4(host: str) -> str:
-    """Return ``host`` as a loopback IPv4 address string; ``localhost`` maps to 127.0.0.1. ValueError otherwise."""
-    if host == "localhost":
-        return LISTEN_HOST
-    try:
-        address = ipaddress.IPv4Address(host)
-    except ValueError:
-        raise ValueError(f"upstream must be a loopback IPv4 address, got {host!r}") from None
-    if not address.is_loopback:
-        raise ValueError(f"upstream must be a loopback IPv4 address, got {host!r}")
-    return str(address)
-
-
-def _rst_close(sock: socket.socket) -> None:
-    """Close ``sock`` with an RST instead of a FIN (SO_LINGER on, timeout 0)."""
-    with suppress(OSError):
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RST)
-    sock.close()
-
-
-def _prepare(sock: socket.socket) -> None:
-    """Make a connection socket non-blocking with Nagle off (small request/reply protocols)."""
-    sock.setblocking(False)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-
-def _send(sock: socket.socket, data: memoryview) -> int:
-    """Non-blocking send; 0 when the socket buffer is full. Other OSErrors propagate."""
-    try:
-        return sock.send(data)
-    except (BlockingIOError, InterruptedError):
-        return 0
 
 
 class FaultProxy:

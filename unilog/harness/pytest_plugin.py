@@ -29,10 +29,10 @@ import psycopg
 import pytest
 import redis
 
-from .config import Settings
+from unilog.config import Settings
+from unilog.schema import migrate, set_producer_id
+
 from .embedded import EmbeddedPostgres, EmbeddedRedis
-from .schema import migrate
-from .store import adopt_identity
 
 TEMPLATE_DB = f"unilog_template_{os.getpid()}"
 _counter = itertools.count()
@@ -110,8 +110,7 @@ def create_database(handle: PostgresHandle, template: str) -> str:
     with psycopg.connect(handle.admin_url, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
     url = handle.url_for(name)
-    with psycopg.connect(url) as conn:
-        adopt_identity(conn, f"test-{name.removeprefix('unilog_test_')}")
+    set_producer_id(url, f"test-{name.removeprefix('unilog_test_')}")
     return url
 
 

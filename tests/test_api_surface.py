@@ -1,0 +1,34 @@
+"""``unilog.__all__`` is what the README tells users to use: every name it lists is documented, every
+``unilog.Name`` the README mentions is importable from ``unilog``, and nothing is missing from ``__all__``."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import unilog
+
+README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+
+
+def _section(title: str) -> str:
+    return README.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_every_exported_name_is_documented_in_the_public_api_section() -> None:
+    documented = set(re.findall(r"`([A-Za-z_]+)`", _section("The public API")))
+    missing = sorted(set(unilog.__all__) - documented - {"__version__"})
+    assert missing == []
+
+
+def test_every_name_the_readme_uses_from_unilog_is_exported() -> None:
+    used = set(re.findall(r"\bunilog\.([A-Z][A-Za-z]+|emit)\b", README))
+    used |= set(re.findall(r"^\s*import unilog\b|from unilog import ([A-Za-z_, ]+)", README, re.MULTILINE)) - {""}
+    assert sorted(used - set(unilog.__all__)) == []
+    for name in unilog.__all__:
+        assert hasattr(unilog, name), name
+
+
+def test_nothing_internal_is_exported() -> None:
+    internal = {"FaultConfig", "Links", "serve", "store", "engine", "NO_FAULTS"}
+    assert internal.isdisjoint(unilog.__all__)

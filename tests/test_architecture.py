@@ -1,0 +1,173 @@
+"""Architecture contracts: the layers and the adapter rules that ARCHITECTURE.md states, checked on every run.
+
+* import-linter (its contracts are in ``pyproject.toml``) keeps the layers: the library never imports the harness
+  or the demo, the harness uses only the library's public API, the producer side never imports the consumer side;
+* a syntax-tree check (``tests/architecture.py``) keeps every SQL statement in ``unilog/store/`` and every Redis
+  command in ``unilog/engine.py``;
+* every long-running worker implements :class:`unilog.runtime.Worker` and runs its one loop;
+* no module over 600 lines and no function over 60 in the library, the harness, the demo and the benchmarks.
+
+Each contract is also run against a planted violation, so a contract that can no longer fail fails here.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from architecture import ROOT, Violation, library_modules, redis_in, sql_in, violations
+
+from unilog import Consumer, GroupConsumer, PartitionedConsumer, Streamer
+from unilog.runtime import Worker
+
+LINT_IMPORTS = str(Path(sys.executable).parent / "lint-imports")
+MAX_MODULE_LINES = 600
+MAX_FUNCTION_LINES = 60
+
+
+def lint_imports(cwd: Path) -> subprocess.CompletedProcess[str]:
+    # PYTHONPATH first: a copied tree must shadow the editable install of the real one
+    env = {**os.environ, "PYTHONPATH": str(cwd)}
+    return subprocess.run([LINT_IMPORTS, "--no-cache"], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_import_contracts_hold() -> None:
+    result = lint_imports(ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout
+
+
+PLANTED = {
+    "the library imports the harness": (
+        "unilog/config.py",
+        "from unilog.harness import supervisor",
+        "The library never imports the harness",
+    ),
+    "the library imports the demo": ("unilog/status.py", "import services.rides", "Nothing in unilog imports the demo"),
+    "the harness imports the store": (
+        "unilog/harness/supervisor.py",
+        "from unilog import store",
+        "The harness uses only the library's public API",
+    ),
+    "the producer imports a consumer": (
+        "unilog/producer.py",
+        "from unilog import consumer",
+        "The producer side does not import the consumer side",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PLANTED))
+def test_each_import_contract_fails_on_a_planted_violation(case: str, tmp_path: Path) -> None:
+    path, line, contract = PLANTED[case]
+    for name in ("unilog", "services"):
+        shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    target = tmp_path / path
+    target.write_text(target.read_text() + f"\n{line}  # planted\n")
+    result = lint_imports(tmp_path)
+    assert result.returncode != 0, result.stdout
+    broken = result.stdout.split("Broken contracts", 1)[-1]
+    assert contract in broken, result.stdout
+    assert "1 broken" in result.stdout, result.stdout
+
+
+def test_sql_and_redis_commands_stay_in_their_adapters() -> None:
+    assert [str(v) for v in violations()] == []
+
+
+def test_the_adapter_check_catches_planted_sql_and_redis() -> None:
+    planted = textwrap.dedent(
+        '''
+        """SELECT in a docstring is prose."""
+        import redis
+        def f(conn, api, name):
+            conn.execute("SELECT last_id FROM unilog_checkpoints WHERE name = %s", (name,))
+            conn.execute(f"LISTEN {name}")
+            api.client.xrange("s", count=1)
+            pipe = api.pipeline()
+            log.info("select the next batch")  # prose, not SQL
+        '''
+    )
+    found = [v.what for v in sql_in(planted, Path("x.py")) + redis_in(planted, Path("x.py"))]
+    assert found.count("redis-py imported outside the adapter") == 1
+    assert sum("SQL outside the store" in w for w in found) == 2
+    assert any(".xrange()" in w for w in found) and any(".pipeline()" in w for w in found)
+    assert any(".client" in w for w in found)
+    assert sql_in('"""SELECT x FROM y"""\nlog.info("select x from y")', Path("y.py")) == []
+    assert isinstance(sql_in("x = 'DELETE FROM t'", Path("z.py"))[0], Violation)
+
+
+def test_the_adapter_check_reads_every_library_module() -> None:
+    names = {p.relative_to(ROOT).as_posix() for p in library_modules()}
+    assert {"unilog/streamer.py", "unilog/consumer.py", "unilog/cli/__init__.py", "unilog/store/__init__.py"} <= names
+    assert not any(n.startswith("unilog/harness/") for n in names)
+
+
+@pytest.mark.parametrize("worker", [Streamer, Consumer, GroupConsumer, PartitionedConsumer])
+def test_every_worker_implements_the_contract_and_shares_the_loop(worker: type) -> None:
+    assert issubclass(worker, Worker)
+    assert "run" not in vars(worker), f"{worker.__name__} has a loop of its own"
+    assert not getattr(worker, "__abstractmethods__", None)
+
+
+def _sources() -> list[Path]:
+    roots = [ROOT / "unilog", ROOT / "services", ROOT / "bench"]  # not migrations: scripts of DDL
+    return sorted(p for root in roots for p in root.rglob("*.py"))
+
+
+def test_no_module_over_600_lines_and_no_function_over_60() -> None:
+    too_long = []
+    for path in _sources():
+        text = path.read_text()
+        lines = len(text.splitlines())
+        name = path.relative_to(ROOT)
+        if lines > MAX_MODULE_LINES:
+            too_long.append(f"{name}: {lines} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    too_long.append(f"{name}:{node.lineno} {node.name}() {length} lines")
+    assert too_long == []
+
+
+DOC = (ROOT / "ARCHITECTURE.md").read_text()
+
+
+def test_architecture_md_maps_every_module() -> None:
+    """Each module appears in ARCHITECTURE.md: by its path, or as a named part of its package's row."""
+    missing = []
+    for path in sorted([*(ROOT / "unilog").rglob("*.py"), *(ROOT / "services").glob("*.py")]):
+        rel, folder = path.relative_to(ROOT).as_posix(), path.parent.relative_to(ROOT).as_posix() + "/"
+        if rel in DOC or "migrations" in rel:
+            continue
+        in_package = folder in DOC and (path.stem in ("__init__", "__main__") or f"`{path.stem}`" in DOC)
+        if not in_package and not (folder == "services/" and path.stem == "__init__"):
+            missing.append(rel)
+    assert missing == []
+
+
+def test_every_function_architecture_md_names_exists() -> None:
+    """``file::name`` and ``file::Class.method`` references point at code that exists."""
+    refs = re.findall(r"`((?:unilog|services|tests)/[\w/]+\.py)::([\w.]+)`", DOC)
+    assert len(refs) >= 15
+    broken = []
+    for rel, qualname in refs:
+        tree = ast.parse((ROOT / rel).read_text())
+        names = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        names |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+        for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
+            names |= {
+                f"{cls.name}.{m.name}" for m in cls.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))
+            }
+        if qualname not in names:
+            broken.append(f"{rel}::{qualname}")
+    assert broken == []

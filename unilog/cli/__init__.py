@@ -1,0 +1,128 @@
+"""The ``unilog`` command: the process entry point.
+
+This is the only place that reads the environment, configures logging and installs signal handlers. Failures the
+user can fix (bad configuration, unreachable server, missing migrations) end in one line on stderr and a named
+exit code, never a traceback.
+
+Each module of this package adds one command group (``add(subparsers)``). Commands the library does not own
+(``unilog demo`` and ``unilog chaos``, from the demo package) are entry points in the group ``unilog.commands``:
+each loads to a function ``add(subparsers)`` that adds one sub-parser whose ``func(args)`` returns an exit code. A
+plugin that cannot be loaded never breaks the other commands; running it prints one line and exits
+:attr:`ExitCode.CONFIG`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from importlib.metadata import EntryPoint, entry_points
+from typing import Any
+
+from .. import __version__
+from ..consumer import Handler
+from ..errors import (
+    ConfigurationError,
+    DataLoss,
+    HandlerNotFound,
+    InjectedCrash,
+    SchemaMissing,
+    ServerUnreachable,
+    UnilogError,
+)
+from ..log import configure_logging
+from . import consume, consumers, dlq, migrate, pipeline, streamer, streams
+from .common import ExitCode, common_args
+
+__all__ = ["ExitCode", "consume_main", "main"]
+
+PLUGIN_GROUP = "unilog.commands"
+_COMMANDS = (migrate, streamer, consumers, consume, dlq, streams, pipeline)
+
+_ERROR_CODES: list[tuple[type[BaseException], ExitCode]] = [
+    (DataLoss, ExitCode.DATA_LOSS),
+    (HandlerNotFound, ExitCode.HANDLER),
+    (ConfigurationError, ExitCode.CONFIG),
+    (ServerUnreachable, ExitCode.UNREACHABLE),
+    (SchemaMissing, ExitCode.SCHEMA),
+    (UnilogError, ExitCode.FAILURE),
+]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``unilog`` command; return its exit code."""
+    args = _parser().parse_args(argv)
+    configure_logging(level=args.log_level, json=args.log_json)
+    return _guarded(args.func, args)
+
+
+def consume_main(handler: Handler, argv: Sequence[str] | None = None, *, prog: str = "consumer") -> int:
+    """Run ``handler`` as a consumer with ``unilog consume``'s options (``--name`` etc.), for apps' own entry points.
+
+    ``python -m myapp.consumer --name totals`` can be one line: ``sys.exit(consume_main(handle))``.
+    """
+    parser = argparse.ArgumentParser(prog=prog)
+    common_args(parser)
+    consume.consume_args(parser)
+    args = parser.parse_args(argv)
+    configure_logging(level=args.log_level, json=args.log_json)
+    return _guarded(lambda a: consume.run_consumer(a, handler), args)
+
+
+def _guarded(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    """Run a command, mapping errors to one line on stderr and a named exit code."""
+    try:
+        return int(func(args))
+    except InjectedCrash as exc:
+        print(f"unilog: {exc}", file=sys.stderr)
+        return ExitCode.CRASHED
+    except KeyboardInterrupt:
+        return ExitCode.INTERRUPTED
+    except UnilogError as exc:
+        code = next(c for t, c in _ERROR_CODES if isinstance(exc, t))
+        print(f"unilog: error: {exc}", file=sys.stderr)
+        return code
+
+
+def run() -> None:
+    """Console-script entry point."""
+    sys.exit(main())
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="unilog", description="Transactional outbox / unified log over Redis Streams")
+    parser.add_argument("--version", action="version", version=f"unilog {__version__}")
+    common_args(parser)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for module in _COMMANDS:
+        module.add(sub)
+    for plugin in entry_points(group=PLUGIN_GROUP):
+        _add_plugin(sub, plugin)
+    return parser
+
+
+def _add_plugin(sub: Any, plugin: EntryPoint) -> None:
+    """Let ``plugin`` add its command; if it cannot, add a stand-in that says why when that command is run."""
+    if plugin.name in sub.choices:
+        return  # one distribution installed twice (an editable install beside a wheel): the first one wins
+    try:
+        plugin.load()(sub)
+    except Exception as exc:  # any failure of someone else's code: the other commands must keep working
+        reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        extra = plugin.dist.name if plugin.dist is not None else "the package that provides it"
+        message = f"the {plugin.name!r} command cannot be loaded ({reason}); is {extra!r} installed with its extra?"
+        if plugin.value.startswith("unilog_demo."):
+            message = f'the {plugin.name!r} command needs the demo extra: pip install "unilog[demo]" ({reason})'
+        # no option prefix: whatever follows the command name is taken, so running it reaches the one-line error
+        stand_in = sub.add_parser(
+            plugin.name, help="(unavailable: run it to see why)", add_help=False, prefix_chars="\0"
+        )
+        stand_in.add_argument("rest", nargs="*")
+        stand_in.set_defaults(func=_unavailable(message))
+
+
+def _unavailable(message: str) -> Callable[[argparse.Namespace], int]:
+    def refuse(_args: argparse.Namespace) -> int:
+        raise ConfigurationError(message)
+
+    return refuse

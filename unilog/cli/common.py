@@ -1,0 +1,123 @@
+"""What every command shares: exit codes, settings and faults from arguments and the environment, the common
+options, and running a worker until SIGTERM.
+
+The command line is the only place that reads the environment; the library takes frozen settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from enum import IntEnum
+from typing import Any
+
+from .. import engine
+from ..config import Settings
+from ..errors import ConfigurationError
+from ..faults import FaultConfig, Faults
+
+
+class ExitCode(IntEnum):
+    """Exit codes of the ``unilog`` command."""
+
+    OK = 0
+    FAILURE = 1  # an unexpected error, or a check that failed (e.g. the demo's verdict)
+    USAGE = 2  # bad command-line arguments (argparse's own code)
+    CONFIG = 3  # a setting is missing or malformed
+    UNREACHABLE = 4  # Postgres or Redis cannot be reached
+    SCHEMA = 5  # the database is not migrated
+    HANDLER = 6  # the consumer's handler cannot be imported
+    CRASHED = 7  # an injected crash with in-process restart disabled
+    DATA_LOSS = 8  # a consumer found entries missing from the stream (trimmed past it, or Redis lost data)
+    INTERRUPTED = 130  # Ctrl-C
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    return Settings.from_env(
+        database_url=getattr(args, "database_url", None),
+        redis_url=getattr(args, "redis_url", None),
+        stream=getattr(args, "default_stream", None),
+    )
+
+
+def faults_from(args: argparse.Namespace) -> Faults:
+    spec = args.faults if args.faults is not None else os.environ.get("UNILOG_FAULTS", "")
+    seed = args.fault_seed if args.fault_seed is not None else int_env("UNILOG_FAULT_SEED")
+    return Faults(FaultConfig.parse(spec, seed))
+
+
+def int_env(name: str) -> int | None:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigurationError(f"{name} must be an integer, got {value!r}") from None
+
+
+def redis_api(settings: Settings) -> engine.RedisStreams:
+    """The Redis adapter on a client that answered a ping (else :class:`~unilog.errors.ServerUnreachable`)."""
+    client = engine.connect(settings.redis_url)
+    engine.ping(client, settings.redis_url)
+    return engine.RedisStreams(client)
+
+
+def importable_from_cwd() -> None:
+    """Like ``python -m``, find the user's modules (handlers, models) in the working directory."""
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+
+
+def run_until_signalled(loop: Callable[[threading.Event], None]) -> None:
+    """Run ``loop(stop_event)``; SIGTERM and SIGINT set the event, so the current batch finishes and we exit 0."""
+    stop = threading.Event()
+
+    def _stop(signum: int, _frame: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    loop(stop)
+
+
+def common_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--log-level", default=os.environ.get("UNILOG_LOG_LEVEL", "info"))
+    p.add_argument(
+        "--log-json", action=argparse.BooleanOptionalAction, default=None, help="JSON logs (default: when not a TTY)"
+    )
+
+
+def connection_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--database-url", help="default: $DATABASE_URL")
+    p.add_argument("--redis-url", help="default: $REDIS_URL")
+    p.add_argument("--default-stream", help="default: $UNILOG_STREAM or 'unilog'")
+
+
+def fault_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--faults", help="e.g. streamer.double_send=0.1 (default: $UNILOG_FAULTS)")
+    p.add_argument("--fault-seed", type=int, help="default: $UNILOG_FAULT_SEED")
+    p.add_argument(
+        "--exit-on-crash",
+        action="store_true",
+        help="let an injected crash end the process (default: restart in-process)",
+    )
+
+
+def spark_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--master", default=os.environ.get("SPARK_MASTER", "local[*]"), help="Spark master URL")
+    p.add_argument("--conf", action="append", default=[], help="a Spark setting, key=value (repeatable)")
+
+
+def positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} must be at least 1")
+    return number

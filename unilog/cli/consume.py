@@ -1,0 +1,130 @@
+"""``unilog consume``: a checkpoint consumer, a group worker or a partitioned worker, or N of them."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from typing import Any
+
+from ..config import Settings
+from ..consumer import Handler
+from ..errors import ConfigurationError
+from .common import (
+    ExitCode,
+    connection_args,
+    fault_args,
+    faults_from,
+    importable_from_cwd,
+    positive_int,
+    run_until_signalled,
+    settings_from,
+)
+
+
+def cmd_consume(args: argparse.Namespace) -> int:
+    from ..consumer import load_handler
+
+    importable_from_cwd()
+    return run_consumer(args, load_handler(args.handler))
+
+
+def run_consumer(args: argparse.Namespace, handler: Handler) -> int:
+    """Run one worker in the mode the flags pick (checkpoint, group or partitioned), or N worker processes."""
+    if args.workers > 1:
+        return _run_workers(args)
+    settings = settings_from(args)
+    worker = _make_worker(args, settings, handler)
+    with worker:
+        if args.once:
+            count = worker.drain()
+            print(f"unilog: consumer {args.group or args.name} handled {count} records")
+            return ExitCode.OK
+        run_until_signalled(worker.run)
+    return ExitCode.OK
+
+
+def _make_worker(args: argparse.Namespace, settings: Settings, handler: Handler) -> Any:
+    from ..consumer import Consumer, ConsumerConfig
+    from ..group import GroupConfig, GroupConsumer
+    from ..partitions import PartitionConfig, PartitionedConsumer
+
+    crash_restart = not args.exit_on_crash
+    if args.group:
+        config = GroupConfig(
+            group=args.group,
+            worker=args.worker or "",
+            stream=args.stream,
+            batch_size=args.batch_size,
+            block_ms=args.block_ms,
+            claim_idle_ms=args.claim_idle_ms,
+            max_deliveries=args.max_deliveries,
+            restart_after_crash=crash_restart,
+        )
+        return GroupConsumer(settings, config, handler, faults=faults_from(args))
+    if not args.name:
+        raise ConfigurationError("give --name NAME (a checkpoint or partitioned consumer) or --group GROUP")
+    if args.partitioned:
+        part = PartitionConfig(
+            name=args.name,
+            stream=args.stream,
+            worker=args.worker or "",
+            batch_size=args.batch_size,
+            block_ms=args.block_ms,
+            restart_after_crash=crash_restart,
+        )
+        return PartitionedConsumer(settings, part, handler, faults=faults_from(args))
+    checkpoint = ConsumerConfig(
+        name=args.name,
+        stream=args.stream,
+        batch_size=args.batch_size,
+        block_ms=args.block_ms,
+        restart_after_crash=crash_restart,
+    )
+    return Consumer(settings, checkpoint, handler, faults=faults_from(args))
+
+
+def _run_workers(args: argparse.Namespace) -> int:
+    """Start ``--workers`` copies of this command as separate processes; forward SIGTERM; wait for all."""
+    import subprocess
+
+    argv = list(sys.orig_argv[1:])  # the interpreter's own arguments too (`-m unilog`, `-m services.consumer`)
+    i = argv.index("--workers")
+    del argv[i : i + 2]
+    base = args.worker or f"{os.uname().nodename}-{os.getpid()}"
+    procs = [subprocess.Popen([sys.executable, *argv, "--worker", f"{base}-{n}"]) for n in range(args.workers)]
+
+    def _forward(signum: int, _frame: Any) -> None:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, _forward)
+    signal.signal(signal.SIGINT, _forward)
+    codes = [proc.wait() for proc in procs]
+    return max(codes)
+
+
+def consume_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--name", help="the consumer's name: its checkpoint key (prefix, with --partitioned)")
+    p.add_argument("--group", help="run as a worker of this consumer group instead of a checkpoint consumer")
+    p.add_argument("--partitioned", action="store_true", help="per-key order over a partitioned stream")
+    p.add_argument("--worker", help="this worker's name in a group or partitioned consumer (default: host-pid)")
+    p.add_argument("--workers", type=positive_int, default=1, help="run this many worker processes")
+    connection_args(p)
+    p.add_argument("--stream", help="stream to read (default: $UNILOG_STREAM)")
+    p.add_argument("--once", action="store_true", help="consume everything in the stream, then exit")
+    p.add_argument("--batch-size", type=positive_int, default=1000)
+    p.add_argument("--block-ms", type=positive_int, default=1000)
+    p.add_argument("--claim-idle-ms", type=positive_int, default=30_000, help="group: claim entries idle this long")
+    p.add_argument("--max-deliveries", type=positive_int, default=5, help="group: attempts before dead-lettering")
+    fault_args(p)
+
+
+def add(sub: Any) -> None:
+    """Add this module's commands to the ``unilog`` sub-parsers."""
+    p = sub.add_parser("consume", help="run a checkpoint consumer: HANDLER is package.module:function")
+    p.add_argument("handler")
+    consume_args(p)
+    p.set_defaults(func=cmd_consume)

@@ -1,0 +1,29 @@
+"""``unilog migrate``: apply unilog's migrations."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from .common import ExitCode
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from ..schema import migrate
+
+    url = args.database_url or os.environ.get("DATABASE_URL", "")
+    from ..config import postgres_conninfo
+
+    postgres_conninfo(url)
+    migrate(url, producer_id=args.producer_id)
+    print("unilog: database migrated")
+    return ExitCode.OK
+
+
+def add(sub: Any) -> None:
+    """Add this module's commands to the ``unilog`` sub-parsers."""
+    p = sub.add_parser("migrate", help="apply unilog's migrations to DATABASE_URL")
+    p.add_argument("--database-url", help="default: $DATABASE_URL")
+    p.add_argument("--producer-id", help="set this database's producer id (default: a random one at first migrate)")
+    p.set_defaults(func=cmd_migrate)

