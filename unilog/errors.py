@@ -55,6 +55,14 @@ class SchemaMissing(UnilogError):
     """The database lacks unilog's tables or is behind the migrations; run ``unilog migrate``."""
 
 
+class MigrationFailed(UnilogError):
+    """``unilog migrate`` could not apply the migrations; the message says what Postgres refused and why."""
+
+
+class IncompatibleTable(MigrationFailed):
+    """An existing ``staged_log_records`` cannot be adopted; the message names the column and the fix."""
+
+
 # -- runtime -----------------------------------------------------------------------------------------------------------
 
 

@@ -10,16 +10,19 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
+import psycopg
 import structlog
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import create_engine, pool
+from sqlalchemy.exc import DBAPIError
 
 from . import store
 from .config import postgres_conninfo, redact_url, sqlalchemy_url
-from .errors import ServerUnreachable
+from .errors import MigrationFailed, ServerUnreachable
 
 log = structlog.get_logger(__name__)
+
 
 def migrations_path() -> Path:
     """The folder holding unilog's Alembic environment (``env.py`` and ``versions/``)."""
@@ -53,17 +56,29 @@ def migrate(database_url: str, *, revision: str = "heads", producer_id: str | No
             command.upgrade(cfg, revision)
             if producer_id is not None:
                 store.set_producer_id(pg, producer_id)
-    except Exception as exc:
-        if type(exc).__name__ == "OperationalError":
-            reason = str(getattr(exc, "orig", exc)).strip().splitlines()[-1]
+    except DBAPIError as exc:  # what Postgres refused, in one line: no traceback for a failed migration
+        original = exc.orig
+        if isinstance(original, psycopg.OperationalError) and original.sqlstate is None:
+            reason = str(original).strip().splitlines()[-1]
             raise ServerUnreachable(
                 f"cannot connect to Postgres at {redact_url(database_url)}: {reason} "
                 "(is the server running and DATABASE_URL right?)"
             ) from None
-        raise
+        raise MigrationFailed(f"unilog migrate failed: {_first_line(original)}{_hint(original)}") from None
     finally:
         engine.dispose()
     log.info("migrated", database=redact_url(database_url), revision=revision)
+
+
+def _first_line(exc: BaseException | None) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _hint(exc: BaseException | None) -> str:
+    if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+        return " (the role needs CREATE on the database's schema, or run the migration as the table owner)"
+    return ""
 
 
 def set_producer_id(database_url: str, producer_id: str) -> None:

@@ -26,6 +26,7 @@ from ..errors import (
     DataLoss,
     HandlerNotFound,
     InjectedCrash,
+    MigrationFailed,
     SchemaMissing,
     ServerUnreachable,
     UnilogError,
@@ -45,6 +46,7 @@ _ERROR_CODES: list[tuple[type[BaseException], ExitCode]] = [
     (ConfigurationError, ExitCode.CONFIG),
     (ServerUnreachable, ExitCode.UNREACHABLE),
     (SchemaMissing, ExitCode.SCHEMA),
+    (MigrationFailed, ExitCode.SCHEMA),
     (UnilogError, ExitCode.FAILURE),
 ]
 

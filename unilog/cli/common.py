@@ -29,7 +29,7 @@ class ExitCode(IntEnum):
     USAGE = 2  # bad command-line arguments (argparse's own code)
     CONFIG = 3  # a setting is missing or malformed
     UNREACHABLE = 4  # Postgres or Redis cannot be reached
-    SCHEMA = 5  # the database is not migrated
+    SCHEMA = 5  # the database is not migrated, or `unilog migrate` could not migrate it
     HANDLER = 6  # the consumer's handler cannot be imported
     CRASHED = 7  # an injected crash with in-process restart disabled
     DATA_LOSS = 8  # a consumer found entries missing from the stream (trimmed past it, or Redis lost data)
