@@ -90,6 +90,12 @@ class ConcurrentConsumer(UnilogError):
     """Another copy of a consumer keeps moving its checkpoint while this one applies a batch."""
 
 
+class HorizonHeld(UnilogError):
+    """Committed records stayed unpublishable past the allowed wait: an older transaction, still open somewhere in
+    the cluster, holds the visibility horizon. The message names that session (pid, application, state, age, query).
+    """
+
+
 class PublishError(UnilogError):
     """Redis rejected or did not confirm a batch; the staged records were kept and will be re-sent."""
 

@@ -103,7 +103,8 @@ def format_status(report: dict[str, Any]) -> str:
     if holder:
         lines.append(
             f"oldest open transaction: pid {holder['pid']} ({holder['application_name'] or '-'}, "
-            f"{holder['database']}), open {holder['age_seconds']:.1f}s: records committed after it began wait for it"
+            f"{holder['database']}, {holder['state']}), open {holder['age_seconds']:.1f}s: records committed after it "
+            f"began wait for it; its query: {holder['query']!r}"
         )
     lines.append("")
     lines += table(

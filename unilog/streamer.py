@@ -30,7 +30,7 @@ import structlog
 
 from . import engine, store
 from .config import Settings, validate_stream_name
-from .errors import PublishError, UnilogError
+from .errors import HorizonHeld, PublishError, UnilogError
 from .faults import NO_FAULTS, Faults
 from .routing import partition_of, partition_stream
 from .runtime import TRANSIENT, Links, Worker
@@ -53,7 +53,9 @@ class StreamerConfig:
     A backlog drains up to ``pipeline_batches`` batches per pass, Redis appending one batch while Postgres deletes
     the one before and fetches the one after. A batch is one script call in Redis, which serves no other client
     while it runs (about 5 us per record measured here: 25 ms for the default 5000); smaller batches trade drain
-    rate (see bench/RESULTS.md) for shorter pauses.
+    rate (see bench/RESULTS.md) for shorter pauses. When committed records have waited ``horizon_warn_after``
+    seconds behind an open transaction, a warning names the session that holds them, every
+    ``horizon_warn_interval`` seconds while it lasts (burst mode warns after 5 s).
     """
 
     batch_size: int = 5000
@@ -70,6 +72,8 @@ class StreamerConfig:
     wait_timeout_ms: int = 1000
     redis_timeout: float = 10.0
     pg_timeout: float | None = 30.0
+    horizon_warn_after: float = 30.0  # records held this long behind an open transaction: warn, naming it
+    horizon_warn_interval: float = 60.0  # and again at most this often while it lasts
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -147,6 +151,8 @@ class Streamer(Worker):
         self._helper: concurrent.futures.ThreadPoolExecutor | None = None  # Redis, while a backlog drains
         self._packed_fetch = False  # whether Postgres can encode batches for Redis (a UTF8 database)
         self._horizon_delay = self.config.horizon_poll  # between looks while records wait behind the horizon
+        self._held_since: float | None = None  # since when committed records wait behind the horizon, unpublished
+        self._last_held_warning = 0.0
         self.published_total = 0
 
     kind = "streamer"
@@ -221,25 +227,29 @@ class Streamer(Worker):
                     conn.commit()
         return BatchResult(published, waiting, blocked)
 
-    def drain(self, timeout: float | None = None) -> int:
+    def drain(self, timeout: float | None = None, *, max_wait: float | None = None) -> int:
         """Publish batches until nothing staged is left for this streamer (burst mode); return records published.
 
         Records that are committed but still behind an older open transaction are waited for, and so are streams
         whose lock another streamer holds (until it published them or let go), so everything committed before
-        ``drain`` was called has been published when it returns. Raises :class:`UnilogError` after ``timeout``
-        seconds if that is not reached.
+        ``drain`` was called has been published when it returns. While records wait behind a transaction, a
+        warning names it every few seconds; after ``max_wait`` seconds without progress :class:`HorizonHeld` is
+        raised, naming it. Raises :class:`UnilogError` after ``timeout`` seconds if the drain is not done.
         """
         self.connect()
         deadline = None if timeout is None else time.monotonic() + timeout
         total, delay = 0, self.config.horizon_poll
+        self._held_since = None
         while True:
             result = self.run_once()
             total += result.published
             if result.published:
-                delay = self.config.horizon_poll
+                delay, self._held_since = self.config.horizon_poll, None
                 continue
             if not result.waiting and not (result.blocked and self._staged_elsewhere()):
                 return total
+            if result.waiting:
+                self._watch_horizon(warn_after=min(5.0, self.config.horizon_warn_after), limit=max_wait)
             if deadline is not None and time.monotonic() > deadline:
                 raise UnilogError(
                     f"drain timed out after {timeout}s with committed records still staged "
@@ -247,6 +257,40 @@ class Streamer(Worker):
                 )
             time.sleep(delay)
             delay = min(delay * 2, self.config.horizon_poll_max)
+
+    def _watch_horizon(self, *, warn_after: float, limit: float | None = None) -> None:
+        """Committed records wait behind an open transaction: warn (naming it) once they waited ``warn_after``
+        seconds, then every ``horizon_warn_interval``; raise :class:`HorizonHeld` once they waited ``limit``."""
+        now = time.monotonic()
+        if self._held_since is None:
+            self._held_since = now
+        held = now - self._held_since
+        if limit is not None and held >= limit:
+            count, holder = self._held_report()
+            raise HorizonHeld(
+                f"{count} committed records waited {held:.0f}s (--max-wait) behind an open transaction, "
+                f"{store.describe_holder(holder)}; end it, or set idle_in_transaction_session_timeout (README)"
+            )
+        due = now - self._last_held_warning >= min(self.config.horizon_warn_interval, max(warn_after, 1.0))
+        if held >= warn_after and due:
+            self._last_held_warning = now
+            count, holder = self._held_report()
+            log.warning(
+                "records held behind an open transaction",
+                streamer=self.name,
+                records=count,
+                held_seconds=round(held, 1),
+                holder=store.describe_holder(holder),
+            )
+
+    def _held_report(self) -> tuple[int, dict[str, Any] | None]:
+        """(records of this streamer's streams that are committed but not publishable yet, the session holding
+        them back); ends its read-only transaction, so the streamer holds nothing itself meanwhile."""
+        conn = self._conn()
+        sources = [s for s in self._sources(conn) if (s or self.settings.stream) in self._owned]
+        count, holder = store.held_back(conn, sources), store.horizon_holder(conn)
+        conn.commit()
+        return count, holder
 
     def _staged_elsewhere(self) -> bool:
         """Whether committed records are staged on a stream this streamer does not hold."""
@@ -505,12 +549,13 @@ class Streamer(Worker):
         records wait behind an open transaction; else sleep on ``LISTEN`` so a producer's commit wakes the streamer
         within milliseconds, with a poll fallback."""
         if result.published:
-            self._horizon_delay = self.config.horizon_poll
+            self._horizon_delay, self._held_since = self.config.horizon_poll, None
         elif result.waiting:
+            self._watch_horizon(warn_after=self.config.horizon_warn_after)
             stop_event.wait(self._horizon_delay)
             self._horizon_delay = min(self._horizon_delay * 2, self.config.horizon_poll_max)
         else:
-            self._horizon_delay = self.config.horizon_poll
+            self._horizon_delay, self._held_since = self.config.horizon_poll, None
             self._wait_for_notify(stop_event)
 
     def _wait_for_notify(self, stop_event: threading.Event) -> None:

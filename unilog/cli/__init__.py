@@ -25,6 +25,7 @@ from ..errors import (
     ConfigurationError,
     DataLoss,
     HandlerNotFound,
+    HorizonHeld,
     InjectedCrash,
     MigrationFailed,
     SchemaMissing,
@@ -42,6 +43,7 @@ _COMMANDS = (migrate, streamer, consumers, consume, dlq, streams, pipeline)
 
 _ERROR_CODES: list[tuple[type[BaseException], ExitCode]] = [
     (DataLoss, ExitCode.DATA_LOSS),
+    (HorizonHeld, ExitCode.HORIZON_HELD),
     (HandlerNotFound, ExitCode.HANDLER),
     (ConfigurationError, ExitCode.CONFIG),
     (ServerUnreachable, ExitCode.UNREACHABLE),

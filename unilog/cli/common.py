@@ -33,6 +33,7 @@ class ExitCode(IntEnum):
     HANDLER = 6  # the consumer's handler cannot be imported
     CRASHED = 7  # an injected crash with in-process restart disabled
     DATA_LOSS = 8  # a consumer found entries missing from the stream (trimmed past it, or Redis lost data)
+    HORIZON_HELD = 9  # burst mode: committed records stayed behind an open transaction longer than --max-wait
     INTERRUPTED = 130  # Ctrl-C
 
 

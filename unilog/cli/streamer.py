@@ -30,10 +30,11 @@ def cmd_streamer(args: argparse.Namespace) -> int:
         max_len=args.max_len,
         wait_replicas=args.wait_replicas,
         wait_timeout_ms=args.wait_timeout_ms,
+        horizon_warn_after=args.horizon_warn_after,
     )
     with Streamer(settings, config, faults=faults_from(args), name=args.name) as streamer:
         if args.once:
-            count = streamer.drain()
+            count = streamer.drain(max_wait=args.max_wait)
             print(f"unilog: streamed {count} records")
             return ExitCode.OK
         run_until_signalled(streamer.run)
@@ -45,6 +46,19 @@ def add(sub: Any) -> None:
     p = sub.add_parser("streamer", help="stream staged records into Redis")
     connection_args(p)
     p.add_argument("--once", action="store_true", help="drain everything visible, then exit")
+    p.add_argument(
+        "--max-wait",
+        type=float,
+        default=60.0,
+        help="with --once: seconds committed records may wait behind an open transaction before exit code 9 "
+        "(default %(default)s)",
+    )
+    p.add_argument(
+        "--horizon-warn-after",
+        type=float,
+        default=StreamerConfig.horizon_warn_after,
+        help="warn, naming the session, when records wait this long behind an open transaction (default %(default)s)",
+    )
     p.add_argument("--batch-size", type=positive_int, default=StreamerConfig.batch_size, help="default %(default)s")
     p.add_argument("--poll-interval", type=float, default=1.0, help="seconds between polls without notifications")
     p.add_argument("--streams", help="comma-separated target streams this streamer publishes (default: all)")

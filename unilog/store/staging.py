@@ -189,8 +189,9 @@ def horizon_holder(conn: psycopg.Connection[Any]) -> dict[str, Any] | None:
     """The oldest transaction in the cluster that holds an xid, which holds back publication of every record
     committed after it began (any database: transaction ids are cluster-wide). None if there is none."""
     row = conn.execute(
-        """
-        SELECT pid, datname, application_name, state, extract(epoch FROM now() - xact_start)::float8
+        r"""
+        SELECT pid, datname, application_name, state, extract(epoch FROM now() - xact_start)::float8,
+               left(regexp_replace(query, '\s+', ' ', 'g'), 80)
         FROM pg_stat_activity
         WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()
         ORDER BY xact_start
@@ -199,8 +200,28 @@ def horizon_holder(conn: psycopg.Connection[Any]) -> dict[str, Any] | None:
     ).fetchone()
     if row is None:
         return None
-    keys = ("pid", "database", "application_name", "state", "age_seconds")
+    keys = ("pid", "database", "application_name", "state", "age_seconds", "query")
     return dict(zip(keys, row, strict=True))
+
+
+def held_back(conn: psycopg.Connection[Any], sources: list[str]) -> int:
+    """How many committed records of ``sources`` are not yet publishable: at or above the visibility horizon."""
+    row = conn.execute(
+        "SELECT count(*) FROM staged_log_records "
+        "WHERE stream = ANY(%s) AND xid >= pg_snapshot_xmin(pg_current_snapshot())",
+        (sources,),
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def describe_holder(holder: dict[str, Any] | None) -> str:
+    """One line naming the session that holds the horizon (for logs and errors)."""
+    if holder is None:
+        return "no open transaction holds it any more"
+    return (
+        f"pid {holder['pid']} (application {holder['application_name'] or '-'!r}, {holder['state']}, "
+        f"open {holder['age_seconds']:.0f}s, database {holder['database']}): {holder['query']!r}"
+    )
 
 
 def listen(conn: psycopg.Connection[Any]) -> None:
