@@ -29,6 +29,7 @@ from .errors import (
     ConfigurationError,
     HandlerNotFound,
     InjectedCrash,
+    MalformedEntry,
     StreamGap,
     StreamRewound,
 )
@@ -56,10 +57,13 @@ class Record:
         self._id = entry_id
         self._fields = fields
         self._data: Any = _NO_DATA
-        producer = fields.get(b"producer")
-        self.producer: str = producer.decode() if producer else ""
-        seq = fields.get(b"seq")
-        self.position: tuple[int, int] | None = None if seq is None else (int(fields.get(b"epoch", b"0")), int(seq))
+        try:
+            producer = fields.get(b"producer")
+            self.producer: str = producer.decode() if producer else ""
+            seq = fields.get(b"seq")
+            self.position: tuple[int, int] | None = None if seq is None else (int(fields.get(b"epoch", b"0")), int(seq))
+        except ValueError as exc:  # not integers, not UTF-8: another writer's entry, or a damaged one
+            raise MalformedEntry(stream, entry_id.decode(errors="replace"), f"bad position fields ({exc})") from None
 
     def _text(self, name: bytes) -> str | None:
         value = self._fields.get(name)
@@ -75,7 +79,10 @@ class Record:
         """The record's payload, decoded from the entry's ``data`` field (None if it has none)."""
         if self._data is _NO_DATA:
             raw = self._fields.get(b"data")
-            self._data = None if raw is None else json.loads(raw)
+            try:
+                self._data = None if raw is None else json.loads(raw)
+            except ValueError as exc:  # the consumer dead-letters the entry (or stops): see MalformedEntry
+                raise MalformedEntry(self.stream, self.id, f"data is not JSON ({exc})") from None
         return self._data
 
     @property
@@ -146,6 +153,11 @@ class ConsumerConfig:
     transaction (handler included) that takes longer than ``pg_timeout`` seconds has its connection broken: it rolls
     back and is retried, so a silent Postgres never hangs the consumer. With ``strict_start`` (rebuilds) a producer
     whose first record in the stream is not its position 1 stops the consumer: its history was trimmed.
+    ``on_malformed``: what to do with an entry that is not a unilog record (``data`` not JSON, position fields not
+    integers): ``"dead-letter"`` moves it to ``<stream>:dlq`` with the reason and goes on past it in the same
+    transaction as the rest of its batch; ``"stop"`` raises :class:`~unilog.errors.MalformedEntry`. Entries with
+    JSON ``data`` but no unilog position (another service's ``XADD``) are records: applied in stream order, once
+    per checkpoint, but never deduplicated (unilog cannot know whether their writer sent one twice).
     """
 
     name: str
@@ -158,6 +170,7 @@ class ConsumerConfig:
     pg_timeout: float | None = 60.0
     strict_start: bool = False
     register_interval: float = 0.0
+    on_malformed: str = "dead-letter"
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.strip():
@@ -166,6 +179,15 @@ class ConsumerConfig:
             validate_stream_name(self.stream)
         if self.batch_size < 1:
             raise ValueError("batch_size must be at least 1")
+        check_malformed_policy(self.on_malformed)
+
+
+MALFORMED_POLICIES = ("dead-letter", "stop")
+
+
+def check_malformed_policy(policy: str) -> None:
+    if policy not in MALFORMED_POLICIES:
+        raise ValueError(f"on_malformed must be one of {', '.join(MALFORMED_POLICIES)}, not {policy!r}")
 
 
 @dataclass(frozen=True)
@@ -207,6 +229,9 @@ class Consumer(Worker):
         self.skipped_total = 0
         self._last_rewind_check = 0.0
         self._registered_at = 0.0
+        self._malformed: dict[bytes, str] = {}  # entries found malformed by a handler: dead-lettered next pass
+        self._letters: list[tuple[bytes, dict[bytes, bytes], str]] = []  # malformed entries of the batch at hand
+        self.malformed_total = 0
 
     kind = "consumer"
 
@@ -291,6 +316,17 @@ class Consumer(Worker):
         if not entries:
             self._idle_checks()
             return ConsumeResult()
+        while True:
+            try:
+                return self._apply(entries, before)
+            except MalformedEntry as exc:  # a handler read a record whose data is not JSON: nothing was committed
+                known = exc.entry_id.encode()
+                if self.config.on_malformed == "stop" or known in self._malformed:
+                    raise
+                self._malformed[known] = exc.reason  # apply the batch again, that entry dead-lettered
+
+    def _apply(self, entries: list[engine.Entry], before: store.Checkpoint) -> ConsumeResult:
+        """Apply one batch read after ``before`` with the checkpoint, in one transaction."""
         started = time.perf_counter()
         conn = self._conn()
         with store.deadline(conn, self.config.pg_timeout), conn.transaction():
@@ -305,9 +341,12 @@ class Consumer(Worker):
             if fresh:
                 crash_at = self.faults.pick(len(fresh)) if self.faults.fires("consumer.crash_mid_batch") else None
                 self.handler(conn, Batch(fresh, crash_at, self.config.name))
+            self._dead_letter_malformed()
             self.faults.crash("consumer.crash_before_commit")
             store.save_checkpoint(conn, after)
         self._checkpoint = after
+        for entry_id, _fields, _reason in self._letters:
+            self._malformed.pop(entry_id, None)
         self._register(after.last_id)
         skipped = len(entries) - len(fresh)
         self.handled_total += len(fresh)
@@ -330,8 +369,17 @@ class Consumer(Worker):
         """
         fresh: list[Record] = []
         positions = checkpoint.positions
+        self._letters = []
         for entry_id, fields in entries:
-            record = Record(self.stream, entry_id, fields)
+            try:
+                if self._malformed and entry_id in self._malformed:
+                    raise MalformedEntry(self.stream, engine.to_str(entry_id), self._malformed[entry_id])
+                record = Record(self.stream, entry_id, fields)
+            except MalformedEntry as exc:
+                if self.config.on_malformed == "stop":
+                    raise
+                self._letters.append((entry_id, fields, exc.reason))
+                continue
             pos = record.position
             if pos is not None:
                 last = positions.get(record.producer)
@@ -342,6 +390,22 @@ class Consumer(Worker):
             fresh.append(record)
         checkpoint.last_id = entries[-1][0].decode()
         return fresh
+
+    def _dead_letter_malformed(self) -> None:
+        """Move this batch's malformed entries to the dead letters, before the checkpoint passes them: a crash
+        before the commit may dead-letter one twice, never lose it."""
+        for entry_id, fields, reason in self._letters:
+            letter = self._engine().dead_letter_entry(
+                self.stream, entry_id, fields, error=f"malformed: {reason}", consumer=self.config.name
+            )
+            self.malformed_total += 1
+            log.warning(
+                "malformed entry dead-lettered",
+                consumer=self.config.name,
+                entry=engine.to_str(entry_id),
+                dead_letter=letter,
+                reason=reason,
+            )
 
     def _check_contiguous(self, record: Record, last: tuple[int, int] | None, pos: tuple[int, int]) -> None:
         expected = 1 if last is None or pos[0] != last[0] else last[1] + 1

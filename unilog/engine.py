@@ -513,6 +513,22 @@ class RedisStreams:
             return list(self.client.xrange(dlq_key(stream), min=letter_id, max=letter_id))  # type: ignore[arg-type]
         return list(self.entries(dlq_key(stream)))
 
+    def dead_letter_entry(
+        self, stream: str, entry_id: bytes, fields: Mapping[bytes, bytes], *, error: str, consumer: str
+    ) -> str:
+        """Copy an entry a checkpoint consumer cannot apply to the dead letters, with why (no group: nothing to
+        acknowledge); return the dead letter's id."""
+        letter = {
+            **fields,
+            b"dlq_original_id": entry_id,
+            b"dlq_group": b"",
+            b"dlq_consumer": consumer.encode(),
+            b"dlq_attempts": b"1",
+            b"dlq_error": error.encode(errors="replace")[:4000],
+            b"dlq_at": str(int(time.time() * 1000)).encode(),
+        }
+        return to_str(self.client.xadd(dlq_key(stream), letter))  # type: ignore[arg-type]
+
     def replay_dead_letter(self, stream: str, letter_id: str, fields: Mapping[str, str]) -> str:
         """Append a dead letter's original fields to ``stream`` and delete the letter, in one ``MULTI``; return the
         new entry's id."""

@@ -96,6 +96,16 @@ class HorizonHeld(UnilogError):
     """
 
 
+class MalformedEntry(UnilogError):
+    """A stream entry is not a unilog record (another writer's, or damaged): its ``data`` is not JSON, or its
+    position fields are not integers. By default consumers dead-letter it and go on; with ``on_malformed="stop"``
+    they stop with this error, which names the entry."""
+
+    def __init__(self, stream: str, entry_id: str, reason: str) -> None:
+        super().__init__(f"entry {entry_id} of stream {stream!r} is not a unilog record: {reason}")
+        self.stream, self.entry_id, self.reason = stream, entry_id, reason
+
+
 class PublishError(UnilogError):
     """Redis rejected or did not confirm a batch; the staged records were kept and will be re-sent."""
 

@@ -30,7 +30,8 @@ import structlog
 
 from . import engine, store
 from .config import Settings, validate_stream_name
-from .consumer import Batch, Handler, Record
+from .consumer import Batch, Handler, Record, check_malformed_policy
+from .errors import MalformedEntry
 from .faults import NO_FAULTS, Faults
 from .runtime import TRANSIENT, Links, Worker
 
@@ -59,6 +60,7 @@ class GroupConfig:
     claim_idle_ms: int = 30_000
     claim_interval: float = 5.0
     max_deliveries: int = 5
+    on_malformed: str = "dead-letter"  # or "stop": see ConsumerConfig
     prune_interval: float = 10.0
     max_backoff: float = 10.0
     restart_after_crash: bool = True
@@ -71,6 +73,7 @@ class GroupConfig:
             validate_stream_name(self.stream)
         if self.max_deliveries < 1:
             raise ValueError("max_deliveries must be at least 1")
+        check_malformed_policy(self.on_malformed)
 
 
 @dataclass(frozen=True)
@@ -211,17 +214,15 @@ class GroupConsumer(Worker):
             handled, skipped = self._apply_batch(entries)
         except TRANSIENT:
             raise  # infrastructure, not the record: reconnect and retry, never count it against the record
+        except MalformedEntry:
+            if self.config.on_malformed == "stop":
+                raise
+            return self._one_by_one(entries) if len(entries) > 1 else self._dead_malformed(entries[0])
         except Exception as exc:
             if len(entries) == 1:
                 return GroupResult(1, 0, 0, self._failed(entries[0], exc))
             log.warning("batch failed; retrying its records one by one", group=self.config.group, error=str(exc))
-            results = [self._apply([entry]) for entry in entries]
-            return GroupResult(
-                len(entries),
-                sum(r.handled for r in results),
-                sum(r.skipped for r in results),
-                sum(r.dead for r in results),
-            )
+            return self._one_by_one(entries)
         return GroupResult(len(entries), handled, skipped)
 
     def _apply_batch(self, entries: list[engine.Entry]) -> tuple[int, int]:
@@ -263,6 +264,40 @@ class GroupConsumer(Worker):
             candidates.setdefault(identity, record)  # a double-sent copy in the same batch counts once
         new = store.claim_identities(conn, self.config.group, self.stream, list(candidates))
         return [record for identity, record in candidates.items() if identity in new]
+
+    def _one_by_one(self, entries: list[engine.Entry]) -> GroupResult:
+        results = [self._apply([entry]) for entry in entries]
+        return GroupResult(
+            len(entries), sum(r.handled for r in results), sum(r.skipped for r in results), sum(r.dead for r in results)
+        )
+
+    def _dead_malformed(self, entry: engine.Entry) -> GroupResult:
+        """An entry that is not a unilog record: dead-letter it at once (retrying cannot help), with the reason."""
+        self.links.discard_failed_transaction()
+        entry_id, fields = entry
+        try:
+            Record(self.stream, entry_id, fields).data  # noqa: B018 - decoding is the check
+            reason = "a handler found it malformed"
+        except MalformedEntry as exc:
+            reason = exc.reason
+        letter = self._engine().dead_letter(
+            self.stream,
+            self.config.group,
+            entry_id,
+            fields,
+            error=f"malformed: {reason}",
+            consumer=self.worker,
+            attempts=1,
+        )
+        self.dead_total += 1
+        log.warning(
+            "malformed entry dead-lettered",
+            group=self.config.group,
+            entry=engine.to_str(entry_id),
+            dead_letter=letter,
+            reason=reason,
+        )
+        return GroupResult(1, 0, 0, 1)
 
     def _failed(self, entry: engine.Entry, exc: Exception) -> int:
         """Count a failed attempt at ``entry``; dead-letter it after ``max_deliveries``. Returns 1 if dead-lettered."""

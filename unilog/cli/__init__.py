@@ -27,6 +27,7 @@ from ..errors import (
     HandlerNotFound,
     HorizonHeld,
     InjectedCrash,
+    MalformedEntry,
     MigrationFailed,
     SchemaMissing,
     ServerUnreachable,
@@ -44,6 +45,7 @@ _COMMANDS = (migrate, streamer, consumers, consume, dlq, streams, pipeline)
 _ERROR_CODES: list[tuple[type[BaseException], ExitCode]] = [
     (DataLoss, ExitCode.DATA_LOSS),
     (HorizonHeld, ExitCode.HORIZON_HELD),
+    (MalformedEntry, ExitCode.MALFORMED),
     (HandlerNotFound, ExitCode.HANDLER),
     (ConfigurationError, ExitCode.CONFIG),
     (ServerUnreachable, ExitCode.UNREACHABLE),

@@ -34,6 +34,7 @@ class ExitCode(IntEnum):
     CRASHED = 7  # an injected crash with in-process restart disabled
     DATA_LOSS = 8  # a consumer found entries missing from the stream (trimmed past it, or Redis lost data)
     HORIZON_HELD = 9  # burst mode: committed records stayed behind an open transaction longer than --max-wait
+    MALFORMED = 10  # an entry is not a unilog record and the consumer runs with --on-malformed stop
     INTERRUPTED = 130  # Ctrl-C
 
 

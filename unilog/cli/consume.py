@@ -61,6 +61,7 @@ def _make_worker(args: argparse.Namespace, settings: Settings, handler: Handler)
             claim_idle_ms=args.claim_idle_ms,
             max_deliveries=args.max_deliveries,
             restart_after_crash=crash_restart,
+            on_malformed=args.on_malformed,
         )
         return GroupConsumer(settings, config, handler, faults=faults_from(args))
     if not args.name:
@@ -81,6 +82,7 @@ def _make_worker(args: argparse.Namespace, settings: Settings, handler: Handler)
         batch_size=args.batch_size,
         block_ms=args.block_ms,
         restart_after_crash=crash_restart,
+        on_malformed=args.on_malformed,
     )
     return Consumer(settings, checkpoint, handler, faults=faults_from(args))
 
@@ -119,6 +121,13 @@ def consume_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-ms", type=positive_int, default=1000)
     p.add_argument("--claim-idle-ms", type=positive_int, default=30_000, help="group: claim entries idle this long")
     p.add_argument("--max-deliveries", type=positive_int, default=5, help="group: attempts before dead-lettering")
+    p.add_argument(
+        "--on-malformed",
+        choices=("dead-letter", "stop"),
+        default="dead-letter",
+        help="an entry that is not a unilog record (data not JSON): dead-letter it and go on (default), or stop "
+        "with exit code 10",
+    )
     fault_args(p)
 
 
