@@ -7,6 +7,7 @@ batches itself, where the outcome is known and deduplicated by position.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -18,7 +19,22 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from .config import redact_url
-from .errors import ConfigurationError, ServerUnreachable
+from .errors import ConfigurationError, RedisPermissionDenied, ServerUnreachable, WrongKeyType
+from .wire import (  # noqa: F401 - the adapter's names, used as engine.X across the library
+    Packed,
+    PublishRow,
+    _b,
+    _pack,
+    attempts_key,
+    dlq_key,
+    hwm_key,
+    id_tuple,
+    meta_key,
+    pack_rows,
+    registry_key,
+    to_str,
+    workers_key,
+)
 
 Fields = Mapping[str, Any]
 Entry = tuple[bytes, dict[bytes, bytes]]
@@ -120,66 +136,6 @@ class PublishResult:
 
 
 # (data JSON, action, object, created ms, key or None), in position order
-PublishRow = tuple[str | bytes, str, str, int, str | None]
-
-
-@dataclass(frozen=True)
-class Packed:
-    """A batch ready to publish: ``count`` records' arguments to PUBLISH_LUA (data, action, object, created ms, key
-    or ''; five per record, in position order), already encoded as RESP bulk strings. The streamer gets these
-    bytes straight from Postgres (:func:`unilog.store.fetch_packed`), so no record passes through Python objects."""
-
-    count: int
-    body: bytes
-
-
-def pack_rows(rows: Sequence[PublishRow]) -> Packed:
-    """Encode rows the way :func:`unilog.store.fetch_packed` does."""
-    return Packed(
-        len(rows),
-        b"".join(
-            _bulk([_b(data), _b(action), _b(obj), b"%d" % created, _b(key or "")])
-            for data, action, obj, created, key in rows
-        ),
-    )
-
-
-def meta_key(stream: str) -> str:
-    """The hash of a stream's settings (its partition count)."""
-    return f"unilog:meta:{stream}"
-
-
-def dlq_key(stream: str) -> str:
-    """The dead-letter stream of ``stream``."""
-    return f"{stream}:dlq"
-
-
-def attempts_key(stream: str, group: str) -> str:
-    """The hash counting failed attempts per entry for ``group``."""
-    return f"unilog:attempts:{stream}:{group}"
-
-
-def registry_key(stream: str) -> str:
-    """The hash of registered consumers' checkpoints on ``stream``."""
-    return f"unilog:consumers:{stream}"
-
-
-def id_tuple(entry_id: str) -> tuple[int, int]:
-    """A stream id as a comparable (ms, seq) tuple."""
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
-
-
-def workers_key(stream: str, consumer: str) -> str:
-    """The sorted set of a partitioned consumer's live workers, scored by their last heartbeat."""
-    return f"unilog:workers:{stream}:{consumer}"
-
-
-def hwm_key(stream: str) -> str:
-    """The hash holding each producer's high-water position on ``stream``."""
-    return f"unilog:hwm:{stream}"
-
-
 class RedisStreams:
     """Publishing to and reading from Redis Streams."""
 
@@ -209,7 +165,8 @@ class RedisStreams:
         """
         batch = rows if isinstance(rows, Packed) else pack_rows(rows)
         head = [producer, str(epoch), str(first_seq), "1" if dedupe else "0"]
-        reply, replicas = self._evalsha(stream, [_b(a) for a in head], batch, wait_replicas, wait_timeout_ms)
+        with self.explained(stream):
+            reply, replicas = self._evalsha(stream, [_b(a) for a in head], batch, wait_replicas, wait_timeout_ms)
         appended, skipped, gap, first_id, last_id = reply
         return PublishResult(
             replicas=replicas,
@@ -253,6 +210,29 @@ class RedisStreams:
                 self.client.connection_pool.release(conn)
             return reply, replicas
         raise AssertionError("unreachable")
+
+    @contextlib.contextmanager
+    def explained(self, stream: str) -> Iterator[None]:
+        """Turn refusals no retry can fix into one-line errors naming the key and the fix: a key of another type at
+        the stream's name (or its bookkeeping's), a Redis user without the permission."""
+        try:
+            yield
+        except redis.ResponseError as exc:
+            text = str(exc)
+            if "WRONGTYPE" in text:
+                for key, wanted in ((stream, "stream"), (hwm_key(stream), "hash")):
+                    kind = to_str(self.client.type(key))
+                    if kind not in (wanted, "none"):
+                        raise WrongKeyType(
+                            f"the Redis key {key!r} holds a {kind}, not a {wanted}: another application uses that "
+                            "name; use another stream name (UNILOG_STREAM, emit(stream=...)) or remove that key"
+                        ) from None
+            if "NOPERM" in text:
+                raise RedisPermissionDenied(
+                    f"the Redis user may not do what unilog needs on {stream!r} ({text.splitlines()[0]}): grant the "
+                    "stream commands and EVALSHA on its keys (ACL SETUSER)"
+                ) from None
+            raise
 
     def high_water(self, stream: str, producer: str) -> tuple[int, int] | None:
         """The producer's high-water (epoch, seq) on ``stream``, or None."""
@@ -319,7 +299,8 @@ class RedisStreams:
     def ensure_group(self, stream: str, group: str, start_id: str = "0") -> bool:
         """Create ``group`` on ``stream`` (and the stream) if missing; return whether it was created."""
         try:
-            self.client.xgroup_create(stream, group, id=start_id, mkstream=True)
+            with self.explained(stream):
+                self.client.xgroup_create(stream, group, id=start_id, mkstream=True)
         except redis.ResponseError as exc:
             if "BUSYGROUP" in str(exc):
                 return False
@@ -331,7 +312,8 @@ class RedisStreams:
     ) -> list[Entry]:
         """New entries for ``consumer`` in ``group`` (``XREADGROUP ... >``), waiting up to ``block_ms``; with
         ``after="0"``, the entries already delivered to ``consumer`` and not acknowledged (its own pending list)."""
-        reply: Any = self.client.xreadgroup(group, consumer, {stream: after}, count=count, block=block_ms)
+        with self.explained(stream):
+            reply: Any = self.client.xreadgroup(group, consumer, {stream: after}, count=count, block=block_ms)
         if not reply:
             return []
         return [(eid, fields) for eid, fields in reply[0][1] if fields is not None]
@@ -448,7 +430,8 @@ class RedisStreams:
 
     def read(self, stream: str, after_id: str, count: int, block_ms: int | None) -> list[Entry]:
         """Up to ``count`` entries after ``after_id``, waiting up to ``block_ms`` if there are none yet."""
-        reply: Any = self.client.xread({stream: after_id}, count=count, block=block_ms)
+        with self.explained(stream):
+            reply: Any = self.client.xread({stream: after_id}, count=count, block=block_ms)
         if not reply:
             return []
         return list(reply[0][1])
@@ -558,20 +541,6 @@ class RedisStreams:
         self.client.close()
 
 
-def _b(value: str | bytes) -> bytes:
-    return value if isinstance(value, bytes) else value.encode()
-
-
-def _pack(args: list[bytes], more: int = 0) -> bytes:
-    """Encode one command in RESP (its head only, when ``more`` arguments follow already encoded)."""
-    return b"*%d\r\n" % (len(args) + more) + _bulk(args)
-
-
-def _bulk(values: list[bytes]) -> bytes:
-    """RESP bulk strings, back to back."""
-    return b"".join(b"$%d\r\n%b\r\n" % (len(v), v) for v in values)
-
-
 def raw_pages(url: str, stream: str, after: str, until: str, page: int) -> Iterator[list[Any]]:
     """Entries in (``after``, ``until``] as Redis sent them (``[id, [field, value, ...]]``, no dict per entry), one
     page at a time, on a client of their own: for bulk readers (Spark) that build columns straight from the reply."""
@@ -588,8 +557,3 @@ def raw_pages(url: str, stream: str, after: str, until: str, page: int) -> Itera
             cursor = "(" + to_str(chunk[-1][0])
     finally:
         client.close()
-
-
-def to_str(value: Any) -> str:
-    """Decode a Redis reply value (bytes) to ``str``."""
-    return value.decode() if isinstance(value, bytes | bytearray) else str(value)

@@ -47,6 +47,14 @@ class ConfigurationError(UnilogError):
     """A setting is missing or malformed (for example a database URL that is not a Postgres URL)."""
 
 
+class WrongKeyType(ConfigurationError):
+    """A Redis key unilog needs holds another type (another application uses the name)."""
+
+
+class RedisPermissionDenied(ConfigurationError):
+    """The Redis user (ACL) may not run a command unilog needs."""
+
+
 class ServerUnreachable(UnilogError):
     """Postgres or Redis could not be reached; the message names the server (password redacted) and the cause."""
 

@@ -22,7 +22,7 @@ import structlog
 
 from . import engine, store
 from .config import Settings
-from .errors import DataLoss, InjectedCrash, ServerUnreachable
+from .errors import ConfigurationError, DataLoss, InjectedCrash, ServerUnreachable
 
 log = structlog.get_logger(__name__)
 
@@ -243,8 +243,8 @@ def serve(worker: Worker, stop_event: threading.Event) -> None:
         try:
             worker.before_pass()
             result = worker.run_once()
-        except DataLoss:
-            raise
+        except (DataLoss, ConfigurationError):
+            raise  # data loss, and a setup no retry can fix (a key of the wrong type, say), stop the process
         except InjectedCrash as exc:
             if not worker.restart_after_crash:
                 raise

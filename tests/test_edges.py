@@ -1,0 +1,57 @@
+"""Clear errors at the edges: a Redis key of another type where a stream should be is one line and exit code 3,
+never a retry loop, a traceback or the publish script's internals, and it loses nothing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from unilog import Settings, emit
+from unilog.cli import ExitCode
+
+TESTS = Path(__file__).parent
+
+
+def unilog(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "DATABASE_URL": settings.database_url, "REDIS_URL": settings.redis_url}
+    env["UNILOG_STREAM"] = settings.stream
+    argv = [sys.executable, "-m", "unilog", "--log-json", *args]
+    return subprocess.run(argv, env=env, cwd=TESTS, capture_output=True, text=True, timeout=60)
+
+
+def one_line(result: subprocess.CompletedProcess[str]) -> str:
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert "Traceback" not in result.stderr and len(lines) == 1, result.stderr
+    return lines[0]
+
+
+def test_a_string_at_the_streams_name_stops_the_streamer_in_one_line_and_keeps_the_records(
+    settings: Settings, pg: Any, rds: Any
+) -> None:
+    rds.set(settings.stream, "another application's value")
+    with psycopg.connect(settings.conninfo) as conn:
+        emit(conn, action="create", object="ride", data={"n": 1})
+    result = unilog(settings, "streamer", "--once")
+    assert result.returncode == ExitCode.CONFIG, result.stderr
+    line = one_line(result)
+    assert f"the Redis key '{settings.stream}' holds a string, not a stream" in line, line
+    assert "script" not in line.lower() and "lua" not in line.lower(), line
+    assert pg.execute("SELECT count(*) FROM staged_log_records").fetchone() == (1,), "nothing lost"
+    rds.delete(settings.stream)
+    done = unilog(settings, "streamer", "--once")
+    assert done.returncode == 0 and "streamed 1 records" in done.stdout, done.stderr
+
+
+def test_a_hash_at_the_streams_name_stops_a_consumer_and_a_group_worker_in_one_line(
+    settings: Settings, rds: Any
+) -> None:
+    rds.hset(settings.stream, "field", "value")
+    for mode in (["--name", "cli"], ["--group", "g"]):
+        result = unilog(settings, "consume", "handlers:cli_handler", *mode, "--once")
+        assert result.returncode == ExitCode.CONFIG, result.stderr
+        assert "holds a hash, not a stream" in one_line(result)

@@ -1,0 +1,85 @@
+"""Redis key names and the RESP encoding of a batch: pure functions, no commands (those are in ``engine``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+PublishRow = tuple[str | bytes, str, str, int, str | None]
+
+
+@dataclass(frozen=True)
+class Packed:
+    """A batch ready to publish: ``count`` records' arguments to PUBLISH_LUA (data, action, object, created ms, key
+    or ''; five per record, in position order), already encoded as RESP bulk strings. The streamer gets these
+    bytes straight from Postgres (:func:`unilog.store.fetch_packed`), so no record passes through Python objects."""
+
+    count: int
+    body: bytes
+
+
+def pack_rows(rows: Sequence[PublishRow]) -> Packed:
+    """Encode rows the way :func:`unilog.store.fetch_packed` does."""
+    return Packed(
+        len(rows),
+        b"".join(
+            _bulk([_b(data), _b(action), _b(obj), b"%d" % created, _b(key or "")])
+            for data, action, obj, created, key in rows
+        ),
+    )
+
+
+def meta_key(stream: str) -> str:
+    """The hash of a stream's settings (its partition count)."""
+    return f"unilog:meta:{stream}"
+
+
+def dlq_key(stream: str) -> str:
+    """The dead-letter stream of ``stream``."""
+    return f"{stream}:dlq"
+
+
+def attempts_key(stream: str, group: str) -> str:
+    """The hash counting failed attempts per entry for ``group``."""
+    return f"unilog:attempts:{stream}:{group}"
+
+
+def registry_key(stream: str) -> str:
+    """The hash of registered consumers' checkpoints on ``stream``."""
+    return f"unilog:consumers:{stream}"
+
+
+def id_tuple(entry_id: str) -> tuple[int, int]:
+    """A stream id as a comparable (ms, seq) tuple."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def workers_key(stream: str, consumer: str) -> str:
+    """The sorted set of a partitioned consumer's live workers, scored by their last heartbeat."""
+    return f"unilog:workers:{stream}:{consumer}"
+
+
+def hwm_key(stream: str) -> str:
+    """The hash holding each producer's high-water position on ``stream``."""
+    return f"unilog:hwm:{stream}"
+
+
+def _b(value: str | bytes) -> bytes:
+    return value if isinstance(value, bytes) else value.encode()
+
+
+def _pack(args: list[bytes], more: int = 0) -> bytes:
+    """Encode one command in RESP (its head only, when ``more`` arguments follow already encoded)."""
+    return b"*%d\r\n" % (len(args) + more) + _bulk(args)
+
+
+def _bulk(values: list[bytes]) -> bytes:
+    """RESP bulk strings, back to back."""
+    return b"".join(b"$%d\r\n%b\r\n" % (len(v), v) for v in values)
+
+
+def to_str(value: Any) -> str:
+    """Decode a Redis reply value (bytes) to ``str``."""
+    return value.decode() if isinstance(value, bytes | bytearray) else str(value)
