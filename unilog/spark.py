@@ -139,7 +139,10 @@ def _record_batch(stream: str, chunk: list[Any]) -> Any:
     import pyarrow as pa
 
     def number(value: bytes | None) -> int | None:
-        return None if value is None else int(value)
+        try:
+            return None if value is None else int(value)
+        except ValueError:  # another writer's or a damaged entry: no position (never a crashed read)
+            return None
 
     ids, ms, id_seq = [], [], []
     text: dict[bytes, list[Any]] = {name: [] for name in (b"producer", b"action", b"object", b"key", b"data")}
@@ -160,9 +163,15 @@ def _record_batch(stream: str, chunk: list[Any]) -> Any:
         text[b"object"], text[b"key"], text[b"data"], ints[b"created"],
     ]
     schema = _arrow_schema()
-    return pa.RecordBatch.from_arrays(
-        [pa.array(col, type=f.type) for col, f in zip(columns, schema, strict=True)], schema=schema
-    )
+    try:
+        arrays = [pa.array(col, type=f.type) for col, f in zip(columns, schema, strict=True)]
+    except (pa.ArrowInvalid, UnicodeDecodeError):  # text that is not UTF-8 (a foreign entry): replace, don't crash
+        arrays = [pa.array(_utf8(col), type=f.type) for col, f in zip(columns, schema, strict=True)]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _utf8(column: list[Any]) -> list[Any]:
+    return [v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in column]
 
 
 @functools.cache
