@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from structlog.testing import capture_logs
 
-from unilog import Settings, emit
+from unilog import Consumer, ConsumerConfig, Settings, emit
 from unilog.cli import ExitCode
 
 TESTS = Path(__file__).parent
@@ -55,3 +56,17 @@ def test_a_hash_at_the_streams_name_stops_a_consumer_and_a_group_worker_in_one_l
         result = unilog(settings, "consume", "handlers:cli_handler", *mode, "--once")
         assert result.returncode == ExitCode.CONFIG, result.stderr
         assert "holds a hash, not a stream" in one_line(result)
+
+
+def test_a_consumer_of_a_stream_that_does_not_exist_says_so_and_lists_those_that_do(
+    settings: Settings, rds: Any
+) -> None:
+    rds.xadd("rides", {"data": "{}"})
+    config = ConsumerConfig(name="c0", stream="ridez")  # the typo
+    with capture_logs() as logs, Consumer(settings, config, lambda conn, records: None) as consumer:
+        consumer.connect()
+    warnings = [e for e in logs if e["event"].startswith("the stream does not exist yet")]
+    assert len(warnings) == 1 and warnings[0]["stream"] == "ridez" and "rides" in warnings[0]["existing_streams"]
+    with capture_logs() as logs, Consumer(settings, ConsumerConfig(name="c1", stream="rides"), print) as consumer:
+        consumer.connect()
+    assert not [e for e in logs if e["event"].startswith("the stream does not exist")]

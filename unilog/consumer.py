@@ -261,7 +261,14 @@ class Consumer(Worker):
 
         Raises a one-line-worthy error if a server is unreachable or data was lost.
         """
-        self._engine()
+        others = self._engine().missing_stream(self.stream)
+        if others is not None:  # a typo in a stream name would otherwise wait in silence, forever
+            log.warning(
+                "the stream does not exist yet; waiting for its first entry",
+                consumer=self.config.name,
+                stream=self.stream,
+                existing_streams=others,
+            )
         self._register(self.checkpoint.last_id, force=True)
         self._check_not_rewound()
         self._last_rewind_check = time.monotonic()

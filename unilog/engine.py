@@ -266,6 +266,13 @@ class RedisStreams:
             removed += int(self.client.xtrim(stream, maxlen=max_len, approximate=True))
         return removed
 
+    def missing_stream(self, stream: str, limit: int = 10) -> list[str] | None:
+        """None if ``stream`` exists; else the names of up to ``limit`` streams that do (to spot a typo)."""
+        if self.client.exists(stream):
+            return None
+        names = self.client.scan_iter(match="*", count=1000, _type="STREAM")
+        return sorted(to_str(n) for _, n in zip(range(limit), names, strict=False))
+
     def last_generated_id(self, stream: str) -> str | None:
         """The id of the last entry ever added to ``stream`` (kept across trims), or None if it does not exist."""
         try:
