@@ -15,6 +15,7 @@ import math
 import os
 import subprocess
 import sys
+from decimal import Decimal
 from typing import Any
 
 import psycopg
@@ -68,7 +69,10 @@ def test_emit_stages_exactly_what_it_was_given_or_refuses_before_writing(
             row = conn.execute("SELECT action, object, data, key FROM staged_log_records WHERE id = %s", (staged_id,))
             got = row.fetchone()
             assert got is not None and got[:2] == (action, obj) and got[3] == key
-            assert got[2] == json.loads(json.dumps(data)), "the payload round-trips exactly"
+            # jsonb keeps a number as the exact decimal of its JSON text: 4.775560544019782e+16 (a float) comes back
+            # as the integer 47755605440197820, the same number; compare numbers as decimals
+            stored = json.loads(json.dumps(got[2]), parse_float=Decimal)
+            assert stored == json.loads(json.dumps(data), parse_float=Decimal), "the payload round-trips exactly"
             assert not _has_non_finite(data)
         conn.rollback()
 
@@ -83,12 +87,18 @@ def _has_non_finite(value: Any) -> bool:
     return False
 
 
-junk_fields = st.dictionaries(
-    st.sampled_from([b"data", b"action", b"object", b"producer", b"epoch", b"seq", b"key", b"created", b"other"]),
-    st.one_of(st.binary(max_size=12), st.sampled_from([b"{}", b"[1]", b"{bad", b"\xff\xfe", b"-3", b"x"])),
-    min_size=1,
-    max_size=5,
-).map(lambda f: {k: v for k, v in f.items() if k not in (b"producer", b"epoch", b"seq")} | _position(f))
+junk_fields = (
+    st.dictionaries(
+        st.sampled_from([b"data", b"action", b"object", b"producer", b"epoch", b"seq", b"key", b"created", b"other"]),
+        st.one_of(st.binary(max_size=12), st.sampled_from([b"{}", b"[1]", b"{bad", b"\xff\xfe", b"-3", b"x"])),
+        min_size=1,
+        max_size=5,
+    )
+    .map(lambda f: {k: v for k, v in f.items() if k not in (b"producer", b"epoch", b"seq")} | _position(f))
+    .filter(
+        bool  # an XADD needs a field
+    )
+)
 
 
 def _position(fields: dict[bytes, bytes]) -> dict[bytes, bytes]:

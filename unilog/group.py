@@ -274,49 +274,36 @@ class GroupConsumer(Worker):
     def _dead_malformed(self, entry: engine.Entry) -> GroupResult:
         """An entry that is not a unilog record: dead-letter it at once (retrying cannot help), with the reason."""
         self.links.discard_failed_transaction()
-        entry_id, fields = entry
         try:
-            Record(self.stream, entry_id, fields).data  # noqa: B018 - decoding is the check
+            Record(self.stream, *entry).data  # noqa: B018 - decoding is the check
             reason = "a handler found it malformed"
         except MalformedEntry as exc:
             reason = exc.reason
-        letter = self._engine().dead_letter(
-            self.stream,
-            self.config.group,
-            entry_id,
-            fields,
-            error=f"malformed: {reason}",
-            consumer=self.worker,
-            attempts=1,
-        )
-        self.dead_total += 1
-        log.warning(
-            "malformed entry dead-lettered",
-            group=self.config.group,
-            entry=engine.to_str(entry_id),
-            dead_letter=letter,
-            reason=reason,
-        )
+        self._dead_letter(entry, f"malformed: {reason}", attempts=1)
         return GroupResult(1, 0, 0, 1)
 
     def _failed(self, entry: engine.Entry, exc: Exception) -> int:
         """Count a failed attempt at ``entry``; dead-letter it after ``max_deliveries``. Returns 1 if dead-lettered."""
         self.links.discard_failed_transaction()
-        entry_id, fields = entry
-        api = self._engine()
-        attempts = api.attempt(self.stream, self.config.group, entry_id)
+        attempts = self._engine().attempt(self.stream, self.config.group, entry[0])
         if attempts < self.config.max_deliveries:
             log.warning(
                 "record failed; it stays pending and is retried after claim_idle_ms",
                 group=self.config.group,
-                entry=engine.to_str(entry_id),
+                entry=engine.to_str(entry[0]),
                 attempt=attempts,
                 max_deliveries=self.config.max_deliveries,
                 error=repr(exc),
             )
             return 0
-        letter = api.dead_letter(
-            self.stream, self.config.group, entry_id, fields, error=repr(exc), consumer=self.worker, attempts=attempts
+        self._dead_letter(entry, repr(exc), attempts=attempts)
+        return 1
+
+    def _dead_letter(self, entry: engine.Entry, error: str, *, attempts: int) -> None:
+        """Move ``entry`` to the dead letters with ``error`` and acknowledge it (one MULTI); log and count it."""
+        entry_id, fields = entry
+        letter = self._engine().dead_letter(
+            self.stream, self.config.group, entry_id, fields, error=error, consumer=self.worker, attempts=attempts
         )
         self.dead_total += 1
         log.error(
@@ -325,9 +312,8 @@ class GroupConsumer(Worker):
             entry=engine.to_str(entry_id),
             dead_letter=letter,
             attempts=attempts,
-            error=repr(exc),
+            error=error,
         )
-        return 1
 
     def _prune_due(self) -> None:
         now = time.monotonic()
