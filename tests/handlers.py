@@ -66,3 +66,11 @@ def ordered_handler(conn: psycopg.Connection[Any], records: Sequence[Record]) ->
             [(r.data["key"], r.data["n"], worker) for r in records],
         )
     time.sleep(float(os.environ.get("SLOW_HANDLER", "0")))
+
+
+def poison_handler(conn: psycopg.Connection[Any], records: Sequence[Record]) -> None:
+    """Used by the poison CLI test: a record whose data has ``"poison": true`` fails the batch it is in."""
+    for r in records:
+        if r.data.get("poison"):
+            raise ValueError(f"cannot apply record {r.data['n']}")
+    record_applied("cli", conn, records)

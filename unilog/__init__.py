@@ -12,7 +12,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from .config import Settings
-from .consumer import Batch, Consumer, ConsumerConfig, Handler, Record
+from .consumer import Consumer, ConsumerConfig
 from .errors import (
     ConcurrentConsumer,
     ConfigurationError,
@@ -28,6 +28,8 @@ from .errors import (
     NotInTransaction,
     PayloadNotSerializable,
     PayloadTooLarge,
+    PoisonRecord,
+    PolicyStop,
     PublishError,
     SchemaMissing,
     ServerUnreachable,
@@ -39,6 +41,7 @@ from .faults import Faults
 from .group import GroupConfig, GroupConsumer
 from .partitions import PartitionConfig, PartitionedConsumer
 from .producer import Producer, emit
+from .records import Batch, Handler, Record
 from .runtime import Worker
 from .streamer import Streamer, StreamerConfig
 
@@ -67,6 +70,8 @@ __all__ = [
     "PartitionedConsumer",
     "PayloadNotSerializable",
     "PayloadTooLarge",
+    "PoisonRecord",
+    "PolicyStop",
     "Producer",
     "PublishError",
     "Record",

@@ -13,12 +13,11 @@ other, never the same batch twice.
 
 from __future__ import annotations
 
-import importlib
-import json
+import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import psycopg
 import structlog
@@ -27,120 +26,40 @@ from . import engine, store
 from .config import Settings, validate_stream_name
 from .errors import (
     ConfigurationError,
-    HandlerNotFound,
-    InjectedCrash,
     MalformedEntry,
+    PoisonRecord,
     StreamGap,
     StreamRewound,
+    UnilogError,
 )
 from .faults import NO_FAULTS, Faults
-from .runtime import Links, Worker
+from .records import (
+    REPLAY_FOR,
+    REPLAY_OF,
+    Batch,
+    Handler,
+    Record,
+    check_malformed_policy,
+    load_handler,
+    load_object,
+    replay_owner,
+)
+from .runtime import TRANSIENT, Backoff, Links, Worker
+
+__all__ = [  # Batch, Handler, Record and the loaders are re-exported: they lived here first
+    "Batch",
+    "ConsumeResult",
+    "Consumer",
+    "ConsumerConfig",
+    "Handler",
+    "Record",
+    "load_handler",
+    "load_object",
+    "positions_through",
+    "reset_checkpoint",
+]
 
 log = structlog.get_logger(__name__)
-
-
-_NO_DATA = object()
-
-
-class Record:
-    """One log record as a handler sees it. ``data`` is decoded from JSON on first access.
-
-    ``producer`` ('' for entries not written by a unilog streamer) and ``position``, the record's (epoch, seq)
-    within its producer (None for entries without unilog metadata), are read when the record is made: every
-    consumer needs them to deduplicate, so they are plain attributes (this class is the consumers' hot path).
-    """
-
-    __slots__ = ("_data", "_fields", "_id", "position", "producer", "stream")
-
-    def __init__(self, stream: str, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
-        self.stream = stream
-        self._id = entry_id
-        self._fields = fields
-        self._data: Any = _NO_DATA
-        try:
-            producer = fields.get(b"producer")
-            self.producer: str = producer.decode() if producer else ""
-            seq = fields.get(b"seq")
-            self.position: tuple[int, int] | None = None if seq is None else (int(fields.get(b"epoch", b"0")), int(seq))
-        except ValueError as exc:  # not integers, not UTF-8: another writer's entry, or a damaged one
-            raise MalformedEntry(stream, entry_id.decode(errors="replace"), f"bad position fields ({exc})") from None
-
-    def _text(self, name: bytes) -> str | None:
-        value = self._fields.get(name)
-        return None if value is None else value.decode()
-
-    @property
-    def id(self) -> str:
-        """The stream entry id, like ``1700000000000-0``."""
-        return self._id.decode()
-
-    @property
-    def data(self) -> Any:
-        """The record's payload, decoded from the entry's ``data`` field (None if it has none)."""
-        if self._data is _NO_DATA:
-            raw = self._fields.get(b"data")
-            try:
-                self._data = None if raw is None else json.loads(raw)
-            except ValueError as exc:  # the consumer dead-letters the entry (or stops): see MalformedEntry
-                raise MalformedEntry(self.stream, self.id, f"data is not JSON ({exc})") from None
-        return self._data
-
-    @property
-    def raw_data(self) -> bytes | None:
-        """The payload's JSON text as stored in the stream."""
-        return self._fields.get(b"data")
-
-    @property
-    def action(self) -> str | None:
-        return self._text(b"action")
-
-    @property
-    def object(self) -> str | None:
-        return self._text(b"object")
-
-    @property
-    def key(self) -> str | None:
-        return self._text(b"key")
-
-    @property
-    def seq(self) -> int | None:
-        pos = self.position
-        return None if pos is None else pos[1]
-
-    @property
-    def created_ms(self) -> int | None:
-        value = self._fields.get(b"created")
-        return None if value is None else int(value)
-
-    def __repr__(self) -> str:
-        return f"Record(stream={self.stream!r}, id={self.id!r}, action={self.action!r}, position={self.position})"
-
-
-Handler = Callable[[psycopg.Connection[Any], Sequence[Record]], Any]
-
-
-class Batch(Sequence[Record]):
-    """The records handed to a handler; iterating it is where an injected mid-batch crash happens.
-
-    ``consumer`` names who is applying them: the checkpoint consumer's name, or the group's.
-    """
-
-    def __init__(self, records: list[Record], crash_at: int | None = None, consumer: str = "") -> None:
-        self._records = records
-        self._crash_at = crash_at
-        self.consumer = consumer
-
-    def __len__(self) -> int:
-        return len(self._records)
-
-    def __getitem__(self, index: Any) -> Any:
-        return self._records[index]
-
-    def __iter__(self) -> Iterator[Record]:
-        for i, record in enumerate(self._records):
-            if i == self._crash_at:
-                raise InjectedCrash("consumer.crash_mid_batch")
-            yield record
 
 
 @dataclass(frozen=True)
@@ -158,6 +77,11 @@ class ConsumerConfig:
     transaction as the rest of its batch; ``"stop"`` raises :class:`~unilog.errors.MalformedEntry`. Entries with
     JSON ``data`` but no unilog position (another service's ``XADD``) are records: applied in stream order, once
     per checkpoint, but never deduplicated (unilog cannot know whether their writer sent one twice).
+    ``max_attempts`` and ``on_poison``: after a handler fails one batch ``max_attempts`` times, the batch is applied
+    one record per transaction to find the failing record; then ``"stop"`` raises
+    :class:`~unilog.errors.PoisonRecord` (the records before it are applied, it and those after are not), and
+    ``"dead-letter"`` moves it to ``<stream>:dlq`` with the error, advances the checkpoint past it in the same
+    transaction and goes on. A replay of it (``unilog dlq replay``) is then applied by this consumer once.
     """
 
     name: str
@@ -171,6 +95,8 @@ class ConsumerConfig:
     strict_start: bool = False
     register_interval: float = 0.0
     on_malformed: str = "dead-letter"
+    max_attempts: int = 3
+    on_poison: str = "stop"
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.strip():
@@ -180,23 +106,28 @@ class ConsumerConfig:
         if self.batch_size < 1:
             raise ValueError("batch_size must be at least 1")
         check_malformed_policy(self.on_malformed)
+        if self.max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        if self.on_poison not in POISON_POLICIES:
+            raise ValueError(f"on_poison must be one of {', '.join(POISON_POLICIES)}, not {self.on_poison!r}")
 
 
-MALFORMED_POLICIES = ("dead-letter", "stop")
-
-
-def check_malformed_policy(policy: str) -> None:
-    if policy not in MALFORMED_POLICIES:
-        raise ValueError(f"on_malformed must be one of {', '.join(MALFORMED_POLICIES)}, not {policy!r}")
+POISON_POLICIES = ("stop", "dead-letter")
 
 
 @dataclass(frozen=True)
 class ConsumeResult:
-    """What one pass did: entries read, records handed to the handler, duplicates skipped."""
+    """What one pass did: entries read, records handed to the handler, duplicates skipped, records dead-lettered."""
 
     read: int = 0
     handled: int = 0
     skipped: int = 0
+    dead: int = 0
+
+    def __add__(self, other: ConsumeResult) -> ConsumeResult:
+        return ConsumeResult(
+            self.read + other.read, self.handled + other.handled, self.skipped + other.skipped, self.dead + other.dead
+        )
 
 
 class Consumer(Worker):
@@ -232,6 +163,9 @@ class Consumer(Worker):
         self._malformed: dict[bytes, str] = {}  # entries found malformed by a handler: dead-lettered next pass
         self._letters: list[tuple[bytes, dict[bytes, bytes], str]] = []  # malformed entries of the batch at hand
         self.malformed_total = 0
+        self.dead_total = 0
+        self._owner = replay_owner("consumer", config.name).encode()
+        self._failures: dict[str, int] = {}  # handler failures of the batch after this checkpoint id
 
     kind = "consumer"
 
@@ -323,6 +257,18 @@ class Consumer(Worker):
         if not entries:
             self._idle_checks()
             return ConsumeResult()
+        if self._failures.get(before.last_id, 0) >= self.config.max_attempts:
+            return self._isolate(entries)
+        try:
+            return self._apply_checked(entries, before)
+        except Exception as exc:
+            if _is_handler_failure(exc):
+                self._failures = {before.last_id: self._failures.get(before.last_id, 0) + 1}
+            raise  # the loop rolls back, backs off and reads the batch again
+
+    def _apply_checked(self, entries: list[engine.Entry], before: store.Checkpoint) -> ConsumeResult:
+        """:meth:`_apply`, again without an entry a handler found malformed (dead-lettered instead), unless the
+        policy is to stop."""
         while True:
             try:
                 return self._apply(entries, before)
@@ -331,6 +277,68 @@ class Consumer(Worker):
                 if self.config.on_malformed == "stop" or known in self._malformed:
                     raise
                 self._malformed[known] = exc.reason  # apply the batch again, that entry dead-lettered
+
+    def _isolate(self, entries: list[engine.Entry]) -> ConsumeResult:
+        """The batch failed ``max_attempts`` times: apply its records one per transaction to find the one that
+        fails, and apply the poison policy to it (:meth:`_poisoned`)."""
+        log.warning(
+            "batch keeps failing; applying its records one by one",
+            consumer=self.config.name,
+            first=engine.to_str(entries[0][0]),
+            records=len(entries),
+        )
+        total = ConsumeResult()
+        for entry in entries:
+            before = self.checkpoint
+            try:
+                total += self._apply_checked([entry], before)
+            except Exception as exc:
+                if not _is_handler_failure(exc):
+                    raise
+                self.links.discard_failed_transaction()
+                total += self._poisoned(entry, before, exc)
+            if self._checkpoint is None:  # moved underneath (another copy, a reset): read again from there
+                break
+        self._failures.clear()
+        return total
+
+    def _poisoned(self, entry: engine.Entry, before: store.Checkpoint, exc: Exception) -> ConsumeResult:
+        """``entry`` failed alone: stop (raise :class:`PoisonRecord`) or dead-letter it and move the checkpoint
+        past it, in one transaction with the row that lets a replay of it be applied once."""
+        record = Record(self.stream, *entry)
+        where = _describe(record)
+        if self.config.on_poison == "stop":
+            raise PoisonRecord(
+                f"consumer {self.config.name!r} on stream {self.stream!r}: {where} failed its handler alone after "
+                f"{self.config.max_attempts} failed attempts at its batch: {exc!r}. The records before it are "
+                "applied; fix the handler and restart, or run with --on-poison dead-letter",
+                record.id,
+            ) from exc
+        conn = self._conn()
+        with store.deadline(conn, self.config.pg_timeout), conn.transaction():
+            current = store.lock_checkpoint(conn, self.config.name)
+            if current is None or current.last_id != before.last_id or current.positions != before.positions:
+                self._checkpoint = None
+                return ConsumeResult()
+            after = current.copy()
+            self._dedupe(conn, [entry], after)  # moves the checkpoint past it (and takes a replay's held row)
+            store.hold_letter(conn, self.config.name, self.stream, record.origin)
+            letter = self._engine().dead_letter_entry(
+                self.stream,
+                entry[0],
+                entry[1],
+                error=repr(exc),
+                consumer=self.config.name,
+                attempts=self.config.max_attempts + 1,  # the batch's failures, and its own
+            )
+            # a crash here leaves a dead letter for a record still ahead of the checkpoint: it is retried, and a
+            # replay of that letter is skipped unless the retry dead-letters it again (then one replay applies)
+            self.faults.crash("consumer.crash_after_dead_letter")
+            store.save_checkpoint(conn, after)
+        self._checkpoint = after
+        self.dead_total += 1
+        log.error("record dead-lettered", consumer=self.config.name, record=where, dead_letter=letter, error=repr(exc))
+        return ConsumeResult(1, 0, 0, 1)
 
     def _apply(self, entries: list[engine.Entry], before: store.Checkpoint) -> ConsumeResult:
         """Apply one batch read after ``before`` with the checkpoint, in one transaction."""
@@ -344,11 +352,11 @@ class Consumer(Worker):
                 log.info("checkpoint moved underneath; re-reading", consumer=self.config.name)
                 return ConsumeResult()
             after = current.copy()
-            fresh = self._dedupe(entries, after)
+            fresh = self._dedupe(conn, entries, after)
             if fresh:
                 crash_at = self.faults.pick(len(fresh)) if self.faults.fires("consumer.crash_mid_batch") else None
                 self.handler(conn, Batch(fresh, crash_at, self.config.name))
-            self._dead_letter_malformed()
+            self._dead_letter_malformed(conn)
             self.faults.crash("consumer.crash_before_commit")
             store.save_checkpoint(conn, after)
         self._checkpoint = after
@@ -366,18 +374,25 @@ class Consumer(Worker):
             last_id=after.last_id,
             ms=round((time.perf_counter() - started) * 1000, 2),
         )
-        return ConsumeResult(len(entries), len(fresh), skipped)
+        return ConsumeResult(len(entries), len(fresh), skipped, len(self._letters))
 
-    def _dedupe(self, entries: list[engine.Entry], checkpoint: store.Checkpoint) -> list[Record]:
-        """Records not yet applied, advancing ``checkpoint`` past every entry read.
+    def _dedupe(
+        self, conn: psycopg.Connection[Any], entries: list[engine.Entry], checkpoint: store.Checkpoint
+    ) -> list[Record]:
+        """Records not yet applied, advancing ``checkpoint`` past every entry read (in ``conn``'s transaction).
 
-        Raises :class:`StreamGap` when a producer's positions jump past the checkpoint: the entries in between
-        were trimmed or lost, and applying what follows would silently skip them.
+        A replayed dead letter is kept only if it is this consumer's and still held (its held row is taken in this
+        transaction, so it is applied once). Raises :class:`StreamGap` when a producer's positions jump past the
+        checkpoint: the entries in between were trimmed or lost, and applying what follows would skip them.
         """
         fresh: list[Record] = []
+        replays: list[Record] = []
         positions = checkpoint.positions
         self._letters = []
         for entry_id, fields in entries:
+            owner = fields.get(REPLAY_FOR)
+            if owner is not None and owner != self._owner:
+                continue  # another consumer's (or group's) replay: we applied the original, or will
             try:
                 if self._malformed and entry_id in self._malformed:
                     raise MalformedEntry(self.stream, engine.to_str(entry_id), self._malformed[entry_id])
@@ -388,7 +403,9 @@ class Consumer(Worker):
                 self._letters.append((entry_id, fields, exc.reason))
                 continue
             pos = record.position
-            if pos is not None:
+            if owner is not None:
+                replays.append(record)  # behind the checkpoint by construction: positions stay as they are
+            elif pos is not None:
                 last = positions.get(record.producer)
                 if last is not None and pos <= last:
                     continue
@@ -396,12 +413,27 @@ class Consumer(Worker):
                 positions[record.producer] = pos
             fresh.append(record)
         checkpoint.last_id = entries[-1][0].decode()
+        if replays:
+            fresh = self._held_only(conn, fresh, replays)
         return fresh
 
-    def _dead_letter_malformed(self) -> None:
+    def _held_only(self, conn: psycopg.Connection[Any], fresh: list[Record], replays: list[Record]) -> list[Record]:
+        """``fresh`` without the replays this consumer does not hold (already applied, or replayed twice)."""
+        held = store.take_held(conn, self.config.name, [r.origin for r in replays])
+        drop = set()
+        for record in replays:
+            if record.origin in held:
+                held.discard(record.origin)  # a second replay of it in this batch is dropped
+            else:
+                drop.add(id(record))
+        return [r for r in fresh if id(r) not in drop]
+
+    def _dead_letter_malformed(self, conn: psycopg.Connection[Any]) -> None:
         """Move this batch's malformed entries to the dead letters, before the checkpoint passes them: a crash
-        before the commit may dead-letter one twice, never lose it."""
+        before the commit may dead-letter one twice, never lose it. Each is held, so its replay is tried once."""
         for entry_id, fields, reason in self._letters:
+            origin = fields.get(REPLAY_OF) or entry_id
+            store.hold_letter(conn, self.config.name, self.stream, engine.to_str(origin))
             letter = self._engine().dead_letter_entry(
                 self.stream, entry_id, fields, error=f"malformed: {reason}", consumer=self.config.name
             )
@@ -454,11 +486,22 @@ class Consumer(Worker):
             )
 
     def drain(self) -> int:
-        """Consume until the stream has nothing after the checkpoint (burst mode); return records handled."""
+        """Consume until the stream has nothing after the checkpoint (burst mode); return records handled.
+
+        A handler's failure is retried as in :meth:`run` (with back-off, then the poison policy)."""
         self.connect()
-        total = 0
+        total, backoff = 0, Backoff(self.max_backoff)
         while True:
-            result = self.run_once(block_ms=-1)
+            try:
+                result = self.run_once(block_ms=-1)
+            except Exception as exc:
+                if not _is_handler_failure(exc):
+                    raise
+                log.warning("handler failed; rolled back, retrying", error=repr(exc), **self.label)
+                self.on_handler_error(exc)
+                backoff.wait(threading.Event())
+                continue
+            backoff.reset()
             total += result.handled
             if result.read == 0 and self._checkpoint is not None:
                 return total
@@ -466,34 +509,24 @@ class Consumer(Worker):
     # -- the loop ----------------------------------------------------------------------------------------------------
 
     def on_handler_error(self, exc: Exception) -> bool:
-        """A handler error: the batch was rolled back; the loop retries it with back-off (it is never skipped)."""
+        """A handler error: the batch was rolled back; the loop retries it with back-off. After ``max_attempts``
+        failures of the batch the next pass applies it record by record, and the poison policy settles the record
+        that fails alone (:meth:`_poisoned`): a record is never skipped without a dead letter."""
         self.links.discard_failed_transaction()
         self._checkpoint = None
         return True
 
 
-def load_object(ref: str) -> Any:
-    """Import ``module:attribute`` (or ``module.attribute``) and return the attribute."""
-    module_name, sep, attr = ref.partition(":")
-    if not sep:
-        module_name, _, attr = ref.rpartition(".")
-    if not module_name or not attr:
-        raise HandlerNotFound(f"{ref!r} must look like package.module:name")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise HandlerNotFound(f"cannot import {module_name!r} for {ref!r}: {exc}") from None
-    if not hasattr(module, attr):
-        raise HandlerNotFound(f"{module_name!r} has no {attr!r} ({ref!r})")
-    return getattr(module, attr)
+def _is_handler_failure(exc: BaseException) -> bool:
+    """A handler's own failure: not the infrastructure's (retried as such) and not one of unilog's verdicts."""
+    return isinstance(exc, Exception) and not isinstance(exc, (UnilogError, *TRANSIENT))
 
 
-def load_handler(ref: str) -> Handler:
-    """Import ``module:function`` (or ``module.function``) and return the handler."""
-    handler = load_object(ref)
-    if not callable(handler):
-        raise HandlerNotFound(f"{ref!r} is not callable: a handler is a function (conn, records)")
-    return cast(Handler, handler)
+def _describe(record: Record) -> str:
+    """``entry <id> (producer:epoch:seq, action)``: how a log line or an error names one record."""
+    pos = record.position
+    where = "no unilog position" if pos is None else f"position {record.producer}:{pos[0]}:{pos[1]}"
+    return f"record {record.id} ({where}, action {record.action!r})"
 
 
 def positions_through(api: engine.RedisStreams, stream: str, last_id: str | None) -> dict[str, tuple[int, int]]:
@@ -520,8 +553,9 @@ def reset_checkpoint(
 
     The positions per producer are recomputed from the stream so deduplication stays right: after a reset to an id,
     entries after it are applied again; before it, skipped. ``reset_state(conn, name)`` (for a rebuild) clears the
-    consumer's own state in the same transaction, so state and checkpoint never disagree. A running copy of the
-    consumer notices the moved checkpoint and follows it.
+    consumer's own state in the same transaction, so state and checkpoint never disagree. The records the consumer
+    dead-lettered are no longer held: a replay of one is skipped (the reset decided what is applied). A running copy
+    of the consumer notices the moved checkpoint and follows it.
     """
     if to == "beginning":
         last_id, positions = "0-0", {}
@@ -541,6 +575,7 @@ def reset_checkpoint(
         store.lock_checkpoint(conn, name)
         if reset_state is not None:
             reset_state(conn, name)
+        store.release_held(conn, name)  # from here on the records are applied (or skipped) from the stream again
         checkpoint = store.Checkpoint(name, stream, last_id, positions)
         store.save_checkpoint(conn, checkpoint)
     api.register(stream, name, last_id)

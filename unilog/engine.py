@@ -504,7 +504,14 @@ class RedisStreams:
         return list(self.entries(dlq_key(stream)))
 
     def dead_letter_entry(
-        self, stream: str, entry_id: bytes, fields: Mapping[bytes, bytes], *, error: str, consumer: str
+        self,
+        stream: str,
+        entry_id: bytes,
+        fields: Mapping[bytes, bytes],
+        *,
+        error: str,
+        consumer: str,
+        attempts: int = 1,
     ) -> str:
         """Copy an entry a checkpoint consumer cannot apply to the dead letters, with why (no group: nothing to
         acknowledge); return the dead letter's id."""
@@ -513,7 +520,7 @@ class RedisStreams:
             b"dlq_original_id": entry_id,
             b"dlq_group": b"",
             b"dlq_consumer": consumer.encode(),
-            b"dlq_attempts": b"1",
+            b"dlq_attempts": str(attempts).encode(),
             b"dlq_error": error.encode(errors="replace")[:4000],
             b"dlq_at": str(int(time.time() * 1000)).encode(),
         }

@@ -104,7 +104,22 @@ class HorizonHeld(UnilogError):
     """
 
 
-class MalformedEntry(UnilogError):
+class PolicyStop(UnilogError):
+    """A worker's own policy says stop here (``on_malformed="stop"``, ``on_poison="stop"``): the process loop never
+    retries it, and nothing after the entry it names was applied."""
+
+
+class PoisonRecord(PolicyStop):
+    """A record keeps failing its handler, alone in its transaction, after ``max_attempts`` failures of its batch,
+    and the consumer's poison policy is ``stop``. The message names the consumer, the entry id, the record's position
+    and the handler's error."""
+
+    def __init__(self, message: str, entry_id: str) -> None:
+        super().__init__(message)
+        self.entry_id = entry_id
+
+
+class MalformedEntry(PolicyStop):
     """A stream entry is not a unilog record (another writer's, or damaged): its ``data`` is not JSON, or its
     position fields are not integers. By default consumers dead-letter it and go on; with ``on_malformed="stop"``
     they stop with this error, which names the entry."""

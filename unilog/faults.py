@@ -14,6 +14,8 @@ Points:
     Crash while the handler iterates the batch, after some records were handled.
 ``consumer.crash_before_commit``
     Crash after the handler ran and before the state-and-checkpoint transaction commits (the reference's 10 %).
+``consumer.crash_after_dead_letter``
+    A checkpoint consumer crashes after it dead-lettered a poison record and before its checkpoint passed it.
 ``group.crash_before_ack``
     A group worker crashes after its transaction committed and before it acknowledged the entries in Redis.
 
@@ -40,6 +42,7 @@ POINTS = (
     "streamer.crash_after_publish",
     "consumer.crash_mid_batch",
     "consumer.crash_before_commit",
+    "consumer.crash_after_dead_letter",
     "group.crash_before_ack",
 )
 

@@ -30,9 +30,9 @@ import structlog
 
 from . import engine, store
 from .config import Settings, validate_stream_name
-from .consumer import Batch, Handler, Record, check_malformed_policy
 from .errors import MalformedEntry
 from .faults import NO_FAULTS, Faults
+from .records import REPLAY_FOR, Batch, Handler, Record, check_malformed_policy, replay_owner
 from .runtime import TRANSIENT, Links, Worker
 
 log = structlog.get_logger(__name__)
@@ -95,6 +95,7 @@ class GroupConsumer(Worker):
         self.config = config
         self.stream = config.stream or settings.stream
         self.worker = config.worker or default_worker_name()
+        self._owner = replay_owner("group", config.group).encode()
         self.handler = handler
         self.faults = faults
         self.restart_after_crash = config.restart_after_crash
@@ -228,7 +229,9 @@ class GroupConsumer(Worker):
     def _apply_batch(self, entries: list[engine.Entry]) -> tuple[int, int]:
         """Apply ``entries`` in one transaction (skipping ones applied before), then acknowledge them all."""
         started = time.perf_counter()
-        records = [Record(self.stream, eid, fields) for eid, fields in entries]
+        # another consumer's (or group's) replayed dead letter: this group applied the original, or will
+        mine = self._owner
+        records = [Record(self.stream, eid, fields) for eid, fields in entries if fields.get(REPLAY_FOR, mine) == mine]
         conn = self._conn()
         with store.deadline(conn, self.config.pg_timeout), conn.transaction():
             fresh = self._fresh(conn, records)
@@ -240,7 +243,7 @@ class GroupConsumer(Worker):
         ids = [eid for eid, _ in entries]
         api = self._engine()
         api.settle(self.stream, self.config.group, ids)
-        skipped = len(records) - len(fresh)
+        skipped = len(entries) - len(fresh)
         self.handled_total += len(fresh)
         self.skipped_total += skipped
         log.info(
@@ -335,9 +338,10 @@ class GroupConsumer(Worker):
 
 
 def _identity(record: Record) -> store.Identity:
-    """(producer, epoch, seq); entries without unilog metadata are identified by their stream id."""
+    """(producer, epoch, seq); entries without unilog metadata are identified by the stream id they were first
+    appended as (a replay of one is the same record)."""
     pos = record.position
     if pos is not None:
         return record.producer, pos[0], pos[1]
-    ms, _, seq = record.id.partition("-")
+    ms, _, seq = record.origin.partition("-")
     return "", int(ms), int(seq or 0)

@@ -57,6 +57,9 @@ class PartitionConfig:
     heartbeat_ttl: float = 5.0
     max_backoff: float = 10.0
     restart_after_crash: bool = True
+    on_malformed: str = "dead-letter"
+    max_attempts: int = 3
+    on_poison: str = "stop"
 
 
 class PartitionedConsumer(Worker):
@@ -146,6 +149,9 @@ class PartitionedConsumer(Worker):
             batch_size=self.config.batch_size,
             block_ms=self.config.block_ms,
             restart_after_crash=self.config.restart_after_crash,
+            on_malformed=self.config.on_malformed,
+            max_attempts=self.config.max_attempts,
+            on_poison=self.config.on_poison,
         )
         consumer = Consumer(self.settings, config, self.handler, faults=self.faults)
         consumer.connect()
@@ -211,8 +217,10 @@ class PartitionedConsumer(Worker):
     recover = restart
 
     def on_handler_error(self, exc: Exception) -> bool:
-        """A handler failure: roll back, re-balance, retry from the checkpoints."""
-        self.restart()
+        """A handler failure: the partition's batch was rolled back; retry from the checkpoints, keeping each
+        partition consumer (it counts its batch's failures towards its poison policy)."""
+        for consumer in self.owned.values():
+            consumer.on_handler_error(exc)
         return True
 
     def stopped(self) -> None:

@@ -22,7 +22,7 @@ import structlog
 
 from . import engine, store
 from .config import Settings
-from .errors import ConfigurationError, DataLoss, InjectedCrash, ServerUnreachable
+from .errors import ConfigurationError, DataLoss, InjectedCrash, PolicyStop, ServerUnreachable
 
 log = structlog.get_logger(__name__)
 
@@ -233,7 +233,8 @@ class Backoff:
 def serve(worker: Worker, stop_event: threading.Event) -> None:
     """The loop every worker shares: passes until ``stop_event`` is set (the pass in progress always finishes).
 
-    The same failure policy everywhere: data loss (:class:`~unilog.errors.DataLoss`) stops the process; an
+    The same failure policy everywhere: data loss (:class:`~unilog.errors.DataLoss`), a configuration no retry can
+    fix and a worker's policy to stop (:class:`~unilog.errors.PolicyStop`) stop the process; an
     injected crash restarts it in-process (or propagates, without ``restart_after_crash``); a connection failure
     reconnects with exponential back-off; a handler failure is rolled back and retried with back-off if the worker
     says so (:meth:`Worker.on_handler_error`), and anything else propagates.
@@ -243,8 +244,8 @@ def serve(worker: Worker, stop_event: threading.Event) -> None:
         try:
             worker.before_pass()
             result = worker.run_once()
-        except (DataLoss, ConfigurationError):
-            raise  # data loss, and a setup no retry can fix (a key of the wrong type, say), stop the process
+        except (DataLoss, ConfigurationError, PolicyStop):
+            raise  # data loss, a setup no retry can fix (a key of the wrong type, say) and a policy's stop end it
         except InjectedCrash as exc:
             if not worker.restart_after_crash:
                 raise

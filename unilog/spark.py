@@ -159,8 +159,18 @@ def _record_batch(stream: str, chunk: list[Any]) -> Any:
             column.append(number(fields.get(name)))
     text[b"producer"] = [p or b"" for p in text[b"producer"]]
     columns = [
-        [stream] * len(ids), ids, ms, id_seq, text[b"producer"], ints[b"epoch"], ints[b"seq"], text[b"action"],
-        text[b"object"], text[b"key"], text[b"data"], ints[b"created"],
+        [stream] * len(ids),
+        ids,
+        ms,
+        id_seq,
+        text[b"producer"],
+        ints[b"epoch"],
+        ints[b"seq"],
+        text[b"action"],
+        text[b"object"],
+        text[b"key"],
+        text[b"data"],
+        ints[b"created"],
     ]
     schema = _arrow_schema()
     try:

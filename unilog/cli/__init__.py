@@ -20,7 +20,6 @@ from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
 from .. import __version__
-from ..consumer import Handler
 from ..errors import (
     ConfigurationError,
     DataLoss,
@@ -29,11 +28,13 @@ from ..errors import (
     InjectedCrash,
     MalformedEntry,
     MigrationFailed,
+    PoisonRecord,
     SchemaMissing,
     ServerUnreachable,
     UnilogError,
 )
 from ..log import configure_logging
+from ..records import Handler
 from . import consume, consumers, dlq, migrate, pipeline, streamer, streams
 from .common import ExitCode, common_args
 
@@ -46,6 +47,7 @@ _ERROR_CODES: list[tuple[type[BaseException], ExitCode]] = [
     (DataLoss, ExitCode.DATA_LOSS),
     (HorizonHeld, ExitCode.HORIZON_HELD),
     (MalformedEntry, ExitCode.MALFORMED),
+    (PoisonRecord, ExitCode.POISON),
     (HandlerNotFound, ExitCode.HANDLER),
     (ConfigurationError, ExitCode.CONFIG),
     (ServerUnreachable, ExitCode.UNREACHABLE),

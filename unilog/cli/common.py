@@ -35,6 +35,7 @@ class ExitCode(IntEnum):
     DATA_LOSS = 8  # a consumer found entries missing from the stream (trimmed past it, or Redis lost data)
     HORIZON_HELD = 9  # burst mode: committed records stayed behind an open transaction longer than --max-wait
     MALFORMED = 10  # an entry is not a unilog record and the consumer runs with --on-malformed stop
+    POISON = 11  # a record keeps failing its handler and the consumer runs with --on-poison stop (the default)
     INTERRUPTED = 130  # Ctrl-C
 
 

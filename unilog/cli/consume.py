@@ -9,8 +9,8 @@ import sys
 from typing import Any
 
 from ..config import Settings
-from ..consumer import Handler
 from ..errors import ConfigurationError
+from ..records import Handler
 from .common import (
     ExitCode,
     connection_args,
@@ -24,7 +24,7 @@ from .common import (
 
 
 def cmd_consume(args: argparse.Namespace) -> int:
-    from ..consumer import load_handler
+    from ..records import load_handler
 
     importable_from_cwd()
     return run_consumer(args, load_handler(args.handler))
@@ -74,6 +74,9 @@ def _make_worker(args: argparse.Namespace, settings: Settings, handler: Handler)
             batch_size=args.batch_size,
             block_ms=args.block_ms,
             restart_after_crash=crash_restart,
+            on_malformed=args.on_malformed,
+            max_attempts=args.max_attempts,
+            on_poison=args.on_poison,
         )
         return PartitionedConsumer(settings, part, handler, faults=faults_from(args))
     checkpoint = ConsumerConfig(
@@ -83,6 +86,8 @@ def _make_worker(args: argparse.Namespace, settings: Settings, handler: Handler)
         block_ms=args.block_ms,
         restart_after_crash=crash_restart,
         on_malformed=args.on_malformed,
+        max_attempts=args.max_attempts,
+        on_poison=args.on_poison,
     )
     return Consumer(settings, checkpoint, handler, faults=faults_from(args))
 
@@ -127,6 +132,19 @@ def consume_args(p: argparse.ArgumentParser) -> None:
         default="dead-letter",
         help="an entry that is not a unilog record (data not JSON): dead-letter it and go on (default), or stop "
         "with exit code 10",
+    )
+    p.add_argument(
+        "--max-attempts",
+        type=positive_int,
+        default=3,
+        help="checkpoint consumer: failures of one batch before it is applied record by record to find the poison",
+    )
+    p.add_argument(
+        "--on-poison",
+        choices=("stop", "dead-letter"),
+        default="stop",
+        help="checkpoint consumer: a record that fails alone stops the consumer with exit code 11 (default), or is "
+        "dead-lettered and passed",
     )
     fault_args(p)
 

@@ -19,8 +19,8 @@ def _spark(args: argparse.Namespace, app: str) -> Any:
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
-    from ..consumer import load_object
     from ..reconcile import reconcile
+    from ..records import load_object
 
     importable_from_cwd()
     settings = settings_from(args)

@@ -85,3 +85,31 @@ def checkpoint_stream(conn: psycopg.Connection[Any], name: str) -> str | None:
     """The stream consumer ``name`` reads, or None if it has no checkpoint."""
     checkpoint = _read_checkpoint(conn, name)
     return None if checkpoint is None else checkpoint.stream
+
+
+def hold_letter(conn: psycopg.Connection[Any], consumer: str, stream: str, origin_id: str) -> None:
+    """Remember, in the caller's transaction, that ``consumer`` dead-lettered the record first appended as
+    ``origin_id`` without applying it (so a replay of it is applied once)."""
+    conn.execute(
+        "INSERT INTO unilog_held_letters (consumer, origin_id, stream) VALUES (%s, %s, %s) "
+        "ON CONFLICT (consumer, origin_id) DO NOTHING",
+        (consumer, origin_id, stream),
+    )
+
+
+def take_held(conn: psycopg.Connection[Any], consumer: str, origin_ids: list[str]) -> set[str]:
+    """Forget the held records among ``origin_ids`` and return those that were held: the caller applies them in
+    this transaction (a rollback holds them again)."""
+    rows = conn.execute(
+        "DELETE FROM unilog_held_letters WHERE consumer = %s AND origin_id = ANY(%s) RETURNING origin_id",
+        (consumer, origin_ids),
+    ).fetchall()
+    return {row[0] for row in rows}
+
+
+def release_held(conn: psycopg.Connection[Any], consumer: str, origin_id: str | None = None) -> int:
+    """Forget ``consumer``'s held record ``origin_id`` (every one, if None: a reset); return how many."""
+    if origin_id is None:
+        return conn.execute("DELETE FROM unilog_held_letters WHERE consumer = %s", (consumer,)).rowcount
+    query = "DELETE FROM unilog_held_letters WHERE consumer = %s AND origin_id = %s"
+    return conn.execute(query, (consumer, origin_id)).rowcount

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import structlog
 
-from unilog.consumer import load_handler, load_object
 from unilog.errors import ConfigurationError, UnilogError
+from unilog.records import load_handler, load_object
 
 from ..app import App
 from .history import HistoryWriter

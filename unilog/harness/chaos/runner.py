@@ -20,8 +20,8 @@ from urllib.parse import urlsplit
 
 from unilog import admin
 from unilog.config import Settings
-from unilog.consumer import load_handler
 from unilog.errors import ConfigurationError, UnilogError
+from unilog.records import load_handler
 from unilog.status import collect_status
 
 from ..app import App, spark_available
