@@ -32,3 +32,10 @@ def test_every_name_the_readme_uses_from_unilog_is_exported() -> None:
 def test_nothing_internal_is_exported() -> None:
     internal = {"FaultConfig", "Links", "serve", "store", "engine", "NO_FAULTS"}
     assert internal.isdisjoint(unilog.__all__)
+
+
+def test_the_exit_code_table_is_the_exit_code_enum() -> None:
+    from unilog.cli import ExitCode
+
+    rows = re.findall(r"^\| (\d+) \| `([A-Z_]+)` \|", _section("Operations: when something refuses"), re.MULTILINE)
+    assert [(int(code), name) for code, name in rows] == [(int(c), c.name) for c in ExitCode]

@@ -44,7 +44,7 @@ from .records import (
     load_object,
     replay_owner,
 )
-from .runtime import TRANSIENT, Backoff, Links, Worker
+from .runtime import FATAL, TRANSIENT, Backoff, Links, Worker
 
 __all__ = [  # Batch, Handler, Record and the loaders are re-exported: they lived here first
     "Batch",
@@ -518,8 +518,9 @@ class Consumer(Worker):
 
 
 def _is_handler_failure(exc: BaseException) -> bool:
-    """A handler's own failure: not the infrastructure's (retried as such) and not one of unilog's verdicts."""
-    return isinstance(exc, Exception) and not isinstance(exc, (UnilogError, *TRANSIENT))
+    """A handler's own failure: not the infrastructure's (retried as such), not a refusal no retry can fix (a
+    missing privilege) and not one of unilog's verdicts."""
+    return isinstance(exc, Exception) and not isinstance(exc, (UnilogError, *TRANSIENT, *FATAL))
 
 
 def _describe(record: Record) -> str:

@@ -55,6 +55,22 @@ class RedisPermissionDenied(ConfigurationError):
     """The Redis user (ACL) may not run a command unilog needs."""
 
 
+class RedisReadOnly(ConfigurationError):
+    """The Redis server refuses writes: ``REDIS_URL`` names a replica (or a primary demoted by a failover)."""
+
+
+class RedisAuthFailed(ConfigurationError):
+    """Redis refused the credentials in ``REDIS_URL`` (``NOAUTH``: none given where one is required; ``WRONGPASS``)."""
+
+
+class PostgresPermissionDenied(ConfigurationError):
+    """The Postgres role in ``DATABASE_URL`` lacks a privilege unilog needs; the message names what was refused."""
+
+
+class UnsupportedServer(ConfigurationError):
+    """The server is older than unilog supports (Postgres 15, Redis 6.2)."""
+
+
 class ServerUnreachable(UnilogError):
     """Postgres or Redis could not be reached; the message names the server (password redacted) and the cause."""
 

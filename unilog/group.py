@@ -33,7 +33,7 @@ from .config import Settings, validate_stream_name
 from .errors import MalformedEntry
 from .faults import NO_FAULTS, Faults
 from .records import REPLAY_FOR, Batch, Handler, Record, check_malformed_policy, replay_owner
-from .runtime import TRANSIENT, Links, Worker
+from .runtime import FATAL, TRANSIENT, Links, Worker
 
 log = structlog.get_logger(__name__)
 
@@ -213,8 +213,8 @@ class GroupConsumer(Worker):
             return GroupResult()
         try:
             handled, skipped = self._apply_batch(entries)
-        except TRANSIENT:
-            raise  # infrastructure, not the record: reconnect and retry, never count it against the record
+        except (*TRANSIENT, *FATAL):
+            raise  # infrastructure or set-up, not the record: never count it against the record
         except MalformedEntry:
             if self.config.on_malformed == "stop":
                 raise

@@ -22,12 +22,19 @@ import structlog
 
 from . import engine, store
 from .config import Settings
-from .errors import ConfigurationError, DataLoss, InjectedCrash, PolicyStop, ServerUnreachable
+from .errors import ConfigurationError, DataLoss, InjectedCrash, PolicyStop, ServerUnreachable, UnilogError
 
 log = structlog.get_logger(__name__)
 
 # Failures of the infrastructure rather than of a record: retried after reconnecting, never held against a record.
 TRANSIENT: tuple[type[BaseException], ...] = (psycopg.OperationalError, engine.RedisError, OSError, ServerUnreachable)
+# Failures of the set-up no retry can fix (a Redis replica, a refused privilege): the process stops with one line.
+FATAL: tuple[type[Exception], ...] = (*engine.FATAL, *store.FATAL)
+
+
+def fatal(exc: BaseException) -> UnilogError | None:
+    """The one-line error for a server's refusal no retry can fix (a replica, a missing privilege), or None."""
+    return engine.fatal(exc) or store.fatal(exc)
 
 
 class Links:
@@ -246,6 +253,8 @@ def serve(worker: Worker, stop_event: threading.Event) -> None:
             result = worker.run_once()
         except (DataLoss, ConfigurationError, PolicyStop):
             raise  # data loss, a setup no retry can fix (a key of the wrong type, say) and a policy's stop end it
+        except FATAL as exc:
+            raise fatal(exc) or exc from None  # the same, as the server said it
         except InjectedCrash as exc:
             if not worker.restart_after_crash:
                 raise
@@ -253,7 +262,8 @@ def serve(worker: Worker, stop_event: threading.Event) -> None:
             worker.restart()
             continue
         except worker.retryable as exc:
-            log.error("connection failed; retrying", error=str(exc), retry_in=backoff.delay, **worker.label)
+            advice = {"hint": hint} if (hint := engine.hint(exc)) else {}
+            log.error("connection failed; retrying", error=str(exc), retry_in=backoff.delay, **advice, **worker.label)
             worker.recover()
             backoff.wait(stop_event)
             continue

@@ -35,6 +35,7 @@ from ..errors import (
 )
 from ..log import configure_logging
 from ..records import Handler
+from ..runtime import FATAL, fatal
 from . import consume, consumers, dlq, migrate, pipeline, streamer, streams
 from .common import ExitCode, common_args
 
@@ -87,9 +88,15 @@ def _guarded(func: Callable[[argparse.Namespace], int], args: argparse.Namespace
     except KeyboardInterrupt:
         return ExitCode.INTERRUPTED
     except UnilogError as exc:
-        code = next(c for t, c in _ERROR_CODES if isinstance(exc, t))
-        print(f"unilog: error: {exc}", file=sys.stderr)
-        return code
+        return _refused(exc)
+    except FATAL as exc:  # a server's refusal no retry can fix, raised outside a worker's loop (burst mode)
+        return _refused(fatal(exc) or UnilogError(str(exc)))
+
+
+def _refused(exc: UnilogError) -> int:
+    code = next(c for t, c in _ERROR_CODES if isinstance(exc, t))
+    print(f"unilog: error: {exc}", file=sys.stderr)
+    return code
 
 
 def run() -> None:

@@ -25,11 +25,13 @@ from .checkpoints import (
     take_held,
 )
 from .connection import (
+    FATAL,
     SCHEMA_HEAD,
     VERSION_TABLE,
     check_schema,
     connect,
     deadline,
+    fatal,
     take_migration_lock,
 )
 from .groups import (
@@ -83,6 +85,7 @@ from .staging import (
 )
 
 __all__ = [
+    "FATAL",
     "FETCH_BATCH",
     "FETCH_PACKED",
     "INSERT_STAGED",
@@ -106,6 +109,7 @@ __all__ = [
     "describe_holder",
     "ensure_checkpoint",
     "export_snapshot",
+    "fatal",
     "fetch_packed",
     "fetch_visible",
     "group_watermarks",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
 import threading
 import time
@@ -15,7 +16,13 @@ import structlog
 from psycopg import sql
 
 from ..config import redact_url
-from ..errors import SchemaMissing, ServerUnreachable
+from ..errors import (
+    PostgresPermissionDenied,
+    SchemaMissing,
+    ServerUnreachable,
+    UnilogError,
+    UnsupportedServer,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -34,7 +41,7 @@ def connect(
     still acknowledges packets but never answers is handled by :func:`deadline`.
     """
     try:
-        return psycopg.connect(
+        conn = psycopg.connect(
             conninfo,
             autocommit=autocommit,
             application_name=application_name,
@@ -51,6 +58,36 @@ def connect(
             f"cannot connect to Postgres at {redact_url(conninfo)}: {reason} "
             "(is the server running and DATABASE_URL right?)"
         ) from None
+    if conn.info.server_version < MIN_SERVER_VERSION:
+        version = conn.info.parameter_status("server_version") or str(conn.info.server_version)
+        conn.close()
+        raise UnsupportedServer(
+            f"Postgres at {redact_url(conninfo)} is version {version}; unilog needs Postgres 15 or later: upgrade the "
+            "server (pg_upgrade) or point DATABASE_URL at a newer one"
+        )
+    return conn
+
+
+MIN_SERVER_VERSION = 150000
+# Failures no retry can fix: the role lacks a privilege. Workers stop with :func:`fatal`'s line instead of retrying.
+FATAL: tuple[type[Exception], ...] = (psycopg.errors.InsufficientPrivilege,)
+
+
+def fatal(exc: BaseException) -> UnilogError | None:
+    """The one-line error for a Postgres failure no retry can fix (see :data:`FATAL`), or None."""
+    if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+        what = exc.diag.message_primary or str(exc).strip().splitlines()[0]
+        found = re.search(r"for (table|sequence|schema|function) (\S+)", what)
+        grant = (
+            f"GRANT USAGE ON SCHEMA {found[2]}"
+            if found and found[1] == "schema"
+            else f"GRANT SELECT, INSERT, UPDATE, DELETE ON {found[2] if found else '<table>'}"
+        )
+        return PostgresPermissionDenied(
+            f"Postgres refused: {what} (the role in DATABASE_URL lacks a privilege unilog needs): grant it, e.g. "
+            f"{grant} TO <role>"
+        )
+    return None
 
 
 class _Watchdog:

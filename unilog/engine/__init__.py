@@ -15,12 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
-from .config import redact_url
-from .errors import ConfigurationError, RedisPermissionDenied, ServerUnreachable, WrongKeyType
-from .wire import (  # noqa: F401 - the adapter's names, used as engine.X across the library
+from ..errors import ConfigurationError, RedisPermissionDenied, WrongKeyType
+from ..wire import (  # noqa: F401 - the adapter's names, used as engine.X across the library
     Packed,
     PublishRow,
     _b,
@@ -35,36 +32,14 @@ from .wire import (  # noqa: F401 - the adapter's names, used as engine.X across
     to_str,
     workers_key,
 )
+from .refusals import FATAL, connect, fatal, hint, ping, read_only  # noqa: F401 - connecting and classifying refusals
 
 Fields = Mapping[str, Any]
 Entry = tuple[bytes, dict[bytes, bytes]]
 # What a failure of Redis itself raises (other modules name it here instead of importing redis-py)
 RedisError = redis.RedisError
+
 PAGE = 10_000  # entries per XRANGE page: large enough to amortize the round trip, small enough to bound memory
-
-
-def connect(url: str, *, socket_timeout: float | None = 10.0) -> redis.Redis:
-    """A redis-py client with retries off (see the module docstring) and bytes responses (decoded lazily)."""
-    return redis.Redis.from_url(
-        url,
-        retry=Retry(NoBackoff(), 0),
-        retry_on_timeout=False,
-        socket_timeout=socket_timeout,
-        socket_connect_timeout=10.0,
-        health_check_interval=30,
-        decode_responses=False,
-    )
-
-
-def ping(client: redis.Redis, url: str) -> str:
-    """Check the server answers and return its version; raise :class:`ServerUnreachable` if it does not."""
-    try:
-        info = client.info("server")
-    except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-        raise ServerUnreachable(
-            f"cannot connect to Redis at {redact_url(url)}: {exc} (is the server running and REDIS_URL right?)"
-        ) from None
-    return str(info.get("redis_version", "?"))
 
 
 @dataclass(frozen=True)
@@ -227,6 +202,8 @@ class RedisStreams:
                             f"the Redis key {key!r} holds a {kind}, not a {wanted}: another application uses that "
                             "name; use another stream name (UNILOG_STREAM, emit(stream=...)) or remove that key"
                         ) from None
+            if "READONLY" in text:  # inside a script the reply is a plain error quoting it
+                raise read_only(text.rpartition("-")[2] or text) from None
             if "NOPERM" in text:
                 raise RedisPermissionDenied(
                     f"the Redis user may not do what unilog needs on {stream!r} ({text.splitlines()[0]}): grant the "

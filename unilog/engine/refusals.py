@@ -1,0 +1,115 @@
+"""Connecting to Redis, and telling its refusals apart: what a retry fixes (a lost connection, ``LOADING``, ``OOM``:
+:func:`hint` says what to do) from what it cannot (a replica, an ACL refusal: :func:`fatal` gives the one line).
+
+Part of the Redis adapter (``unilog.engine``): the library reaches these through ``engine.connect`` and friends.
+"""
+
+from __future__ import annotations
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from ..config import redact_url
+from ..errors import (
+    ConfigurationError,
+    RedisAuthFailed,
+    RedisPermissionDenied,
+    RedisReadOnly,
+    ServerUnreachable,
+    UnsupportedServer,
+)
+
+
+def connect(url: str, *, socket_timeout: float | None = 10.0) -> redis.Redis:
+    """A redis-py client with retries off (see the module docstring) and bytes responses (decoded lazily)."""
+    return redis.Redis.from_url(
+        url,
+        retry=Retry(NoBackoff(), 0),
+        retry_on_timeout=False,
+        socket_timeout=socket_timeout,
+        socket_connect_timeout=10.0,
+        health_check_interval=30,
+        decode_responses=False,
+    )
+
+
+def ping(client: redis.Redis, url: str) -> str:
+    """Check the server answers, accepts the credentials and is recent enough; return its version.
+
+    Raises :class:`ServerUnreachable` (not running, still loading its data), :class:`RedisAuthFailed` or
+    :class:`UnsupportedServer` (older than 6.2), each naming the server (password redacted) and the fix.
+    """
+    where = redact_url(url)
+    try:
+        try:
+            version = str(client.info("server").get("redis_version", "?"))
+        except redis.exceptions.NoPermissionError:  # an ACL user without INFO: a PING still shows it answers
+            client.ping()
+            return "?"
+    except redis.AuthenticationError as exc:  # before ConnectionError: it is one
+        raise RedisAuthFailed(
+            f"Redis at {where} refused the credentials ({exc}): put the user and password in REDIS_URL, "
+            "redis://USER:PASSWORD@HOST:PORT (redis://:PASSWORD@HOST:PORT for requirepass)"
+        ) from None
+    except redis.BusyLoadingError:
+        raise ServerUnreachable(
+            f"Redis at {where} is still loading its data set into memory (it just restarted): start again once it "
+            "answers"
+        ) from None
+    except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+        raise ServerUnreachable(
+            f"cannot connect to Redis at {where}: {exc} (is the server running and REDIS_URL right?)"
+        ) from None
+    if _too_old(version):
+        raise UnsupportedServer(f"Redis at {where} is version {version}; unilog needs Redis 6.2 or later: upgrade it")
+    return version
+
+
+MIN_SERVER_VERSION = (6, 2)  # XAUTOCLAIM, XADD MINID, GETDEL
+
+
+def _too_old(version: str) -> bool:
+    try:
+        major, minor = (int(part) for part in version.split(".")[:2])
+    except ValueError:
+        return False  # a fork that reports something else: let the commands themselves tell
+    return (major, minor) < MIN_SERVER_VERSION
+
+
+# Failures no retry can fix: a replica where the primary should be, an ACL refusal. Workers stop with :func:`fatal`'s
+# line instead of retrying them as they retry a lost connection.
+FATAL: tuple[type[Exception], ...] = (redis.ReadOnlyError, redis.exceptions.NoPermissionError)
+
+
+def fatal(exc: BaseException) -> ConfigurationError | None:
+    """The one-line error for a Redis failure no retry can fix (see :data:`FATAL`), or None."""
+    if isinstance(exc, redis.ReadOnlyError):
+        return read_only(str(exc))
+    if isinstance(exc, redis.exceptions.NoPermissionError):
+        return RedisPermissionDenied(
+            f"the Redis user may not run a command unilog needs ({exc}): grant the stream commands and EVALSHA on "
+            "unilog's keys (ACL SETUSER)"
+        )
+    return None
+
+
+def read_only(detail: str) -> RedisReadOnly:
+    return RedisReadOnly(
+        f"the Redis server refuses writes, it is a read-only replica ({detail.strip()}): point REDIS_URL at the "
+        "primary (after a failover, the new one)"
+    )
+
+
+def hint(exc: BaseException) -> str | None:
+    """What an operator should know about a Redis failure that unilog retries, or None."""
+    if isinstance(exc, redis.BusyLoadingError):
+        return "Redis is loading its data set after a restart; unilog retries until it answers"
+    if isinstance(exc, redis.exceptions.OutOfMemoryError) or "-OOM " in str(exc):  # a script quotes it
+        return (
+            "Redis reached maxmemory: records stay staged in Postgres until it accepts writes; raise maxmemory, or "
+            "find the consumer that holds retention back (unilog status)"
+        )
+    if isinstance(exc, redis.AuthenticationError):
+        return "Redis refused the credentials: fix the user and password in REDIS_URL"
+    return None
