@@ -190,14 +190,14 @@ def test_a_server_older_than_supported_is_one_line_and_exit_code_3(
     command: list[str],
 ) -> None:
     """No older server is installable here, so the real one is made "too old" by raising the minimum in-process."""
-    from unilog import engine
     from unilog.cli import main
+    from unilog.engine import refusals
     from unilog.store import connection
 
     if server == "postgres":
         monkeypatch.setattr(connection, "MIN_SERVER_VERSION", 990000)
     else:
-        monkeypatch.setattr(engine, "MIN_SERVER_VERSION", (99, 0))
+        monkeypatch.setattr(refusals, "MIN_SERVER_VERSION", (99, 0))
     monkeypatch.setenv("DATABASE_URL", settings.database_url)
     monkeypatch.setenv("REDIS_URL", settings.redis_url)
     assert main(["--log-json", *command]) == ExitCode.CONFIG
@@ -205,3 +205,70 @@ def test_a_server_older_than_supported_is_one_line_and_exit_code_3(
     assert "\n" not in err, err
     wanted = "unilog needs Postgres 15 or later" if server == "postgres" else "unilog needs Redis 6.2 or later"
     assert wanted in err and "is version" in err, err
+
+
+def _loading_redis(server: EmbeddedRedis) -> subprocess.Popen[bytes]:
+    """Restart ``server`` by hand with 20 MB of data loaded slowly (``key-load-delay``): it answers ``LOADING`` for
+    some seconds (the harness itself would wait for the loading to end)."""
+    client = redis.Redis.from_url(server.url)
+    fill = client.pipeline(transaction=False)
+    for i in range(20_000):
+        fill.set(f"k{i}", os.urandom(1000))  # incompressible: Redis answers clients between 2 MB chunks of loading
+    fill.execute()
+    client.bgrewriteaof()  # an RDB preamble, loaded key by key
+    while client.info("persistence")["aof_rewrite_in_progress"]:
+        time.sleep(0.05)
+    time.sleep(0.2)
+    server.stop()
+    server.conf_path.write_text(server.conf_path.read_text() + "\nkey-load-delay 40\n")
+    proc = subprocess.Popen(
+        [str(server.binary.path), str(server.conf_path)],
+        cwd=server.base_dir,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            if redis.Redis.from_url(server.url, socket_timeout=5).info("persistence")["loading"]:
+                return proc
+        except redis.ConnectionError:
+            pass
+        assert time.monotonic() < deadline, "Redis never started loading"
+        time.sleep(0.01)
+
+
+def test_redis_loading_its_data_is_exit_4_in_burst_mode_and_waited_out_by_a_running_streamer(
+    settings: Settings, pg: Any, own_redis: EmbeddedRedis
+) -> None:
+    env = {**os.environ, "DATABASE_URL": settings.database_url, "REDIS_URL": own_redis.url}
+    running = subprocess.Popen(
+        [sys.executable, "-m", "unilog", "--log-json", "streamer", "--poll-interval", "0.2"],
+        env={**env, "UNILOG_STREAM": settings.stream},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert running.stdout is not None
+    server = None
+    try:
+        assert "streamer started" in running.stdout.readline() or "streamer started" in running.stdout.readline()
+        server = _loading_redis(own_redis)  # the running streamer loses Redis, then finds it loading
+        stage(settings)
+        burst = unilog(settings, "streamer", "--once", "--name", "burst", redis_url=own_redis.url)
+        assert burst.returncode == ExitCode.UNREACHABLE, burst.stderr
+        assert "still loading its data set" in one_line(burst)
+        lines = []
+        for line in running.stdout:
+            lines.append(line)
+            if "batch streamed" in line:
+                break
+        retries = [line for line in lines if "connection failed; retrying" in line]
+        assert any("loading" in line.lower() for line in retries), lines
+        assert staged(pg) == 0 and redis.Redis.from_url(own_redis.url).xlen(settings.stream) == 3
+    finally:
+        running.terminate()
+        running.wait(timeout=30)
+        if server is not None:
+            server.terminate()
+            server.wait(timeout=30)

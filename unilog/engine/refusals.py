@@ -44,9 +44,12 @@ def ping(client: redis.Redis, url: str) -> str:
     try:
         try:
             version = str(client.info("server").get("redis_version", "?"))
+            loading = bool(client.info("persistence").get("loading"))  # INFO answers while loading; streams don't
         except redis.exceptions.NoPermissionError:  # an ACL user without INFO: a PING still shows it answers
             client.ping()
             return "?"
+        if loading:
+            raise redis.BusyLoadingError("loading")
     except redis.AuthenticationError as exc:  # before ConnectionError: it is one
         raise RedisAuthFailed(
             f"Redis at {where} refused the credentials ({exc}): put the user and password in REDIS_URL, "
