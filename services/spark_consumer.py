@@ -20,6 +20,7 @@ from typing import Any
 
 import psycopg
 
+from unilog import metrics
 from unilog.cli import ExitCode
 from unilog.log import configure_logging
 from unilog.spark import TransactionalSink, spark_session
@@ -89,8 +90,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--checkpoint", help="Spark's checkpoint folder (a cache; default: a temp folder per name)")
     parser.add_argument("--once", action="store_true", help="process what is in the stream, then exit")
     parser.add_argument("--conf", action="append", default=[], help="extra Spark settings, key=value")
+    parser.add_argument("--metrics-port", type=int, help="serve the driver's Prometheus metrics on this port")
     args = parser.parse_args(argv)
     configure_logging()
+    if args.metrics_port is not None:
+        metrics.serve(args.metrics_port)  # the sink runs in the driver: its batches are counted here
     conf = dict(item.split("=", 1) for item in args.conf)
     spark = spark_session(f"unilog-{args.name}", args.master, conf)
     checkpoint = args.checkpoint or os.path.join(tempfile.gettempdir(), f"unilog-spark-{args.name}")

@@ -39,3 +39,17 @@ def test_the_exit_code_table_is_the_exit_code_enum() -> None:
 
     rows = re.findall(r"^\| (\d+) \| `([A-Z_]+)` \|", _section("Operations: when something refuses"), re.MULTILINE)
     assert [(int(code), name) for code, name in rows] == [(int(c), c.name) for c in ExitCode]
+
+
+def test_every_metric_is_listed_in_the_readme() -> None:
+    from prometheus_client import REGISTRY
+
+    import unilog.metrics
+    from unilog import exporter
+
+    section = _section("Metrics")
+    ours = {m.name for m in REGISTRY.collect() if m.name.startswith("unilog_")}
+    ours |= set(re.findall(r'"(unilog_[a-z_]+)"', Path(exporter.__file__).read_text()))
+    assert unilog.metrics.INFO is not None
+    missing = sorted(name for name in ours if name not in section)
+    assert missing == []

@@ -17,6 +17,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 import redis
+import structlog
 
 from unilog import Settings, emit
 from unilog.cli import ExitCode
@@ -200,7 +201,11 @@ def test_a_server_older_than_supported_is_one_line_and_exit_code_3(
         monkeypatch.setattr(refusals, "MIN_SERVER_VERSION", (99, 0))
     monkeypatch.setenv("DATABASE_URL", settings.database_url)
     monkeypatch.setenv("REDIS_URL", settings.redis_url)
-    assert main(["--log-json", *command]) == ExitCode.CONFIG
+    saved = structlog.get_config()  # main() configures logging onto this test's captured stdout: put it back
+    try:
+        assert main(["--log-json", *command]) == ExitCode.CONFIG
+    finally:
+        structlog.configure(**saved)
     err = capsys.readouterr().err.strip()
     assert "\n" not in err, err
     wanted = "unilog needs Postgres 15 or later" if server == "postgres" else "unilog needs Redis 6.2 or later"

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 import structlog
 
-from . import engine, store
+from . import engine, metrics, store
 from .config import Settings, validate_stream_name
 from .errors import (
     ConfigurationError,
@@ -44,6 +43,7 @@ from .records import (
     load_object,
     replay_owner,
 )
+from .resets import positions_through, reset_checkpoint
 from .runtime import FATAL, TRANSIENT, Backoff, Links, Worker
 
 __all__ = [  # Batch, Handler, Record and the loaders are re-exported: they lived here first
@@ -168,6 +168,7 @@ class Consumer(Worker):
         self._failures: dict[str, int] = {}  # handler failures of the batch after this checkpoint id
 
     kind = "consumer"
+    metric_kind = "checkpoint"  # the partition worker's consumers say "partition"
 
     @property
     def label(self) -> dict[str, Any]:
@@ -337,6 +338,7 @@ class Consumer(Worker):
             store.save_checkpoint(conn, after)
         self._checkpoint = after
         self.dead_total += 1
+        metrics.dead_lettered(self.stream, self.config.name, "poison")
         log.error("record dead-lettered", consumer=self.config.name, record=where, dead_letter=letter, error=repr(exc))
         return ConsumeResult(1, 0, 0, 1)
 
@@ -366,13 +368,23 @@ class Consumer(Worker):
         skipped = len(entries) - len(fresh)
         self.handled_total += len(fresh)
         self.skipped_total += skipped
+        seconds = time.perf_counter() - started
+        metrics.batch_consumed(
+            self.metric_kind,
+            self.stream,
+            self.config.name,
+            handled=len(fresh),
+            skipped=skipped,
+            seconds=seconds,
+            first_id=entries[0][0],
+        )
         log.info(
             "batch consumed",
             consumer=self.config.name,
             records=len(fresh),
             skipped=skipped,
             last_id=after.last_id,
-            ms=round((time.perf_counter() - started) * 1000, 2),
+            ms=round(seconds * 1000, 2),
         )
         return ConsumeResult(len(entries), len(fresh), skipped, len(self._letters))
 
@@ -438,6 +450,7 @@ class Consumer(Worker):
                 self.stream, entry_id, fields, error=f"malformed: {reason}", consumer=self.config.name
             )
             self.malformed_total += 1
+            metrics.dead_lettered(self.stream, self.config.name, "malformed")
             log.warning(
                 "malformed entry dead-lettered",
                 consumer=self.config.name,
@@ -528,57 +541,3 @@ def _describe(record: Record) -> str:
     pos = record.position
     where = "no unilog position" if pos is None else f"position {record.producer}:{pos[0]}:{pos[1]}"
     return f"record {record.id} ({where}, action {record.action!r})"
-
-
-def positions_through(api: engine.RedisStreams, stream: str, last_id: str | None) -> dict[str, tuple[int, int]]:
-    """The highest (epoch, seq) per producer among the entries up to ``last_id`` (None: the whole stream)."""
-    positions: dict[str, tuple[int, int]] = {}
-    for entry_id, fields in api.entries(stream, "-", last_id or "+"):
-        record = Record(stream, entry_id, fields)
-        pos = record.position
-        if pos is not None and pos > positions.get(record.producer, (0, 0)):
-            positions[record.producer] = pos
-    return positions
-
-
-def reset_checkpoint(
-    conn: psycopg.Connection[Any],
-    api: engine.RedisStreams,
-    name: str,
-    stream: str,
-    to: str,
-    *,
-    reset_state: Callable[[psycopg.Connection[Any], str], Any] | None = None,
-) -> store.Checkpoint:
-    """Move consumer ``name``'s checkpoint to ``beginning``, ``end`` or a stream id, in one transaction.
-
-    The positions per producer are recomputed from the stream so deduplication stays right: after a reset to an id,
-    entries after it are applied again; before it, skipped. ``reset_state(conn, name)`` (for a rebuild) clears the
-    consumer's own state in the same transaction, so state and checkpoint never disagree. The records the consumer
-    dead-lettered are no longer held: a replay of one is skipped (the reset decided what is applied). A running copy
-    of the consumer notices the moved checkpoint and follows it.
-    """
-    if to == "beginning":
-        last_id, positions = "0-0", {}
-    elif to == "end":
-        last_id = api.last_generated_id(stream) or "0-0"
-        positions = positions_through(api, stream, None)
-    else:
-        try:
-            engine.id_tuple(to)
-        except ValueError:
-            raise ConfigurationError(
-                f"--to must be beginning, end or a stream id like 1700000000000-0, not {to!r}"
-            ) from None
-        last_id, positions = to, positions_through(api, stream, to)
-    with conn.transaction():
-        store.ensure_checkpoint(conn, name, stream)
-        store.lock_checkpoint(conn, name)
-        if reset_state is not None:
-            reset_state(conn, name)
-        store.release_held(conn, name)  # from here on the records are applied (or skipped) from the stream again
-        checkpoint = store.Checkpoint(name, stream, last_id, positions)
-        store.save_checkpoint(conn, checkpoint)
-    api.register(stream, name, last_id)
-    log.info("checkpoint reset", consumer=name, stream=stream, to=to, last_id=last_id)
-    return checkpoint

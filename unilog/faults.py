@@ -34,6 +34,7 @@ from typing import Any
 import structlog
 
 from .errors import ConfigurationError, InjectedCrash
+from .metrics import FAULTS_INJECTED
 
 log = structlog.get_logger(__name__)
 
@@ -117,6 +118,7 @@ class Faults:
             if fired:
                 self.counts[point] += 1
         if fired:
+            FAULTS_INJECTED.labels(point).inc()
             log.warning("fault injected", point=point, count=self.counts[point])
             if self._on_fault is not None:
                 self._on_fault(point)

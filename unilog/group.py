@@ -28,7 +28,7 @@ from typing import Any
 import psycopg
 import structlog
 
-from . import engine, store
+from . import engine, metrics, store
 from .config import Settings, validate_stream_name
 from .errors import MalformedEntry
 from .faults import NO_FAULTS, Faults
@@ -246,13 +246,23 @@ class GroupConsumer(Worker):
         skipped = len(entries) - len(fresh)
         self.handled_total += len(fresh)
         self.skipped_total += skipped
+        seconds = time.perf_counter() - started
+        metrics.batch_consumed(
+            "group",
+            self.stream,
+            self.config.group,
+            handled=len(fresh),
+            skipped=skipped,
+            seconds=seconds,
+            first_id=entries[0][0],
+        )
         log.info(
             "batch consumed",
             group=self.config.group,
             worker=self.worker,
             records=len(fresh),
             skipped=skipped,
-            ms=round((time.perf_counter() - started) * 1000, 2),
+            ms=round(seconds * 1000, 2),
         )
         return len(fresh), skipped
 
@@ -309,6 +319,8 @@ class GroupConsumer(Worker):
             self.stream, self.config.group, entry_id, fields, error=error, consumer=self.worker, attempts=attempts
         )
         self.dead_total += 1
+        reason = "malformed" if error.startswith("malformed:") else "max_deliveries"
+        metrics.dead_lettered(self.stream, self.config.group, reason)
         log.error(
             "record dead-lettered",
             group=self.config.group,

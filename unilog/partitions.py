@@ -154,6 +154,7 @@ class PartitionedConsumer(Worker):
             on_poison=self.config.on_poison,
         )
         consumer = Consumer(self.settings, config, self.handler, faults=self.faults)
+        consumer.metric_kind = "partition"
         consumer.connect()
         self.owned[index] = consumer
         log.info("partition acquired", consumer=self.config.name, partition=index, worker=self.worker)

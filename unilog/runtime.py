@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Self
 import psycopg
 import structlog
 
-from . import engine, store
+from . import engine, metrics, store
 from .config import Settings
 from .errors import ConfigurationError, DataLoss, InjectedCrash, PolicyStop, ServerUnreachable, UnilogError
 
@@ -222,6 +222,12 @@ class Worker(abc.ABC):
         """Called once when the loop ends, however it ends."""
 
 
+def _count_retry(process: str, cause: str, exc: BaseException, delay: float) -> None:
+    metrics.RETRIES.labels(process, cause).inc()
+    metrics.ERRORS.labels(process, type(exc).__name__).inc()
+    metrics.BACKOFF_SECONDS.labels(process).inc(delay)
+
+
 class Backoff:
     """Exponential back-off between failed passes: 0.1 s, doubling up to ``maximum``; reset by a success."""
 
@@ -251,17 +257,21 @@ def serve(worker: Worker, stop_event: threading.Event) -> None:
         try:
             worker.before_pass()
             result = worker.run_once()
-        except (DataLoss, ConfigurationError, PolicyStop):
+        except (DataLoss, ConfigurationError, PolicyStop) as exc:
+            metrics.ERRORS.labels(worker.kind, type(exc).__name__).inc()
             raise  # data loss, a setup no retry can fix (a key of the wrong type, say) and a policy's stop end it
         except FATAL as exc:
+            metrics.ERRORS.labels(worker.kind, type(exc).__name__).inc()
             raise fatal(exc) or exc from None  # the same, as the server said it
         except InjectedCrash as exc:
             if not worker.restart_after_crash:
                 raise
+            metrics.RESTARTS.labels(worker.kind).inc()
             log.warning("crashed (injected); restarting in-process", point=exc.point, **worker.label)
             worker.restart()
             continue
         except worker.retryable as exc:
+            _count_retry(worker.kind, "connection", exc, backoff.delay)
             advice = {"hint": hint} if (hint := engine.hint(exc)) else {}
             log.error("connection failed; retrying", error=str(exc), retry_in=backoff.delay, **advice, **worker.label)
             worker.recover()
@@ -269,7 +279,9 @@ def serve(worker: Worker, stop_event: threading.Event) -> None:
             continue
         except Exception as exc:
             if not worker.on_handler_error(exc):
+                metrics.ERRORS.labels(worker.kind, type(exc).__name__).inc()
                 raise
+            _count_retry(worker.kind, "handler", exc, backoff.delay)
             log.exception(
                 "handler failed; rolled back, retrying", error=str(exc), retry_in=backoff.delay, **worker.label
             )

@@ -27,6 +27,7 @@ import itertools
 import json
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +35,7 @@ from typing import Any
 import psycopg
 import structlog
 
-from . import engine, store
+from . import engine, metrics, store
 from .config import postgres_conninfo
 from .errors import ConcurrentConsumer, ConfigurationError, StreamGap
 
@@ -354,11 +355,16 @@ class TransactionalSink:
             batch.unpersist()
 
     def _call(self, batch: Any, batch_id: int) -> None:
+        started = time.perf_counter()
         with store.connect(self.conninfo, application_name=f"unilog-spark-{self.consumer}"[:63]) as conn:
             done = self._commit(conn, batch)
         if done is None:
             return  # an empty micro-batch
         plan, checkpoint = done
+        seconds = time.perf_counter() - started
+        metrics.batch_consumed(
+            "spark", self.stream, self.consumer, handled=plan.entries, skipped=0, seconds=seconds, first_id=None
+        )
         if self.redis_url:
             _register(self.redis_url, self.stream, self.consumer, checkpoint.last_id)
         log.info(

@@ -20,11 +20,14 @@ def collect_status(settings: Settings) -> dict[str, Any]:
         backlog = {(s or settings.stream): v for s, v in store.staged_by_stream(conn).items()}
         checkpoints = store.list_checkpoints(conn)
         names = sorted({settings.stream, *backlog, *(cp.stream for cp in checkpoints)})
-        names += [p for n in list(names) for p in _partitions(api, n) if p not in names]
+        parts = [p for n in list(names) for p in _partitions(api, n) if p not in names]
+        names += parts
         now_ms = time.time() * 1000
         return {
             "staged": _staged(conn),
-            "streams": [_stream(api, name, backlog.get(name), now_ms) for name in names],
+            "streams": [
+                _stream(api, name, backlog.get(name), now_ms, None if name in parts else conn) for name in names
+            ],
             "consumers": [_consumer(api, cp, now_ms) for cp in checkpoints],
         }
     finally:
@@ -51,7 +54,9 @@ def _lag(api: engine.RedisStreams, stream: str, after_id: str, now_ms: float) ->
     return api.entries_after(stream, after_id), round(waited, 3)
 
 
-def _stream(api: engine.RedisStreams, name: str, staged: tuple[int, float | None] | None, now_ms: float) -> dict:
+def _stream(
+    api: engine.RedisStreams, name: str, staged: tuple[int, float | None] | None, now_ms: float, conn: Any
+) -> dict[str, Any]:
     info = api.info(name)
     letters = dlq.list_letters(api, name)
     groups = []
@@ -77,6 +82,8 @@ def _stream(api: engine.RedisStreams, name: str, staged: tuple[int, float | None
         "staged": staged[0] if staged else 0,
         "staged_oldest_age_seconds": staged[1] if staged else None,
         "partitions": api.partitions(name),
+        # a partition is published by its stream's streamer: None, it has no lock of its own
+        "publishers": None if conn is None else store.stream_lock_holders(conn, name),
         "dead_letters": len(letters),
         "groups": groups,
     }

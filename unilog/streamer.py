@@ -28,7 +28,7 @@ from typing import Any
 import psycopg
 import structlog
 
-from . import engine, store
+from . import engine, metrics, retention, store
 from .config import Settings, validate_stream_name
 from .errors import HorizonHeld, PublishError, UnilogError
 from .faults import NO_FAULTS, Faults
@@ -102,6 +102,7 @@ class _Batch:
     after: tuple[str, int]
     last: tuple[str, int]
     targets: dict[str, engine.Packed]
+    first_created_ms: int | None = None  # for the publish latency metric
 
 
 @dataclass(frozen=True)
@@ -175,7 +176,7 @@ class Streamer(Worker):
 
     def _on_pg_connect(self, conn: psycopg.Connection[Any]) -> None:
         """A new Postgres session: locks died with the old one; a restored database starts a new epoch."""
-        self._owned.clear()
+        self._release_owned()
         self._last_seq.clear()
         self._after.clear()
         self._packed_fetch = store.packed_fetch_supported(conn)
@@ -201,6 +202,12 @@ class Streamer(Worker):
         if self._listen is not None and not self._listen.closed:
             self._listen.close()
         self._listen = None
+        self._release_owned()
+
+    def _release_owned(self) -> None:
+        """Forget the streams whose lock this session held (a closed or new session holds none)."""
+        for stream in self._owned:
+            metrics.STREAM_LOCK.labels(stream).set(0)
         self._owned.clear()
 
     # -- one pass ----------------------------------------------------------------------------------------------------
@@ -311,29 +318,9 @@ class Streamer(Worker):
                 self.trim(target)
 
     def trim(self, stream: str) -> int:
-        """Trim ``stream`` behind its registered consumers and consumer groups (and to the hard cap, if set).
-
-        A group holds the stream at its oldest pending entry, or at its last delivered entry if nothing is pending,
-        so nothing a group has not acknowledged is trimmed. Returns entries removed.
-        """
-        api = self._engine()
-        floors = list(api.registered(stream).values())
-        for group in api.groups(stream):
-            floors.append(str(group["last-delivered-id"]))
-            if int(group.get("pending", 0)):
-                pending_min = api.pending_summary(stream, str(group["name"]))["min"]
-                if pending_min:
-                    floors.append(pending_min)
-        removed = 0
-        if floors:
-            lowest = min(floors, key=engine.id_tuple)
-            if lowest != "0-0":
-                removed += api.trim(stream, min_id=lowest)
-        if self.config.max_len is not None:
-            removed += api.trim(stream, max_len=self.config.max_len)
-        if removed:
-            log.info("stream trimmed", stream=stream, removed=removed, holders=len(floors))
-        return removed
+        """Trim ``stream`` behind its consumers and groups (and to the hard cap, if set); return entries removed
+        (see :func:`unilog.retention.trim`)."""
+        return retention.trim(self._engine(), stream, self.config.max_len)
 
     def _sources(self, conn: psycopg.Connection[Any]) -> Iterable[str]:
         sources = store.staged_sources(conn)
@@ -350,6 +337,7 @@ class Streamer(Worker):
         conn.commit()
         if got:
             self._owned.add(stream)
+            metrics.STREAM_LOCK.labels(stream).set(1)
             log.info("stream lock acquired", stream=stream, streamer=self.name)
         return got
 
@@ -408,9 +396,11 @@ class Streamer(Worker):
         limit = self.config.batch_size
         if partitions <= 1 and self._packed_fetch:
             count, body, last = store.fetch_packed(conn, source, limit, after)
-            return _Batch(count, after, last, {stream: engine.Packed(count, body)}) if count else None
+            if not count:
+                return None
+            return _Batch(count, after, last, {stream: engine.Packed(count, body)}, engine.first_created_ms(body))
         rows, last = store.fetch_visible(conn, source, limit, after)
-        return _Batch(len(rows), after, last, self._split(stream, partitions, rows)) if rows else None
+        return _Batch(len(rows), after, last, self._split(stream, partitions, rows), rows[0][5]) if rows else None
 
     def _overlapped(
         self,
@@ -467,6 +457,7 @@ class Streamer(Worker):
         self._last_seq.update(sent.last_seqs)
         self._after[sent.source] = batch.last
         self.published_total += batch.count
+        metrics.batch_published(sent.stream, batch.count, time.perf_counter() - sent.started, batch.first_created_ms)
         log.info(
             "batch streamed",
             stream=sent.stream,

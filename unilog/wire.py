@@ -30,6 +30,21 @@ def pack_rows(rows: Sequence[PublishRow]) -> Packed:
     )
 
 
+def first_created_ms(body: bytes) -> int | None:
+    """The ``created`` ms of the first record of a :class:`Packed` body (its fourth bulk string), or None."""
+    pos = 0
+    try:
+        for field in range(4):
+            end = body.index(b"\r\n", pos)
+            size = int(body[pos + 1 : end])
+            if field == 3:
+                return int(body[end + 2 : end + 2 + size])
+            pos = end + 2 + size + 2
+    except ValueError:
+        return None
+    return None
+
+
 def meta_key(stream: str) -> str:
     """The hash of a stream's settings (its partition count)."""
     return f"unilog:meta:{stream}"

@@ -36,13 +36,13 @@ from ..errors import (
 from ..log import configure_logging
 from ..records import Handler
 from ..runtime import FATAL, fatal
-from . import consume, consumers, dlq, migrate, pipeline, streamer, streams
+from . import consume, consumers, dlq, migrate, observe, pipeline, streamer, streams
 from .common import ExitCode, common_args
 
 __all__ = ["ExitCode", "consume_main", "main"]
 
 PLUGIN_GROUP = "unilog.commands"
-_COMMANDS = (migrate, streamer, consumers, consume, dlq, streams, pipeline)
+_COMMANDS = (migrate, streamer, consumers, consume, dlq, streams, pipeline, observe)
 
 _ERROR_CODES: list[tuple[type[BaseException], ExitCode]] = [
     (DataLoss, ExitCode.DATA_LOSS),

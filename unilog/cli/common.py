@@ -111,6 +111,33 @@ def fault_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def metrics_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int_env("UNILOG_METRICS_PORT"),
+        help="serve Prometheus metrics on this port (default: $UNILOG_METRICS_PORT; none)",
+    )
+    p.add_argument(
+        "--metrics-addr",
+        default=os.environ.get("UNILOG_METRICS_ADDR", "127.0.0.1"),
+        help="address the metrics are served on (default: $UNILOG_METRICS_ADDR or 127.0.0.1; 0.0.0.0 for all)",
+    )
+
+
+def serve_metrics(args: argparse.Namespace) -> None:
+    """Serve this process's metrics if ``--metrics-port`` (or ``UNILOG_METRICS_PORT``) asks for it."""
+    port = getattr(args, "metrics_port", None)
+    if port is None:
+        return
+    from .. import metrics
+
+    try:
+        metrics.serve(port, args.metrics_addr)
+    except OSError as exc:
+        raise ConfigurationError(f"cannot serve metrics on {args.metrics_addr}:{port}: {exc.strerror or exc}") from None
+
+
 def spark_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--master", default=os.environ.get("SPARK_MASTER", "local[*]"), help="Spark master URL")
     p.add_argument("--conf", action="append", default=[], help="a Spark setting, key=value (repeatable)")

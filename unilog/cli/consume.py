@@ -17,8 +17,10 @@ from .common import (
     fault_args,
     faults_from,
     importable_from_cwd,
+    metrics_args,
     positive_int,
     run_until_signalled,
+    serve_metrics,
     settings_from,
 )
 
@@ -36,6 +38,7 @@ def run_consumer(args: argparse.Namespace, handler: Handler) -> int:
         return _run_workers(args)
     settings = settings_from(args)
     worker = _make_worker(args, settings, handler)
+    serve_metrics(args)
     with worker:
         if args.once:
             count = worker.drain()
@@ -100,7 +103,10 @@ def _run_workers(args: argparse.Namespace) -> int:
     i = argv.index("--workers")
     del argv[i : i + 2]
     base = args.worker or f"{os.uname().nodename}-{os.getpid()}"
-    procs = [subprocess.Popen([sys.executable, *argv, "--worker", f"{base}-{n}"]) for n in range(args.workers)]
+    procs = [
+        subprocess.Popen([sys.executable, *argv, *_child_args(args, n), "--worker", f"{base}-{n}"])
+        for n in range(args.workers)
+    ]
 
     def _forward(signum: int, _frame: Any) -> None:
         for proc in procs:
@@ -111,6 +117,11 @@ def _run_workers(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, _forward)
     codes = [proc.wait() for proc in procs]
     return max(codes)
+
+
+def _child_args(args: argparse.Namespace, n: int) -> list[str]:
+    """Worker ``n``'s own metrics port: the given one plus ``n`` (each process serves its own metrics)."""
+    return [] if args.metrics_port is None else ["--metrics-port", str(args.metrics_port + n)]
 
 
 def consume_args(p: argparse.ArgumentParser) -> None:
@@ -147,6 +158,7 @@ def consume_args(p: argparse.ArgumentParser) -> None:
         "dead-lettered and passed",
     )
     fault_args(p)
+    metrics_args(p)
 
 
 def add(sub: Any) -> None:

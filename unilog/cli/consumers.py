@@ -41,7 +41,7 @@ def _checkpoint_stream(conn: Any, name: str, default: str) -> str:
 
 
 def cmd_consumer_reset(args: argparse.Namespace) -> int:
-    from ..consumer import reset_checkpoint
+    from ..resets import reset_checkpoint
 
     settings = settings_from(args)
     api = redis_api(settings)
@@ -55,7 +55,8 @@ def cmd_consumer_reset(args: argparse.Namespace) -> int:
 
 
 def cmd_consumer_rebuild(args: argparse.Namespace) -> int:
-    from ..consumer import Consumer, ConsumerConfig, load_handler, reset_checkpoint
+    from ..consumer import Consumer, ConsumerConfig, load_handler
+    from ..resets import reset_checkpoint
 
     importable_from_cwd()
     handler, reset_state = load_handler(args.handler), cast(Any, load_handler(args.reset_state))

@@ -11,8 +11,10 @@ from .common import (
     connection_args,
     fault_args,
     faults_from,
+    metrics_args,
     positive_int,
     run_until_signalled,
+    serve_metrics,
     settings_from,
 )
 
@@ -32,6 +34,7 @@ def cmd_streamer(args: argparse.Namespace) -> int:
         wait_timeout_ms=args.wait_timeout_ms,
         horizon_warn_after=args.horizon_warn_after,
     )
+    serve_metrics(args)
     with Streamer(settings, config, faults=faults_from(args), name=args.name) as streamer:
         if args.once:
             count = streamer.drain(max_wait=args.max_wait)
@@ -70,4 +73,5 @@ def add(sub: Any) -> None:
     p.add_argument("--wait-replicas", type=int, default=0, help="WAIT for this many replicas before deleting")
     p.add_argument("--wait-timeout-ms", type=positive_int, default=1000)
     fault_args(p)
+    metrics_args(p)
     p.set_defaults(func=cmd_streamer)

@@ -24,6 +24,7 @@ from ..wire import (  # noqa: F401 - the adapter's names, used as engine.X acros
     _pack,
     attempts_key,
     dlq_key,
+    first_created_ms,
     hwm_key,
     id_tuple,
     meta_key,

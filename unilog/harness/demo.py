@@ -18,7 +18,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -51,8 +51,40 @@ class Snapshot:
     agree: bool
 
 
-def fleet_specs(app: App, api_port: int, rate: float, faults: bool, seed: int | None, spark: bool) -> list[ProcessSpec]:
-    """The app's processes, as its Procfile runs them; the simulator last."""
+def fleet_specs(
+    app: App,
+    api_port: int,
+    rate: float,
+    faults: bool,
+    seed: int | None,
+    spark: bool,
+    metrics: dict[str, int] | None = None,
+) -> list[ProcessSpec]:
+    """The app's processes, as its Procfile runs them; the simulator last. ``metrics`` maps a process name to the
+    port it serves its Prometheus metrics on (``"metrics"``: the system exporter, ``unilog metrics``)."""
+    specs = _fleet_specs(app, api_port, rate, faults, seed, spark)
+    if metrics:
+        specs = [
+            replace(spec, argv=[*spec.argv, "--metrics-port", str(metrics[spec.name])])
+            if spec.name in metrics
+            else spec
+            for spec in specs
+        ]
+        if "metrics" in metrics:
+            exporter = [sys.executable, "-m", "unilog", "--log-json", "metrics", "--port", str(metrics["metrics"])]
+            specs.insert(-1, ProcessSpec("metrics", exporter))
+    return specs
+
+
+def metrics_ports(app: App, spark: bool) -> dict[str, int]:
+    """A free port for each process that serves metrics, and one for the system exporter."""
+    names = [*app.streamers, *app.consumers, *app.group_workers, *([app.spark_name] if spark else []), "metrics"]
+    return {name: free_port() for name in names}
+
+
+def _fleet_specs(
+    app: App, api_port: int, rate: float, faults: bool, seed: int | None, spark: bool
+) -> list[ProcessSpec]:
     py = sys.executable
     api = [py, "-m", "gunicorn", "--bind", f"127.0.0.1:{api_port}", "--workers", "2", "--threads", "4"]
     specs = [ProcessSpec("api", [*api, app.module(app.api)])]
@@ -106,18 +138,24 @@ def run_demo(
         env = {**_clean_env(), "DATABASE_URL": pg.url, "REDIS_URL": rd.url, "UNILOG_STREAM": app.stream}
         fleet = Fleet(log_dir or Path(tmp) / "logs", cwd=Path.cwd(), base_env=env)
         stop = _stop_on_signals()
-        specs = fleet_specs(app, api_port, rate, faults, seed, spark)
+        ports = metrics_ports(app, spark)
+        specs = fleet_specs(app, api_port, rate, faults, seed, spark, ports)
         try:
             for spec in specs[:-1]:
                 fleet.start(spec)
             wait_for_api(api_port, fleet, timeout=30.0)
             fleet.start(specs[-1])
             fleet.watch()
+            print(
+                f"metrics: the system at http://127.0.0.1:{ports['metrics']}/metrics; each process at "
+                + ", ".join(f"{name} :{port}" for name, port in ports.items() if name != "metrics"),
+                file=out,
+            )
             _live(app, settings, fleet, stop, duration, out, spark)
             fleet.stop("simulator")
             snap = _settle(app, settings, out, spark)
         finally:
-            fleet.stop_all(order=["simulator", "api", *app.streamers, *consumers, *app.group_workers])
+            fleet.stop_all(order=["simulator", "api", *app.streamers, *consumers, *app.group_workers, "metrics"])
         _print_verdict(app, snap, fleet, out)
         return snap.agree
 

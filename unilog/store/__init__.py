@@ -44,6 +44,7 @@ from .groups import (
 )
 from .locks import (
     release_partition_lock,
+    stream_lock_holders,
     try_partition_lock,
     try_stream_lock,
 )
@@ -138,6 +139,7 @@ __all__ = [
     "staged_by_stream",
     "staged_records",
     "staged_sources",
+    "stream_lock_holders",
     "take_held",
     "take_migration_lock",
     "try_partition_lock",

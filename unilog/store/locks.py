@@ -30,3 +30,17 @@ def try_partition_lock(conn: psycopg.Connection[Any], key: str) -> bool:
 def release_partition_lock(conn: psycopg.Connection[Any], key: str) -> None:
     """Give partition ``key`` back (the lock taken by :func:`try_partition_lock` on this session)."""
     conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (key,))
+
+
+def stream_lock_holders(conn: psycopg.Connection[Any], stream: str) -> int:
+    """How many sessions hold ``stream``'s publishing lock (1 when a streamer publishes it, 0 when none does)."""
+    row = conn.execute(
+        """
+        SELECT count(*) FROM pg_locks
+        WHERE locktype = 'advisory' AND granted AND objsubid = 1
+          AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+          AND ((classid::bigint << 32) | objid::bigint) = hashtextextended('unilog.stream:' || %s, 0)
+        """,
+        (stream,),
+    ).fetchone()
+    return int(row[0]) if row else 0

@@ -1,0 +1,141 @@
+"""``unilog metrics``: the whole system's state as Prometheus metrics, read from Postgres and Redis at each scrape.
+
+No single process knows a consumer's lag or the staged backlog; this exporter reads them the way ``unilog status``
+does (:func:`unilog.status.collect_status`), once per scrape, so what it reports is always current and it keeps no
+state. Run one per system, next to the processes' own ``--metrics-port`` metrics.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import structlog
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from .config import Settings
+from .errors import UnilogError
+
+log = structlog.get_logger(__name__)
+
+
+class SystemCollector(Collector):
+    """Collects the system-wide gauges; a scrape that cannot reach a server reports ``unilog_system_up 0``."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        from .status import collect_status
+
+        started = time.perf_counter()
+        try:
+            report = collect_status(self.settings)
+        except UnilogError as exc:
+            log.error("scrape failed", error=str(exc))
+            yield _gauge("unilog_system_up", "1 if the last scrape read Postgres and Redis", [], [([], 0)])
+            return
+        yield _gauge("unilog_system_up", "1 if the last scrape read Postgres and Redis", [], [([], 1)])
+        yield from _families(report)
+        yield _gauge(
+            "unilog_scrape_duration_seconds",
+            "How long reading the system took",
+            [],
+            [([], time.perf_counter() - started)],
+        )
+
+
+def _gauge(name: str, doc: str, labels: list[str], samples: list[tuple[list[str], float]]) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, doc, labels=labels)
+    for values, value in samples:
+        family.add_metric(values, value)
+    return family
+
+
+def _id_seconds(entry_id: str | None) -> float | None:
+    return None if not entry_id else int(entry_id.partition("-")[0]) / 1000
+
+
+def _families(report: dict[str, Any]) -> Iterator[GaugeMetricFamily]:
+    staged, streams = report["staged"], report["streams"]
+    holder = staged.get("oldest_transaction")
+    yield _gauge(
+        "unilog_horizon_held_seconds",
+        "Age of the oldest open transaction that holds back publication (0 if none)",
+        [],
+        [([], float(holder["age_seconds"]) if holder else 0.0)],
+    )
+    yield _gauge(
+        "unilog_stream_length", "Entries in the stream", ["stream"], [([s["name"]], s["length"]) for s in streams]
+    )
+    for edge in ("first", "last"):
+        yield _gauge(
+            f"unilog_stream_{edge}_entry_timestamp_seconds",
+            f"When the stream's {edge} entry was appended (its id's time)",
+            ["stream"],
+            [([s["name"]], t) for s in streams if (t := _id_seconds(s[f"{edge}_id"])) is not None],
+        )
+    yield _gauge(
+        "unilog_staged_records",
+        "Records staged, not yet published",
+        ["stream"],
+        [([s["name"]], s["staged"]) for s in streams],
+    )
+    yield _gauge(
+        "unilog_staged_oldest_age_seconds",
+        "Age of the oldest staged record (absent when none is staged)",
+        ["stream"],
+        [([s["name"]], s["staged_oldest_age_seconds"]) for s in streams if s["staged_oldest_age_seconds"] is not None],
+    )
+    yield _gauge(
+        "unilog_dead_letters",
+        "Dead letters waiting (replay or drop them)",
+        ["stream"],
+        [([s["name"]], s["dead_letters"]) for s in streams],
+    )
+    yield _gauge(
+        "unilog_stream_publishers",
+        "Streamers holding the stream's publishing lock (0: nobody publishes it)",
+        ["stream"],
+        [([s["name"]], s["publishers"]) for s in streams if s["publishers"] is not None],
+    )
+    yield from _lag_families(report)
+
+
+def _lag_families(report: dict[str, Any]) -> Iterator[GaugeMetricFamily]:
+    rows = [([c["stream"], c["name"], "checkpoint"], c) for c in report["consumers"]]
+    rows += [([s["name"], g["name"], "group"], g) for s in report["streams"] for g in s["groups"]]
+    labels = ["stream", "consumer", "kind"]
+    yield _gauge(
+        "unilog_consumer_lag_entries",
+        "Entries after the consumer's checkpoint (a group's last delivered)",
+        labels,
+        [(values, row["lag_entries"]) for values, row in rows],
+    )
+    yield _gauge(
+        "unilog_consumer_lag_seconds",
+        "How long the oldest entry not yet consumed has waited",
+        labels,
+        [(values, row["lag_seconds"]) for values, row in rows],
+    )
+    groups = [([s["name"], g["name"]], g) for s in report["streams"] for g in s["groups"]]
+    yield _gauge(
+        "unilog_group_pending_entries",
+        "Entries delivered to a group's workers and not acknowledged",
+        ["stream", "group"],
+        [(values, g["pending"]) for values, g in groups],
+    )
+    yield _gauge(
+        "unilog_group_workers",
+        "Workers a group knows",
+        ["stream", "group"],
+        [(values, g["workers"]) for values, g in groups],
+    )
+    yield _gauge(
+        "unilog_group_dead_letters",
+        "Dead letters of a group",
+        ["stream", "group"],
+        [(values, g["dead_letters"]) for values, g in groups],
+    )

@@ -1,0 +1,114 @@
+"""Prometheus metrics of unilog's own processes, defined in this one place.
+
+Every long-running process (streamer, checkpoint consumer, group and partition worker, the Spark consumer's driver)
+updates these as it works and serves them with :func:`serve` when given ``--metrics-port``. Names follow the
+Prometheus conventions: base units, ``_total`` counters, ``_seconds`` histograms. Label values are bounded: stream
+names, consumer and group names, process kinds, fault points, exception class names; never ids or payloads.
+
+Counters are updated once per batch, never per record, so the cost stays a few microseconds per batch. The whole
+system's state (lag, backlog, the horizon) is exported by ``unilog metrics`` (:mod:`unilog.exporter`) instead,
+since no single process knows it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+from prometheus_client import Counter, Gauge, Histogram, Info, start_http_server
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+_SIZE_BUCKETS = (1, 10, 50, 100, 500, 1000, 5000, 10000, 50000)
+
+INFO = Info("unilog", "The unilog version of this process")
+try:
+    INFO.info({"version": version("unilog")})
+except PackageNotFoundError:  # running from a source tree that was never installed
+    INFO.info({"version": "unknown"})
+
+RECORDS_PUBLISHED = Counter(
+    "unilog_records_published",
+    "Records the streamer published: Redis confirmed them and their staged rows are gone",
+    ["stream"],
+)
+RECORDS_CONSUMED = Counter(
+    "unilog_records_consumed", "Records handed to a handler in a batch that committed", ["stream", "consumer", "kind"]
+)
+RECORDS_SKIPPED = Counter(
+    "unilog_records_skipped",
+    "Entries read and not handed to the handler: duplicates, or another consumer's replays",
+    ["stream", "consumer", "kind"],
+)
+BATCH_RECORDS = Histogram(
+    "unilog_batch_records", "Records per committed batch", ["process", "stream"], buckets=_SIZE_BUCKETS
+)
+BATCH_SECONDS = Histogram(
+    "unilog_batch_duration_seconds",
+    "Time from reading a batch to its commit (the streamer: fetch, send, delete)",
+    ["process", "stream"],
+    buckets=_LATENCY_BUCKETS,
+)
+PUBLISH_LATENCY = Histogram(
+    "unilog_publish_latency_seconds",
+    "From staging (the producer's insert) to publication (the delete's commit), of the oldest record of each batch",
+    ["stream"],
+    buckets=_LATENCY_BUCKETS,
+)
+APPLY_LATENCY = Histogram(
+    "unilog_apply_latency_seconds",
+    "From publication (the entry's id time) to the commit that applied it, of the oldest record of each batch",
+    ["stream", "consumer", "kind"],
+    buckets=_LATENCY_BUCKETS,
+)
+RETRIES = Counter("unilog_retries", "Failed passes that will be retried, by cause", ["process", "cause"])
+BACKOFF_SECONDS = Counter("unilog_backoff_seconds", "Time spent backing off after failed passes", ["process"])
+RESTARTS = Counter("unilog_restarts", "In-process restarts after an injected crash", ["process"])
+ERRORS = Counter("unilog_errors", "Failed passes and stops, by exception class", ["process", "kind"])
+FAULTS_INJECTED = Counter("unilog_faults_injected", "Faults injected, by point", ["point"])
+DEAD_LETTERS = Counter(
+    "unilog_dead_lettered_records",
+    "Records moved to the dead letters, by reason (malformed, poison, max_deliveries)",
+    ["stream", "consumer", "reason"],
+)
+STREAM_LOCK = Gauge("unilog_stream_lock_held", "1 while this streamer holds the stream's publishing lock", ["stream"])
+
+_served: dict[tuple[str, int], Any] = {}
+_lock = threading.Lock()
+
+
+def serve(port: int, addr: str = "127.0.0.1") -> None:
+    """Serve this process's metrics on ``http://addr:port/metrics`` from a daemon thread (once per address)."""
+    with _lock:
+        if (addr, port) not in _served:
+            _served[(addr, port)] = start_http_server(port, addr=addr)
+
+
+def batch_published(stream: str, count: int, seconds: float, first_created_ms: int | None) -> None:
+    """The streamer committed the delete of a batch Redis confirmed."""
+    RECORDS_PUBLISHED.labels(stream).inc(count)
+    BATCH_RECORDS.labels("streamer", stream).observe(count)
+    BATCH_SECONDS.labels("streamer", stream).observe(seconds)
+    if first_created_ms is not None:
+        PUBLISH_LATENCY.labels(stream).observe(max(0.0, time.time() - first_created_ms / 1000))
+
+
+def batch_consumed(
+    kind: str, stream: str, consumer: str, *, handled: int, skipped: int, seconds: float, first_id: bytes | None
+) -> None:
+    """A consumer (``kind`` checkpoint, group, partition or spark) committed a batch whose first entry is
+    ``first_id`` (None: unknown, no latency observed)."""
+    RECORDS_CONSUMED.labels(stream, consumer, kind).inc(handled)
+    if skipped:
+        RECORDS_SKIPPED.labels(stream, consumer, kind).inc(skipped)
+    BATCH_RECORDS.labels(kind, stream).observe(handled + skipped)
+    BATCH_SECONDS.labels(kind, stream).observe(seconds)
+    if first_id is None:
+        return
+    published_ms = int(first_id.split(b"-", 1)[0])
+    APPLY_LATENCY.labels(stream, consumer, kind).observe(max(0.0, time.time() - published_ms / 1000))
+
+
+def dead_lettered(stream: str, consumer: str, reason: str) -> None:
+    DEAD_LETTERS.labels(stream, consumer, reason).inc()
