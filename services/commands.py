@@ -31,6 +31,14 @@ def add_demo(sub: Any) -> None:
         "--faults", action=argparse.BooleanOptionalAction, default=True, help="inject the reference's 10%% faults"
     )
     p.add_argument("--log-dir", help="keep every process's log here (default: a temporary folder)")
+    p.add_argument(
+        "--dashboard",
+        nargs="?",
+        const=8765,
+        type=int,
+        metavar="PORT",
+        help="serve the dashboard on http://127.0.0.1:PORT/ while the demo runs (default port 8765)",
+    )
     _spark_option(p, "run the Spark consumer too (default: when pyspark and Java are installed)")
     p.set_defaults(func=run_demo_command)
 
@@ -49,6 +57,7 @@ def run_demo_command(args: argparse.Namespace) -> int:
         faults=args.faults,
         spark=args.spark,
         log_dir=log_dir,
+        dashboard=args.dashboard,
     )
     return ExitCode.OK if agree else ExitCode.FAILURE
 

@@ -1,4 +1,5 @@
-"""``unilog metrics``: serve the whole system's state as Prometheus metrics (see :mod:`unilog.exporter`)."""
+"""``unilog metrics`` (the whole system's state as Prometheus metrics, :mod:`unilog.exporter`) and ``unilog dashboard``
+(the web page, :mod:`unilog.dashboard`)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,32 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    from ..dashboard import History, create_app
+    from ..errors import ConfigurationError
+
+    settings = settings_from(args)
+    history = History(settings, interval=args.interval)
+    app = create_app(settings, history, read_only=args.read_only)
+    from werkzeug.serving import make_server
+
+    try:
+        server = make_server(args.addr, args.port, app, threaded=True)
+    except OSError as exc:
+        raise ConfigurationError(f"cannot serve the dashboard on {args.addr}:{args.port}: {exc}") from None
+    history.sample()
+    threading.Thread(target=server.serve_forever, name="unilog-dashboard", daemon=True).start()
+    print(
+        f"unilog: dashboard on http://{args.addr}:{server.port}/" + (" (read-only)" if args.read_only else ""),
+        flush=True,
+    )
+    try:
+        run_until_signalled(history.run)
+    finally:
+        server.shutdown()
+    return ExitCode.OK
+
+
 def _wait(stop: threading.Event) -> None:
     stop.wait()  # the metrics are served from prometheus_client's own thread
 
@@ -38,3 +65,10 @@ def add(sub: Any) -> None:
     p.add_argument("--addr", default="127.0.0.1", help="default %(default)s (0.0.0.0: every interface)")
     connection_args(p)
     p.set_defaults(func=cmd_metrics)
+    d = sub.add_parser("dashboard", help="serve a live web page: streams, lag, the horizon, dead letters")
+    d.add_argument("--port", type=int, default=8765, help="default %(default)s")
+    d.add_argument("--addr", default="127.0.0.1", help="default %(default)s: only this machine can open it")
+    d.add_argument("--read-only", action="store_true", help="no replay or drop")
+    d.add_argument("--interval", type=float, default=2.0, help="seconds between samples (default %(default)s)")
+    connection_args(d)
+    d.set_defaults(func=cmd_dashboard)

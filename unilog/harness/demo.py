@@ -122,10 +122,12 @@ def run_demo(
     spark: bool | None = None,
     log_dir: Path | None = None,
     out: TextIO | None = None,
+    dashboard: int | None = None,
 ) -> bool:
     """Run the demo; print the live view and the verdict to ``out``; return True iff every consumer agrees.
 
-    ``spark`` None: include the Spark consumer when pyspark and Java are installed.
+    ``spark`` None: include the Spark consumer when pyspark and Java are installed. ``dashboard``: serve
+    ``unilog dashboard`` on this port while the demo runs.
     """
     out = out or sys.stdout
     spark = app.spark_consumer is not None and (spark_available() if spark is None else spark)
@@ -140,6 +142,9 @@ def run_demo(
         stop = _stop_on_signals()
         ports = metrics_ports(app, spark)
         specs = fleet_specs(app, api_port, rate, faults, seed, spark, ports)
+        if dashboard is not None:
+            board = [sys.executable, "-m", "unilog", "--log-json", "dashboard", "--port", str(dashboard)]
+            specs.insert(-1, ProcessSpec("dashboard", board))
         try:
             for spec in specs[:-1]:
                 fleet.start(spec)
@@ -151,11 +156,13 @@ def run_demo(
                 + ", ".join(f"{name} :{port}" for name, port in ports.items() if name != "metrics"),
                 file=out,
             )
+            if dashboard is not None:
+                print(f"dashboard: http://127.0.0.1:{dashboard}/", file=out)
             _live(app, settings, fleet, stop, duration, out, spark)
             fleet.stop("simulator")
             snap = _settle(app, settings, out, spark)
         finally:
-            fleet.stop_all(order=["simulator", "api", *app.streamers, *consumers, *app.group_workers, "metrics"])
+            fleet.stop_all(order=["simulator", "api", *app.streamers, *consumers, *app.group_workers])
         _print_verdict(app, snap, fleet, out)
         return snap.agree
 

@@ -1,0 +1,145 @@
+"""The dashboard in a real headless browser (Debian's chromium with its chromedriver, through Selenium): the page
+shows a consumer's lag and sees it fall after the consumer catches up; a dead letter is replayed from the page and
+applied once. A screenshot is kept with the test's artifacts (test-artifacts/dashboard.png)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from unilog import Consumer, ConsumerConfig, Record, Settings, Streamer, emit
+from unilog.harness.embedded import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "test-artifacts"
+CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
+DRIVER = shutil.which("chromedriver")
+
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None or DRIVER is None,
+    reason="no headless browser: install Debian's chromium and chromium-driver (.ci/run does where it may)",
+)
+
+
+def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            found = check()
+        except Exception:  # the page is mid-redraw: an element went stale
+            found = None
+        if found:
+            return found
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def dashboard(settings: Settings) -> Iterator[str]:
+    port = free_port()
+    env = {**os.environ, "DATABASE_URL": settings.database_url, "REDIS_URL": settings.redis_url}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "unilog", "--log-json", "dashboard", "--port", str(port), "--interval", "0.5"],
+        env={**env, "UNILOG_STREAM": settings.stream},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}/"
+
+    def up() -> bool:
+        try:
+            return urllib.request.urlopen(url, timeout=2).status == 200
+        except OSError:
+            return False
+
+    try:
+        wait_for(up, 30, "the dashboard")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,1000"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(str(DRIVER)), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+class Poisoned:
+    def __init__(self, bad: set[int]) -> None:
+        self.bad = bad
+
+    def __call__(self, conn: psycopg.Connection[Any], records: Sequence[Record]) -> None:
+        for r in records:
+            if r.data["n"] in self.bad:
+                raise ValueError(f"cannot apply {r.data['n']}")
+            conn.execute(
+                "INSERT INTO applied (consumer, producer, entry_id, n) VALUES ('late', '', %s, %s)", (r.id, r.data["n"])
+            )
+
+
+def test_the_page_shows_lag_falling_and_replays_a_dead_letter_once(
+    settings: Settings, pg: Any, dashboard: str, browser: Any
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    with psycopg.connect(settings.conninfo) as conn:
+        for n in range(20):
+            emit(conn, action="create", object="ride", data={"n": n})
+    with Streamer(settings) as streamer:
+        streamer.drain()
+    pg.execute("INSERT INTO unilog_checkpoints (name, stream) VALUES ('late', %s)", (settings.stream,))
+    browser.get(dashboard)
+    key = f"{settings.stream}/late"
+
+    def lag() -> str:
+        return str(browser.find_element(By.CSS_SELECTOR, f'tr[data-consumer="{key}"] .lag-entries').text)
+
+    assert wait_for(lambda: lag() == "20", 20, "the lag of 20 entries")
+    config = ConsumerConfig(name="late", max_attempts=1, on_poison="dead-letter")
+    handler = Poisoned({5})
+    with Consumer(settings, config, handler) as consumer:
+        consumer.drain()
+    assert wait_for(lambda: lag() == "0", 20, "the lag to fall to 0")
+    replay = wait_for(lambda: browser.find_element(By.CSS_SELECTOR, "#letters tbody tr button.replay"), 20, "a letter")
+    ARTIFACTS.mkdir(exist_ok=True)
+    assert browser.save_screenshot(str(ARTIFACTS / "dashboard.png"))
+    handler.bad.clear()  # the fix, then the replay from the page
+    replay.click()
+    browser.switch_to.alert.accept()
+    wait_for(lambda: not browser.find_elements(By.CSS_SELECTOR, "#letters tbody tr"), 20, "the letter to go")
+    with Consumer(settings, config, handler) as consumer:
+        consumer.drain()
+    applied = [r[0] for r in pg.execute("SELECT n FROM applied WHERE consumer = 'late' ORDER BY n")]
+    assert applied == list(range(20)), "the replayed record once, every other once"
+
+
+def test_actions_need_the_pages_token_and_read_only_refuses_them(settings: Settings, dashboard: str) -> None:
+    request = urllib.request.Request(f"{dashboard}api/dlq/{settings.stream}/1-0/drop", method="POST")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=5)
+    assert refused.value.code == 403
+    page = urllib.request.urlopen(dashboard, timeout=5).read().decode()
+    assert settings.redis_url not in page and settings.database_url not in page, "no secrets on the page"

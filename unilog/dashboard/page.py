@@ -1,0 +1,133 @@
+"""The dashboard's one page: plain HTML, CSS and JavaScript (no build step, nothing fetched from elsewhere).
+
+It polls ``/api/status`` every two seconds and redraws: streams, consumers with their lag drawn as an SVG line over
+the sampled history, the transaction holding the horizon, and the dead letters with show / replay / drop. Every
+value is inserted as text, never as HTML, so nothing read from the stream can script the page.
+"""
+
+PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>unilog</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<style>
+ body { font: 14px system-ui, sans-serif; margin: 1.5rem; color: #1d2330; background: #f7f8fa; }
+ h1 { font-size: 1.3rem; margin: 0 0 .3rem; } h2 { font-size: 1.05rem; margin: 1.4rem 0 .4rem; }
+ table { border-collapse: collapse; background: #fff; min-width: 40rem; }
+ th, td { padding: .35rem .7rem; border-bottom: 1px solid #e3e6eb; text-align: left; vertical-align: middle; }
+ th { background: #eef1f5; font-weight: 600; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
+ .muted { color: #6b7280; } .banner { padding: .6rem .8rem; margin: .6rem 0; border-radius: 4px; }
+ .warn { background: #fff4d6; border: 1px solid #e8c15a; } .error { background: #fde2e1; border: 1px solid #e08a85; }
+ button { margin-right: .3rem; } pre { background: #fff; padding: .6rem; border: 1px solid #e3e6eb; max-width: 60rem;
+ overflow: auto; } svg { background: #fbfcfd; border: 1px solid #e3e6eb; } polyline { fill: none; stroke: #2f6fde;
+ stroke-width: 1.5; }
+</style></head>
+<body>
+<h1>unilog</h1>
+<div class="muted">updated <span id="updated">never</span><span id="mode"></span></div>
+<div id="problem" class="banner error" hidden></div>
+<div id="horizon" class="banner warn" hidden></div>
+<h2>Streams</h2>
+<table id="streams"><thead><tr><th>stream</th><th>length</th><th>staged</th><th>oldest staged (s)</th>
+<th>publishers</th><th>dead letters</th></tr></thead><tbody></tbody></table>
+<h2>Consumers and groups</h2>
+<table id="consumers"><thead><tr><th>consumer</th><th>lag (entries)</th><th>lag (s)</th><th>lag, last minutes</th>
+</tr></thead><tbody></tbody></table>
+<h2>Dead letters</h2>
+<table id="letters"><thead><tr><th>stream</th><th>id</th><th>owner</th><th>position</th><th>attempts</th>
+<th>error</th><th></th></tr></thead><tbody></tbody></table>
+<pre id="letter" hidden></pre>
+<script>
+"use strict";
+const TOKEN = "{{TOKEN}}", READ_ONLY = {{READ_ONLY}};
+const $ = (sel) => document.querySelector(sel);
+function cell(row, text, cls) {
+  const td = row.insertCell(); td.textContent = text === null || text === undefined ? "-" : String(text);
+  if (cls) td.className = cls; return td;
+}
+function chart(points) {
+  const w = 240, h = 40, ns = "http://www.w3.org/2000/svg", svg = document.createElementNS(ns, "svg");
+  svg.setAttribute("width", w); svg.setAttribute("height", h);
+  if (points.length > 1) {
+    const t0 = points[0][0], t1 = points[points.length - 1][0], top = Math.max(1, ...points.map(p => p[1]));
+    const line = document.createElementNS(ns, "polyline");
+    line.setAttribute("points", points.map(p =>
+      `${((p[0] - t0) / Math.max(1e-9, t1 - t0) * (w - 4) + 2).toFixed(1)},${(h - 3 - p[1] / top * (h - 6)).toFixed(1)}`
+    ).join(" "));
+    svg.appendChild(line);
+  }
+  return svg;
+}
+function drawStreams(status) {
+  const body = $("#streams tbody"); body.replaceChildren();
+  for (const s of status.streams) {
+    const row = body.insertRow(); row.dataset.stream = s.name;
+    cell(row, s.name); cell(row, s.length, "num"); cell(row, s.staged, "num");
+    cell(row, s.staged_oldest_age_seconds, "num"); cell(row, s.publishers, "num"); cell(row, s.dead_letters, "num");
+  }
+}
+function drawConsumers(status, lag) {
+  const body = $("#consumers tbody"); body.replaceChildren();
+  const rows = status.consumers.map(c => [`${c.stream}/${c.name}`, c]);
+  for (const s of status.streams) for (const g of s.groups) rows.push([`${s.name}/${g.name} (group)`, g]);
+  for (const [key, c] of rows) {
+    const row = body.insertRow(); row.dataset.consumer = key;
+    cell(row, key); cell(row, c.lag_entries, "num lag-entries"); cell(row, c.lag_seconds, "num lag-seconds");
+    row.insertCell().appendChild(chart(lag[key] || []));
+  }
+}
+function drawHorizon(status) {
+  const holder = status.staged.oldest_transaction, box = $("#horizon");
+  box.hidden = !holder;
+  if (holder) box.textContent = `Publication is held back by pid ${holder.pid} (${holder.application_name || "-"}, ` +
+    `${holder.state}), open ${holder.age_seconds.toFixed(1)} s: ${holder.query}`;
+}
+async function post(url) {
+  const r = await fetch(url, {method: "POST", headers: {"X-Unilog-Token": TOKEN}});
+  if (!r.ok) throw new Error(await r.text());
+  return r.json();
+}
+async function act(stream, id, action) {
+  if (!confirm(`${action} dead letter ${id} of ${stream}?`)) return;
+  try { await post(`/api/dlq/${encodeURIComponent(stream)}/${encodeURIComponent(id)}/${action}`); }
+  catch (e) { alert(`${action} failed: ${e.message}`); }
+  refresh();
+}
+async function show(stream, id) {
+  const r = await fetch(`/api/dlq/${encodeURIComponent(stream)}/${encodeURIComponent(id)}`);
+  const pre = $("#letter"); pre.hidden = false; pre.textContent = JSON.stringify(await r.json(), null, 2);
+}
+function button(row, label, handler) {
+  const b = document.createElement("button"); b.textContent = label; b.className = label; b.onclick = handler;
+  row.lastChild.appendChild(b);
+}
+async function drawLetters(status) {
+  const body = $("#letters tbody"), rows = [];
+  for (const s of status.streams.filter(s => s.dead_letters > 0)) {
+    const r = await fetch(`/api/dlq/${encodeURIComponent(s.name)}`);
+    for (const d of await r.json()) rows.push([s.name, d]);
+  }
+  body.replaceChildren();
+  for (const [stream, d] of rows) {
+    const row = body.insertRow(); row.dataset.letter = d.id;
+    for (const v of [stream, d.id, d.owner, d.position, d.attempts, d.error]) cell(row, v);
+    row.insertCell(); button(row, "show", () => show(stream, d.id));
+    if (!READ_ONLY) {
+      button(row, "replay", () => act(stream, d.id, "replay")); button(row, "drop", () => act(stream, d.id, "drop"));
+    }
+  }
+}
+async function refresh() {
+  try {
+    const data = await (await fetch("/api/status")).json();
+    $("#problem").hidden = !data.error; $("#problem").textContent = data.error || "";
+    if (data.status) {
+      drawStreams(data.status); drawConsumers(data.status, data.lag); drawHorizon(data.status);
+      await drawLetters(data.status);
+    }
+    $("#updated").textContent = new Date(data.at * 1000).toLocaleTimeString();
+  } catch (e) { $("#problem").hidden = false; $("#problem").textContent = `dashboard unreachable: ${e.message}`; }
+}
+$("#mode").textContent = READ_ONLY ? " · read-only" : "";
+refresh(); setInterval(refresh, 2000);
+</script>
+</body></html>
+"""

@@ -1,0 +1,101 @@
+"""The dashboard's routes: the page, the status with the lag history, and dead letters (show, replay, drop)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import structlog
+
+from .. import dlq, engine, store
+from ..config import Settings
+from ..errors import ConfigurationError, UnilogError
+from . import History
+from .page import PAGE
+
+log = structlog.get_logger(__name__)
+
+
+def register(app: Any, settings: Settings, history: History, *, read_only: bool, token: str) -> None:
+    """Add the routes to ``app``. Mutations need ``X-Unilog-Token: token`` and are refused when ``read_only``."""
+    from flask import Response, abort, jsonify, request
+
+    @contextlib.contextmanager
+    def redis() -> Iterator[engine.RedisStreams]:
+        client = engine.connect(settings.redis_url)
+        engine.ping(client, settings.redis_url)
+        api = engine.RedisStreams(client)
+        try:
+            yield api
+        finally:
+            api.close()
+
+    def guard() -> None:
+        if read_only:
+            abort(403, "this dashboard is read-only")
+        if not secrets_equal(request.headers.get("X-Unilog-Token", ""), token):
+            abort(403, "missing or wrong token: reload the page")
+
+    @app.get("/")
+    def page() -> Any:
+        body = PAGE.replace("{{TOKEN}}", token).replace("{{READ_ONLY}}", "true" if read_only else "false")
+        return Response(body, mimetype="text/html", headers={"Cache-Control": "no-store"})
+
+    @app.get("/api/status")
+    def status() -> Any:
+        return jsonify(history.snapshot())
+
+    @app.get("/api/dlq/<stream>")
+    def letters(stream: str) -> Any:
+        with redis() as api:
+            return jsonify([d.summary() for d in dlq.list_letters(api, stream)])
+
+    @app.get("/api/dlq/<stream>/<letter_id>")
+    def show(stream: str, letter_id: str) -> Any:
+        with redis() as api:
+            letter = _letter(api, stream, letter_id, abort)
+            return jsonify({**letter.summary(), "at_ms": letter.at_ms, "fields": letter.fields})
+
+    @app.post("/api/dlq/<stream>/<letter_id>/<action>")
+    def act(stream: str, letter_id: str, action: str) -> Any:
+        guard()
+        if action not in ("replay", "drop"):
+            abort(404)
+        with redis() as api:
+            letter = _letter(api, stream, letter_id, abort)
+            result = _apply(settings, api, stream, letter, action)
+        log.info(
+            f"dead letter {action}ed from the dashboard",
+            stream=stream,
+            letter=letter_id,
+            result=result,
+            client=request.remote_addr,
+        )
+        history.sample()
+        return jsonify({"ok": True, "action": action, "result": result})
+
+
+def _letter(api: engine.RedisStreams, stream: str, letter_id: str, abort: Any) -> dlq.DeadLetter:
+    try:
+        return dlq.get_letter(api, stream, letter_id)
+    except (ConfigurationError, engine.RedisError):
+        abort(404, f"no dead letter {letter_id} on {stream}")
+        raise  # unreachable: abort raises
+
+
+def _apply(settings: Settings, api: engine.RedisStreams, stream: str, letter: dlq.DeadLetter, action: str) -> str:
+    if action == "replay":
+        return dlq.replay(api, stream, letter)
+    try:
+        with store.connect(settings.conninfo, application_name="unilog-dashboard") as conn:
+            dlq.drop(api, conn, stream, letter)
+    except UnilogError as exc:
+        raise ConfigurationError(str(exc)) from None
+    return "dropped"
+
+
+def secrets_equal(given: str, expected: str) -> bool:
+    import hmac
+
+    return hmac.compare_digest(given.encode(), expected.encode())
