@@ -11,6 +11,7 @@ with a JSON error naming the field.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -24,6 +25,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 import unilog
+from unilog import tracing
 from unilog.config import sqlalchemy_url
 from unilog.log import configure_logging
 
@@ -100,15 +102,8 @@ def create_app(database_url: str | None = None) -> Flask:
 
     @app.post("/rides")
     def post_ride() -> Any:
-        payload = request.get_json(silent=True) if request.is_json else request.form.to_dict()
-        if not isinstance(payload, dict):
-            return jsonify(error={"field": "body", "message": "body must be a JSON object or a form"}), 422
-        try:
-            distance = parse_distance(payload)
-        except ValidationError as exc:
-            return jsonify(error={"field": exc.field, "message": str(exc)}), 422
-        ride = create_ride(sessions, distance)
-        return jsonify(ride={"id": ride.id, "distance": float(ride.distance)}), 201
+        with _request_span("POST /rides"):
+            return _post_ride(sessions)
 
     @app.get("/health")
     def health() -> Any:
@@ -117,6 +112,36 @@ def create_app(database_url: str | None = None) -> Flask:
         return jsonify(status="ok")
 
     return app
+
+
+def _post_ride(sessions: sessionmaker[Session]) -> Any:
+    """Validate the body, create the ride and stage its record; the response."""
+    payload = request.get_json(silent=True) if request.is_json else request.form.to_dict()
+    if not isinstance(payload, dict):
+        return jsonify(error={"field": "body", "message": "body must be a JSON object or a form"}), 422
+    try:
+        distance = parse_distance(payload)
+    except ValidationError as exc:
+        return jsonify(error={"field": exc.field, "message": str(exc)}), 422
+    ride = create_ride(sessions, distance)
+    return jsonify(ride={"id": ride.id, "distance": float(ride.distance)}), 201
+
+
+def _request_span(name: str) -> Any:
+    """A SERVER span for the request, continuing the caller's W3C trace context; nothing without OpenTelemetry.
+
+    The record staged in the request's transaction carries this span's context (``unilog.emit`` reads it), so a
+    trace follows a ride from the request to the consumers that apply it."""
+    if not tracing.ENABLED:
+        return contextlib.nullcontext()
+    from opentelemetry import propagate, trace
+
+    return trace.get_tracer("rocket-rides").start_as_current_span(
+        name,
+        context=propagate.extract(request.headers),
+        kind=trace.SpanKind.SERVER,
+        attributes={"http.request.method": request.method, "http.route": request.path},
+    )
 
 
 def __getattr__(name: str) -> Any:

@@ -32,3 +32,27 @@ def rds(settings: Settings) -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
     yield client
     client.close()
+
+
+@pytest.fixture
+def spans() -> Iterator[Any]:
+    """An OpenTelemetry SDK with an in-memory exporter for this test only (the rest of the suite runs on the bare
+    API, which records nothing); the test gets the exporter."""
+    pytest.importorskip("opentelemetry.sdk")
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.util._once import Once
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    try:
+        yield exporter
+    finally:
+        provider.shutdown()
+        # OpenTelemetry sets its global provider once per process; its own test helpers reset it the same way
+        trace._TRACER_PROVIDER_SET_ONCE = Once()  # type: ignore[attr-defined]
+        trace._TRACER_PROVIDER = None  # type: ignore[attr-defined]

@@ -287,3 +287,16 @@ def test_archive_plus_live_stream_rebuilds_a_consumer_exactly(
     with psycopg.connect(app.conninfo) as conn:
         assert consumer_totals(conn)["from-archive"] == canonical_totals(conn)
     streamer.close()
+
+
+def test_the_sink_records_a_process_span_linked_to_each_record(spark: Any, app: Settings, spans: Any) -> None:
+    from opentelemetry import trace
+
+    with trace.get_tracer("test").start_as_current_span("request") as request:
+        rides(app, 3)
+    Streamer(app).drain()
+    df = spark.read.format("unilog").option("redisUrl", app.redis_url).option("stream", STREAM).load()
+    TransactionalSink(app.database_url, "spark-traced", STREAM, state_effect("spark-traced"))(df, 0)
+    (process,) = [s for s in spans.get_finished_spans() if s.name == f"process {STREAM}"]
+    assert process.kind is trace.SpanKind.CONSUMER and process.attributes["unilog.consumer.kind"] == "spark"
+    assert [link.context.trace_id for link in process.links] == [request.get_span_context().trace_id] * 3

@@ -21,7 +21,7 @@ from typing import Any
 import psycopg
 import structlog
 
-from . import engine, metrics, store
+from . import engine, metrics, store, tracing
 from .config import Settings, validate_stream_name
 from .errors import (
     ConfigurationError,
@@ -357,7 +357,8 @@ class Consumer(Worker):
             fresh = self._dedupe(conn, entries, after)
             if fresh:
                 crash_at = self.faults.pick(len(fresh)) if self.faults.fires("consumer.crash_mid_batch") else None
-                self.handler(conn, Batch(fresh, crash_at, self.config.name))
+                with tracing.process_span(self.stream, self.config.name, fresh):
+                    self.handler(conn, Batch(fresh, crash_at, self.config.name))
             self._dead_letter_malformed(conn)
             self.faults.crash("consumer.crash_before_commit")
             store.save_checkpoint(conn, after)

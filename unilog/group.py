@@ -28,7 +28,7 @@ from typing import Any
 import psycopg
 import structlog
 
-from . import engine, metrics, store
+from . import engine, metrics, store, tracing
 from .config import Settings, validate_stream_name
 from .errors import MalformedEntry
 from .faults import NO_FAULTS, Faults
@@ -237,7 +237,8 @@ class GroupConsumer(Worker):
             fresh = self._fresh(conn, records)
             if fresh:
                 crash_at = self.faults.pick(len(fresh)) if self.faults.fires("consumer.crash_mid_batch") else None
-                self.handler(conn, Batch(fresh, crash_at, self.config.group))
+                with tracing.process_span(self.stream, self.config.group, fresh, group=True):
+                    self.handler(conn, Batch(fresh, crash_at, self.config.group))
             self.faults.crash("consumer.crash_before_commit")
         self.faults.crash("group.crash_before_ack")
         ids = [eid for eid, _ in entries]

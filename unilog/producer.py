@@ -19,6 +19,7 @@ from psycopg.pq import TransactionStatus
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
+from . import tracing
 from .config import validate_stream_name
 from .errors import InvalidRecord, NotInTransaction, PayloadNotSerializable, PayloadTooLarge, SchemaMissing
 from .store import INSERT_STAGED
@@ -73,12 +74,15 @@ class Producer:
         if key is not None:
             _require_text("key", key)
         target = stream if stream is not None else self.default_stream
+        traceparent, tracestate = tracing.current_context()  # (None, None) without OpenTelemetry or a span
         return {
             "action": action,
             "object": object,
             "data": encode_data(data, self.max_payload_bytes),
             "stream": "" if target is None else validate_stream_name(target),
             "key": key,
+            "traceparent": traceparent,
+            "tracestate": tracestate,
         }
 
 

@@ -95,6 +95,22 @@ class Record:
         return None if pos is None else pos[1]
 
     @property
+    def traceparent(self) -> str | None:
+        """The W3C trace context of the transaction that staged this record (None if it had none)."""
+        return self._text(b"traceparent")
+
+    @property
+    def tracestate(self) -> str | None:
+        return self._text(b"tracestate")
+
+    def trace_context(self) -> Any:
+        """The producer's OpenTelemetry context, to continue its trace (``tracer.start_as_current_span(...,
+        context=record.trace_context())``) or link to it; None without OpenTelemetry or a traceparent."""
+        from .tracing import context_of
+
+        return context_of(self.traceparent, self.tracestate)
+
+    @property
     def replay_for(self) -> str | None:
         """``consumer:<name>`` or ``group:<name>`` if this entry is a replayed dead letter (only they apply it)."""
         return self._text(REPLAY_FOR)

@@ -35,7 +35,7 @@ from typing import Any
 import psycopg
 import structlog
 
-from . import engine, metrics, store
+from . import engine, metrics, store, tracing
 from .config import postgres_conninfo
 from .errors import ConcurrentConsumer, ConfigurationError, StreamGap
 
@@ -43,7 +43,7 @@ log = structlog.get_logger(__name__)
 
 SCHEMA = (
     "stream string, id string, id_ms long, id_seq long, producer string, epoch long, seq long, action string, "
-    "object string, key string, data string, created_ms long"
+    "object string, key string, data string, created_ms long, traceparent string"
 )
 SOURCE_NAME = "unilog"
 
@@ -146,7 +146,8 @@ def _record_batch(stream: str, chunk: list[Any]) -> Any:
             return None
 
     ids, ms, id_seq = [], [], []
-    text: dict[bytes, list[Any]] = {name: [] for name in (b"producer", b"action", b"object", b"key", b"data")}
+    names = (b"producer", b"action", b"object", b"key", b"data", b"traceparent")
+    text: dict[bytes, list[Any]] = {name: [] for name in names}
     ints: dict[bytes, list[Any]] = {name: [] for name in (b"epoch", b"seq", b"created")}
     for entry_id, flat in chunk:
         fields = dict(zip(flat[::2], flat[1::2], strict=True))
@@ -172,6 +173,7 @@ def _record_batch(stream: str, chunk: list[Any]) -> Any:
         text[b"key"],
         text[b"data"],
         ints[b"created"],
+        text[b"traceparent"],
     ]
     schema = _arrow_schema()
     try:
@@ -179,6 +181,22 @@ def _record_batch(stream: str, chunk: list[Any]) -> Any:
     except (pa.ArrowInvalid, UnicodeDecodeError):  # text that is not UTF-8 (a foreign entry): replace, don't crash
         arrays = [pa.array(_utf8(col), type=f.type) for col, f in zip(columns, schema, strict=True)]
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+class _Traced:
+    """What :func:`unilog.tracing.process_span` needs of a record: its id and trace context."""
+
+    def __init__(self, entry_id: str, traceparent: str | None) -> None:
+        self.id, self.traceparent = entry_id, traceparent
+
+
+def _traced(batch: Any) -> list[_Traced]:
+    """The batch's first records with a trace context, for the process span's links: a Spark job, so only when an
+    OpenTelemetry SDK records spans."""
+    if not tracing.recording():
+        return []
+    rows = batch.where("traceparent IS NOT NULL").select("id", "traceparent").limit(tracing.MAX_LINKS).collect()
+    return [_Traced(row["id"], row["traceparent"]) for row in rows]
 
 
 def _utf8(column: list[Any]) -> list[Any]:
@@ -356,7 +374,12 @@ class TransactionalSink:
 
     def _call(self, batch: Any, batch_id: int) -> None:
         started = time.perf_counter()
-        with store.connect(self.conninfo, application_name=f"unilog-spark-{self.consumer}"[:63]) as conn:
+        with (
+            tracing.process_span(
+                self.stream, self.consumer, _traced(batch), kind="spark" if tracing.recording() else None
+            ),
+            store.connect(self.conninfo, application_name=f"unilog-spark-{self.consumer}"[:63]) as conn,
+        ):
             done = self._commit(conn, batch)
         if done is None:
             return  # an empty micro-batch

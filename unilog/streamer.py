@@ -28,11 +28,11 @@ from typing import Any
 import psycopg
 import structlog
 
-from . import engine, metrics, retention, store
+from . import engine, metrics, retention, routing, store, tracing
 from .config import Settings, validate_stream_name
 from .errors import HorizonHeld, PublishError, UnilogError
 from .faults import NO_FAULTS, Faults
-from .routing import partition_of, partition_stream
+from .routing import partition_stream
 from .runtime import TRANSIENT, Links, Worker
 
 log = structlog.get_logger(__name__)
@@ -103,6 +103,7 @@ class _Batch:
     last: tuple[str, int]
     targets: dict[str, engine.Packed]
     first_created_ms: int | None = None  # for the publish latency metric
+    traceparents: tuple[str, ...] = ()  # the records' trace contexts, for the publish span's links
 
 
 @dataclass(frozen=True)
@@ -395,12 +396,16 @@ class Streamer(Worker):
         already encoded for Redis; a partitioned one is read as rows and split by key here."""
         limit = self.config.batch_size
         if partitions <= 1 and self._packed_fetch:
-            count, body, last = store.fetch_packed(conn, source, limit, after)
+            count, body, last, parents = store.fetch_packed(conn, source, limit, after)
             if not count:
                 return None
-            return _Batch(count, after, last, {stream: engine.Packed(count, body)}, engine.first_created_ms(body))
+            packed = engine.Packed(count, body, 7 if parents else 5)
+            return _Batch(count, after, last, {stream: packed}, engine.first_created_ms(body), tuple(parents))
         rows, last = store.fetch_visible(conn, source, limit, after)
-        return _Batch(len(rows), after, last, self._split(stream, partitions, rows), rows[0][5]) if rows else None
+        if not rows:
+            return None
+        traced = tuple(row[6] for row in rows if row[6])
+        return _Batch(len(rows), after, last, routing.split(stream, partitions, rows), rows[0][5], traced)
 
     def _overlapped(
         self,
@@ -458,6 +463,10 @@ class Streamer(Worker):
         self._after[sent.source] = batch.last
         self.published_total += batch.count
         metrics.batch_published(sent.stream, batch.count, time.perf_counter() - sent.started, batch.first_created_ms)
+        if tracing.ENABLED:
+            ended = time.time_ns()
+            began = ended - int((time.perf_counter() - sent.started) * 1e9)
+            tracing.record_publish(sent.stream, batch.count, batch.traceparents, began, ended)
         log.info(
             "batch streamed",
             stream=sent.stream,
@@ -473,16 +482,6 @@ class Streamer(Worker):
         if target not in self._last_seq:
             self._last_seq[target] = store.last_published_seq(conn, target, epoch)
         return self._last_seq[target] + 1
-
-    @staticmethod
-    def _split(stream: str, count: int, rows: list[store.StagedRow]) -> dict[str, engine.Packed]:
-        """The batch's payload per target stream: the stream itself, or its partitions by key (in batch order)."""
-        targets: dict[str, list[engine.PublishRow]] = {}
-        for row_id, action, obj, data, key, created in rows:
-            partition = partition_of(key if key is not None else str(row_id), count) if count > 1 else None
-            target = stream if partition is None else partition_stream(stream, partition)
-            targets.setdefault(target, []).append((data, action, obj, created, key))
-        return {target: engine.pack_rows(payload) for target, payload in targets.items()}
 
     def _partitions(self, stream: str) -> int:
         """The stream's partition count, from Redis (``unilog stream partition``): cached for good once set (it

@@ -6,7 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-PublishRow = tuple[str | bytes, str, str, int, str | None]
+# (data, action, object, created ms, key or None[, traceparent, tracestate]): the trace context is optional
+PublishRow = tuple[Any, ...]
 
 
 @dataclass(frozen=True)
@@ -17,15 +18,35 @@ class Packed:
 
     count: int
     body: bytes
+    stride: int = 5  # arguments per record: 7 when the batch carries trace context (traceparent, tracestate)
 
 
 def pack_rows(rows: Sequence[PublishRow]) -> Packed:
     """Encode rows the way :func:`unilog.store.fetch_packed` does."""
+    if any(len(row) > 5 and row[5] for row in rows):
+        return Packed(
+            len(rows),
+            b"".join(
+                _bulk(
+                    [
+                        _b(row[0]),
+                        _b(row[1]),
+                        _b(row[2]),
+                        b"%d" % row[3],
+                        _b(row[4] or ""),
+                        _b(row[5] or ""),
+                        _b(row[6] or ""),
+                    ]
+                )
+                for row in rows
+            ),
+            7,
+        )
     return Packed(
         len(rows),
         b"".join(
             _bulk([_b(data), _b(action), _b(obj), b"%d" % created, _b(key or "")])
-            for data, action, obj, created, key in rows
+            for data, action, obj, created, key, *_trace in rows
         ),
     )
 

@@ -54,12 +54,13 @@ class StreamInfo:
 
 # Appends a batch only past this producer's high-water mark on the stream, so a batch re-sent after a crash, a
 # timeout with unknown outcome or a retry is not appended twice. Positions are (epoch, seq); seq is computed here as
-# first_seq + i, so each entry costs five arguments (and no per-entry Lua table: Redis CPU is the drain's limit). The
+# first_seq + i, so each entry costs five arguments (and no per-entry Lua table: Redis CPU is the drain's limit; a
+# batch that carries trace context has seven, traceparent and tracestate, and builds its fields in a table). The
 # mark lives in a hash beside the stream; if the stream key is gone (deleted, flushed) the mark is ignored, so a
 # missing stream can never swallow records as "duplicates".
 PUBLISH_LUA = """
-local producer, epoch, first = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local n = (#ARGV - 4) / 5
+local producer, epoch, first, stride = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[5])
+local n = (#ARGV - 5) / stride
 local skip, gap = 0, -1
 if ARGV[4] == '1' and redis.call('EXISTS', KEYS[1]) == 1 then
   local mark = redis.call('HGET', KEYS[2], producer)
@@ -77,8 +78,15 @@ if ARGV[4] == '1' and redis.call('EXISTS', KEYS[1]) == 1 then
 end
 local first_id, last_id = false, false
 for i = skip, n - 1 do
-  local b = 4 + i * 5
-  if ARGV[b + 5] == '' then
+  local b = 5 + i * stride
+  if stride == 7 then
+    local f = {'data', ARGV[b + 1], 'action', ARGV[b + 2], 'object', ARGV[b + 3], 'producer', producer,
+               'epoch', ARGV[2], 'seq', first + i, 'created', ARGV[b + 4]}
+    if ARGV[b + 5] ~= '' then f[#f + 1] = 'key'; f[#f + 1] = ARGV[b + 5] end
+    if ARGV[b + 6] ~= '' then f[#f + 1] = 'traceparent'; f[#f + 1] = ARGV[b + 6] end
+    if ARGV[b + 7] ~= '' then f[#f + 1] = 'tracestate'; f[#f + 1] = ARGV[b + 7] end
+    last_id = redis.call('XADD', KEYS[1], '*', unpack(f))
+  elseif ARGV[b + 5] == '' then
     last_id = redis.call('XADD', KEYS[1], '*', 'data', ARGV[b + 1], 'action', ARGV[b + 2], 'object', ARGV[b + 3],
                          'producer', producer, 'epoch', ARGV[2], 'seq', first + i, 'created', ARGV[b + 4])
   else
@@ -140,7 +148,7 @@ class RedisStreams:
         acknowledged in ``replicas``.
         """
         batch = rows if isinstance(rows, Packed) else pack_rows(rows)
-        head = [producer, str(epoch), str(first_seq), "1" if dedupe else "0"]
+        head = [producer, str(epoch), str(first_seq), "1" if dedupe else "0", str(batch.stride)]
         with self.explained(stream):
             reply, replicas = self._evalsha(stream, [_b(a) for a in head], batch, wait_replicas, wait_timeout_ms)
         appended, skipped, gap, first_id, last_id = reply
@@ -162,7 +170,7 @@ class RedisStreams:
         """
         keys = [_b(stream), _b(hwm_key(stream))]
         args = [b"EVALSHA", self._sha.encode(), b"2", *keys, *head]
-        command = _pack(args, more=5 * batch.count)  # the batch's bulk strings follow
+        command = _pack(args, more=batch.stride * batch.count)  # the batch's bulk strings follow
         for attempt in (1, 2):
             packed = [command, batch.body]
             if wait_replicas:

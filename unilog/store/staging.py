@@ -13,13 +13,14 @@ import psycopg
 NOTIFY_CHANNEL = "unilog_staged"
 
 INSERT_STAGED = (
-    "INSERT INTO staged_log_records (action, object, data, stream, key) "
-    "VALUES (%(action)s, %(object)s, %(data)s::jsonb, %(stream)s, %(key)s) RETURNING id"
+    "INSERT INTO staged_log_records (action, object, data, stream, key, traceparent, tracestate) "
+    "VALUES (%(action)s, %(object)s, %(data)s::jsonb, %(stream)s, %(key)s, %(traceparent)s, %(tracestate)s) "
+    "RETURNING id"
 )
 
-# A staged row as the streamer reads it: (id, action, object, data, key, created_ms). ``data`` is Postgres's JSON
-# text, passed through to Redis without decoding; plain tuples because this is the streamer's hot path.
-StagedRow = tuple[int, str, str, str, str | None, int]
+# A staged row as the streamer reads it: (id, action, object, data, key, created_ms, traceparent, tracestate).
+# ``data`` is Postgres's JSON text, passed through to Redis without decoding; plain tuples: the streamer's hot path.
+StagedRow = tuple[int, str, str, str, str | None, int, str | None, str | None]
 
 
 def staged_sources(conn: psycopg.Connection[Any]) -> list[str]:
@@ -51,8 +52,8 @@ VISIBLE_BATCH = """
 """
 
 FETCH_BATCH = (
-    "SELECT id, action, object, data::text, key, (extract(epoch FROM created_at) * 1000)::bigint, xid::text AS xid_text"
-    + VISIBLE_BATCH
+    "SELECT id, action, object, data::text, key, (extract(epoch FROM created_at) * 1000)::bigint, traceparent, "
+    "tracestate, xid::text AS xid_text" + VISIBLE_BATCH
 )
 
 # The same batch as FETCH_BATCH, returned as ONE row: the count, every record's five publish arguments (data, action,
@@ -63,18 +64,24 @@ FETCH_PACKED = (
     """
     WITH batch AS MATERIALIZED (
         SELECT xid, id, data::text AS data, action, object, coalesce(key, '') AS key,
-               ((extract(epoch FROM created_at) * 1000)::bigint)::text AS created"""
+               ((extract(epoch FROM created_at) * 1000)::bigint)::text AS created,
+               coalesce(traceparent, '') AS tp, coalesce(tracestate, '') AS ts"""
     + VISIBLE_BATCH
     + """), last AS (
         SELECT xid, id FROM batch ORDER BY xid DESC, id DESC LIMIT 1
+    ), traced AS (
+        SELECT array_agg(tp ORDER BY xid, id) FILTER (WHERE tp <> '') AS parents FROM batch
     )
     SELECT (SELECT count(*) FROM batch),
            convert_to((SELECT string_agg(
                '$' || octet_length(data) || E'\\r\\n' || data || E'\\r\\n$' || octet_length(action) || E'\\r\\n'
                || action || E'\\r\\n$' || octet_length(object) || E'\\r\\n' || object || E'\\r\\n$'
                || octet_length(created) || E'\\r\\n' || created || E'\\r\\n$' || octet_length(key) || E'\\r\\n'
-               || key || E'\\r\\n', '' ORDER BY xid, id) FROM batch), 'UTF8'),
-           (SELECT xid::text FROM last), (SELECT id FROM last)
+               || key || E'\\r\\n'
+               || CASE WHEN (SELECT parents IS NOT NULL FROM traced) THEN
+                    '$' || octet_length(tp) || E'\\r\\n' || tp || E'\\r\\n$' || octet_length(ts) || E'\\r\\n' || ts
+                    || E'\\r\\n' ELSE '' END, '' ORDER BY xid, id) FROM batch), 'UTF8'),
+           (SELECT xid::text FROM last), (SELECT id FROM last), (SELECT parents FROM traced)
 """
 )
 
@@ -99,7 +106,7 @@ def fetch_visible(
     if not rows:
         return [], after
     last = rows[-1]
-    return [row[:6] for row in rows], (last[6], last[0])
+    return [row[:8] for row in rows], (last[8], last[0])
 
 
 def packed_fetch_supported(conn: psycopg.Connection[Any]) -> bool:
@@ -109,16 +116,19 @@ def packed_fetch_supported(conn: psycopg.Connection[Any]) -> bool:
 
 def fetch_packed(
     conn: psycopg.Connection[Any], source: str, limit: int, after: tuple[str, int] = START
-) -> tuple[int, bytes, tuple[str, int]]:
-    """The batch :func:`fetch_visible` would return, as (count, RESP-encoded publish arguments, last (xid, id)).
+) -> tuple[int, bytes, tuple[str, int], list[str]]:
+    """The batch :func:`fetch_visible` would return, as (count, RESP-encoded publish arguments, last (xid, id),
+    the records' traceparents).
 
-    Same rows, same order, same guarantees; count 0 means nothing visible (and ``after`` is returned as last).
+    Same rows, same order, same guarantees; count 0 means nothing visible (and ``after`` is returned as last). When
+    any record has a traceparent, each record has seven arguments (its traceparent and tracestate, maybe empty, after
+    the five), else five: see :class:`unilog.wire.Packed`.
     """
     row = conn.execute(FETCH_PACKED, (source, after[0], after[1], limit), binary=True).fetchone()
     if row is None or not row[0]:
-        return 0, b"", after
-    count, body, last_xid, last_id = row
-    return int(count), bytes(body), (str(last_xid), int(last_id))
+        return 0, b"", after, []
+    count, body, last_xid, last_id, parents = row
+    return int(count), bytes(body), (str(last_xid), int(last_id)), list(parents or [])
 
 
 def has_staged(conn: psycopg.Connection[Any], source: str) -> bool:

@@ -1,0 +1,100 @@
+"""Traces: one ride followed from the API request's span, through the streamer's send span, to the consumer's process
+span and a handler's own span, with the SDK's in-memory exporter. And without OpenTelemetry, nothing is imported."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+import pytest
+
+pytest.importorskip("opentelemetry.sdk")
+
+from opentelemetry import trace
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from unilog import Consumer, ConsumerConfig, GroupConfig, GroupConsumer, Record, Settings, Streamer, emit
+
+
+def test_one_ride_is_traced_from_the_request_to_the_handler(
+    settings: Settings, rds: Any, spans: InMemorySpanExporter
+) -> None:
+    from unilog_demo.api import create_app
+    from unilog_demo.migrate import prepare
+    from unilog_demo.rides import STREAM
+
+    prepare(settings.database_url)
+    client = create_app(settings.database_url).test_client()
+    caller = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"  # an upstream service's context
+    assert client.post("/rides", json={"distance": 12.5}, headers={"traceparent": caller}).status_code == 201
+    with Streamer(Settings.from_dsn(settings.database_url, settings.redis_url, STREAM)) as streamer:
+        streamer.drain()
+    ((entry_id, fields),) = rds.xrange(STREAM)
+    request = next(s for s in spans.get_finished_spans() if s.name == "POST /rides")
+    trace_id = request.context.trace_id
+    assert trace_id == 0x0AF7651916CD43DD8448EB211C80319C, "the request continued its caller's trace"
+    assert fields["traceparent"] == f"00-{trace_id:032x}-{request.context.span_id:016x}-01"
+
+    tracer = trace.get_tracer("test")
+
+    def handler(conn: psycopg.Connection[Any], records: Sequence[Record]) -> None:
+        for record in records:  # a handler continues the producer's trace
+            with tracer.start_as_current_span("apply ride", context=record.trace_context()):
+                pass
+
+    with Consumer(settings, ConsumerConfig(name="traced", stream=STREAM), handler) as consumer:
+        consumer.drain()
+    with GroupConsumer(settings, GroupConfig(group="g", stream=STREAM), handler) as group:
+        group.drain()
+    by_name: dict[str, list[Any]] = {}
+    for span in spans.get_finished_spans():
+        by_name.setdefault(span.name, []).append(span)
+    (send,) = by_name[f"send {STREAM}"]
+    assert send.kind is trace.SpanKind.PRODUCER and [link.context.trace_id for link in send.links] == [trace_id]
+    assert send.attributes["messaging.destination.name"] == STREAM and send.attributes["messaging.system"] == "unilog"
+    processes = by_name[f"process {STREAM}"]
+    assert len(processes) == 2, "the checkpoint consumer's and the group's"
+    for process in processes:
+        assert process.kind is trace.SpanKind.CONSUMER
+        assert [link.context.span_id for link in process.links] == [request.context.span_id]
+        assert process.attributes["messaging.operation.type"] == "process"
+        assert process.attributes["messaging.message.id"] == entry_id
+        assert process.attributes["messaging.batch.message_count"] == 1
+    assert {p.attributes["messaging.consumer.group.name"] for p in processes} == {"traced", "g"}
+    applied = by_name["apply ride"]
+    assert len(applied) == 2 and all(s.context.trace_id == trace_id for s in applied), "same trace as the request"
+    assert all(s.parent.span_id == request.context.span_id for s in applied)
+
+
+def test_a_record_staged_outside_any_span_carries_no_context(
+    settings: Settings, pg: Any, rds: Any, spans: InMemorySpanExporter
+) -> None:
+    with psycopg.connect(settings.conninfo) as conn:
+        emit(conn, action="create", object="ride", data={"n": 1})
+    assert pg.execute("SELECT traceparent, tracestate FROM staged_log_records").fetchall() == [(None, None)]
+    with Streamer(settings) as streamer:
+        streamer.drain()
+    ((_, fields),) = rds.xrange(settings.stream)
+    assert "traceparent" not in fields and "tracestate" not in fields
+    assert [s.name for s in spans.get_finished_spans()] == [f"send {settings.stream}"]
+    assert spans.get_finished_spans()[0].links == ()
+
+
+def test_without_opentelemetry_nothing_is_imported(settings: Settings) -> None:
+    code = """
+import sys
+sys.modules["opentelemetry"] = None  # as if not installed
+import psycopg, unilog
+from unilog import tracing
+assert not tracing.ENABLED
+with psycopg.connect(sys.argv[1]) as conn:
+    unilog.emit(conn, action="create", object="ride", data={"n": 1})
+assert not [m for m in sys.modules if m.startswith("opentelemetry.")], "imported"
+"""
+    env = {**os.environ}
+    result = subprocess.run([sys.executable, "-c", code, settings.conninfo], env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
