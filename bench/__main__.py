@@ -18,6 +18,7 @@ from .drain import run_drain, run_drain_streams
 from .env import BenchEnv
 from .latency import run_latency
 from .memory import run_memory
+from .observe import run_observe
 from .produce import run_produce
 from .report import render, targets, write_json
 from .spark import run_spark
@@ -32,6 +33,7 @@ WORKLOADS: dict[str, Workload] = {
     "consume": run_consume,
     "memory": run_memory,
     "spark": run_spark,
+    "observe": run_observe,
 }
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 SETUP = [

@@ -112,6 +112,10 @@ def ratios(results: Results) -> list[str]:
         ("consume", "records/s", "unilog-distance", "reference", " (same work as the reference)"),
         ("consume", "records/s", "unilog-group", "reference", ""),
         ("spark", "entries/s", "spark", "python", " (the same work, state and checkpoint in one transaction)"),
+        ("observe-drain", "records/s", "default", "no-metrics", " (the cost of metrics)"),
+        ("observe-drain", "records/s", "traced", "default", " (the cost of tracing: SDK on, every record traced)"),
+        ("observe-consume", "records/s", "default", "no-metrics", " (the cost of metrics)"),
+        ("observe-consume", "records/s", "traced", "default", " (the cost of tracing: SDK on)"),
     ]
     lines = []
     for workload, metric, a, b, note in wanted:
