@@ -34,7 +34,9 @@ def test_packed_batch_equals_the_rows_encoded_in_python(settings: Settings, pg: 
         rows, last = store.fetch_visible(conn, "", 100)
         count, body, packed_last, parents = store.fetch_packed(conn, "", 100)
         assert (count, packed_last, parents) == (len(TRICKY), last, [])
-        expected = engine.pack_rows([(data, action, obj, created, key) for _, action, obj, data, key, created, *_ in rows])
+        expected = engine.pack_rows(
+            [(data, action, obj, created, key) for _, action, obj, data, key, created, *_ in rows]
+        )
         assert body == expected.body
         # a limit inside the backlog stops at the same record, and an empty range says so
         assert store.fetch_packed(conn, "", 2)[2] == store.fetch_visible(conn, "", 2)[1]
@@ -70,3 +72,18 @@ def test_a_latin1_database_streams_through_the_row_path(unilog_postgres: Postgre
         assert (fields[b"object"].decode(), fields[b"key"].decode()) == ("café", "clé")
     finally:
         drop_database(unilog_postgres, url)
+
+
+def test_a_traced_batch_is_packed_the_same_in_postgres_and_in_python(settings: Settings, pg: Any) -> None:
+    """Seven arguments a record when any has a trace context (the partitioned path packs in Python)."""
+    stage(pg)
+    pg.execute("UPDATE staged_log_records SET traceparent = 'tp-' || id WHERE id % 2 = 0")
+    pg.execute("UPDATE staged_log_records SET tracestate = 'v=' || id WHERE id % 4 = 0")
+    with psycopg.connect(settings.conninfo) as conn:
+        rows, _ = store.fetch_visible(conn, "", 100)
+        count, body, _, parents = store.fetch_packed(conn, "", 100)
+    expected = engine.pack_rows(
+        [(data, action, obj, created, key, tp, ts) for _, action, obj, data, key, created, tp, ts in rows]
+    )
+    assert expected.stride == 7 and body == expected.body
+    assert parents == [row[6] for row in rows if row[6]]

@@ -98,3 +98,39 @@ assert not [m for m in sys.modules if m.startswith("opentelemetry.")], "imported
     env = {**os.environ}
     result = subprocess.run([sys.executable, "-c", code, settings.conninfo], env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_a_mixed_batch_carries_each_records_own_context(settings: Settings, rds: Any, spans: Any) -> None:
+    """Traced and untraced records, with and without a key and a tracestate, in one batch: each entry gets exactly
+    its own fields (the seven-argument publish path and its table fallback)."""
+    from opentelemetry import context
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
+
+    parent = SpanContext(
+        0xABC, 0xDEF, is_remote=True, trace_flags=TraceFlags(1), trace_state=TraceState([("vendor", "v1")])
+    )
+    tracer = trace.get_tracer("test")
+    with psycopg.connect(settings.conninfo) as conn:
+        with tracer.start_as_current_span("keyed"):
+            emit(conn, action="a", object="o", data={"n": 1}, key="k1")
+        emit(conn, action="a", object="o", data={"n": 2})
+        with tracer.start_as_current_span("plain"):
+            emit(conn, action="a", object="o", data={"n": 3})
+        token = context.attach(trace.set_span_in_context(NonRecordingSpan(parent)))
+        try:
+            emit(conn, action="a", object="o", data={"n": 4}, key="k4")
+        finally:
+            context.detach(token)
+    with Streamer(settings) as streamer:
+        streamer.drain()
+    entries = [fields for _, fields in rds.xrange(settings.stream)]
+    assert [sorted(set(f) - {"data", "action", "object", "producer", "epoch", "seq", "created"}) for f in entries] == [
+        ["key", "traceparent"],
+        [],
+        ["traceparent"],
+        ["key", "traceparent", "tracestate"],
+    ]
+    assert entries[0]["key"] == "k1" and entries[3]["tracestate"] == "vendor=v1"
+    assert entries[3]["traceparent"] == f"00-{0xABC:032x}-{0xDEF:016x}-01"
+    (send,) = [s for s in spans.get_finished_spans() if s.name.startswith("send")]
+    assert len(send.links) == 3

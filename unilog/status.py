@@ -115,9 +115,17 @@ def format_status(report: dict[str, Any]) -> str:
         )
     lines.append("")
     lines += table(
-        ["stream", "length", "first id", "last id", "staged", "dead letters"],
+        ["stream", "length", "first id", "last id", "staged", "publishers", "dead letters"],
         [
-            [s["name"], s["length"], s["first_id"] or "-", s["last_id"] or "-", s["staged"], s["dead_letters"]]
+            [
+                s["name"],
+                s["length"],
+                s["first_id"] or "-",
+                s["last_id"] or "-",
+                s["staged"],
+                "-" if s["publishers"] is None else s["publishers"],
+                s["dead_letters"],
+            ]
             for s in report["streams"]
         ],
     )

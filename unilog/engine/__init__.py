@@ -80,12 +80,23 @@ local first_id, last_id = false, false
 for i = skip, n - 1 do
   local b = 5 + i * stride
   if stride == 7 then
-    local f = {'data', ARGV[b + 1], 'action', ARGV[b + 2], 'object', ARGV[b + 3], 'producer', producer,
-               'epoch', ARGV[2], 'seq', first + i, 'created', ARGV[b + 4]}
-    if ARGV[b + 5] ~= '' then f[#f + 1] = 'key'; f[#f + 1] = ARGV[b + 5] end
-    if ARGV[b + 6] ~= '' then f[#f + 1] = 'traceparent'; f[#f + 1] = ARGV[b + 6] end
-    if ARGV[b + 7] ~= '' then f[#f + 1] = 'tracestate'; f[#f + 1] = ARGV[b + 7] end
-    last_id = redis.call('XADD', KEYS[1], '*', unpack(f))
+    local key, tp, ts = ARGV[b + 5], ARGV[b + 6], ARGV[b + 7]
+    if key == '' and ts == '' and tp ~= '' then
+      last_id = redis.call('XADD', KEYS[1], '*', 'data', ARGV[b + 1], 'action', ARGV[b + 2], 'object', ARGV[b + 3],
+                           'producer', producer, 'epoch', ARGV[2], 'seq', first + i, 'created', ARGV[b + 4],
+                           'traceparent', tp)
+    elseif ts == '' and tp ~= '' then
+      last_id = redis.call('XADD', KEYS[1], '*', 'data', ARGV[b + 1], 'action', ARGV[b + 2], 'object', ARGV[b + 3],
+                           'producer', producer, 'epoch', ARGV[2], 'seq', first + i, 'created', ARGV[b + 4],
+                           'key', key, 'traceparent', tp)
+    else  -- the rare ones (a tracestate, a record without a traceparent in a traced batch): fields in a table
+      local f = {'data', ARGV[b + 1], 'action', ARGV[b + 2], 'object', ARGV[b + 3], 'producer', producer,
+                 'epoch', ARGV[2], 'seq', first + i, 'created', ARGV[b + 4]}
+      if key ~= '' then f[#f + 1] = 'key'; f[#f + 1] = key end
+      if tp ~= '' then f[#f + 1] = 'traceparent'; f[#f + 1] = tp end
+      if ts ~= '' then f[#f + 1] = 'tracestate'; f[#f + 1] = ts end
+      last_id = redis.call('XADD', KEYS[1], '*', unpack(f))
+    end
   elseif ARGV[b + 5] == '' then
     last_id = redis.call('XADD', KEYS[1], '*', 'data', ARGV[b + 1], 'action', ARGV[b + 2], 'object', ARGV[b + 3],
                          'producer', producer, 'epoch', ARGV[2], 'seq', first + i, 'created', ARGV[b + 4])

@@ -69,8 +69,8 @@ FETCH_PACKED = (
     + VISIBLE_BATCH
     + """), last AS (
         SELECT xid, id FROM batch ORDER BY xid DESC, id DESC LIMIT 1
-    ), traced AS (
-        SELECT array_agg(tp ORDER BY xid, id) FILTER (WHERE tp <> '') AS parents FROM batch
+    ), traced AS (  -- the first ones only: they feed the publish span's links (and say the batch is traced)
+        SELECT array_agg(tp) AS parents FROM (SELECT tp FROM batch WHERE tp <> '' ORDER BY xid, id LIMIT 128) t
     )
     SELECT (SELECT count(*) FROM batch),
            convert_to((SELECT string_agg(
@@ -118,7 +118,7 @@ def fetch_packed(
     conn: psycopg.Connection[Any], source: str, limit: int, after: tuple[str, int] = START
 ) -> tuple[int, bytes, tuple[str, int], list[str]]:
     """The batch :func:`fetch_visible` would return, as (count, RESP-encoded publish arguments, last (xid, id),
-    the records' traceparents).
+    the first 128 of the records' traceparents).
 
     Same rows, same order, same guarantees; count 0 means nothing visible (and ``after`` is returned as last). When
     any record has a traceparent, each record has seven arguments (its traceparent and tracestate, maybe empty, after
