@@ -82,6 +82,7 @@ def test_a_traced_batch_is_packed_the_same_in_postgres_and_in_python(settings: S
     with psycopg.connect(settings.conninfo) as conn:
         rows, _ = store.fetch_visible(conn, "", 100)
         count, body, _, parents = store.fetch_packed(conn, "", 100)
+    assert count == len(rows)
     expected = engine.pack_rows(
         [(data, action, obj, created, key, tp, ts) for _, action, obj, data, key, created, tp, ts in rows]
     )
