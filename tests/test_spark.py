@@ -300,3 +300,12 @@ def test_the_sink_records_a_process_span_linked_to_each_record(spark: Any, app: 
     (process,) = [s for s in spans.get_finished_spans() if s.name == f"process {STREAM}"]
     assert process.kind is trace.SpanKind.CONSUMER and process.attributes["unilog.consumer.kind"] == "spark"
     assert [link.context.trace_id for link in process.links] == [request.get_span_context().trace_id] * 3
+
+
+def test_spark_redacts_a_urls_password(spark: Any) -> None:
+    """The source's options carry URLs; whatever Spark prints of them (plans, its UI, event logs) passes through its
+    string redaction, which spark_session points at a URL's password. (The plans of this source show no options.)"""
+    conf = spark._jsparkSession.sessionState().conf()
+    text = "redisUrl=redis://user:planted-password@127.0.0.1:1/0 databaseUrl=postgresql://app:pw2@db/x"
+    redacted = spark.sparkContext._jvm.org.apache.spark.util.Utils.redact(conf.stringRedactionPattern(), text)
+    assert "planted-password" not in redacted and "pw2" not in redacted and "redis://" in redacted, redacted

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from .errors import ConfigurationError, InvalidStreamName
+from .errors import ConfigurationError, InvalidName, InvalidStreamName
 
 DEFAULT_STREAM = "unilog"
 STREAM_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$")
@@ -26,9 +26,37 @@ def validate_stream_name(name: object) -> str:
     """Return ``name`` if it is a valid stream name, else raise :class:`InvalidStreamName` naming the problem."""
     if not isinstance(name, str):
         raise InvalidStreamName(f"stream name must be a string, got {type(name).__name__}")
-    if not STREAM_NAME_RE.match(name):
+    if not STREAM_NAME_RE.fullmatch(name):  # fullmatch: "$" would also match before a trailing newline
         raise InvalidStreamName(
             f"invalid stream name {name!r}: use 1-200 characters from [A-Za-z0-9_.:-], starting with a letter or digit"
+        )
+    return name
+
+
+def _url_from(source: Mapping[str, str], name: str) -> str:
+    """``$NAME``, else the contents of the file ``$NAME_FILE`` names (a container secret), else ''."""
+    value = source.get(name, "")
+    path = source.get(f"{name}_FILE", "")
+    if value or not path:
+        return value
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read().strip()
+    except OSError as exc:  # the message names the file, never its contents
+        raise ConfigurationError(f"{name}_FILE={path!r} cannot be read: {exc.strerror or exc}") from None
+
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
+
+
+def validate_name(kind: str, name: object) -> str:
+    """Return ``name`` if it may name a consumer, group or worker, else raise :class:`InvalidName`.
+
+    These names become parts of Redis keys (``unilog:attempts:<stream>:<group>``) and values in SQL; ``:`` is
+    excluded because stream names may contain it, so no name can make one stream's key address another's."""
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+        raise InvalidName(
+            f"invalid {kind} name {name!r}: use 1-200 characters from [A-Za-z0-9_.-], starting with a letter or digit"
         )
     return name
 
@@ -112,8 +140,8 @@ class Settings:
         """Build settings from ``DATABASE_URL``, ``REDIS_URL`` and ``UNILOG_STREAM``; ``overrides`` win if not None."""
         source = os.environ if env is None else env
         values: dict[str, Any] = {
-            "database_url": source.get("DATABASE_URL", ""),
-            "redis_url": source.get("REDIS_URL", ""),
+            "database_url": _url_from(source, "DATABASE_URL"),
+            "redis_url": _url_from(source, "REDIS_URL"),
             "stream": source.get("UNILOG_STREAM") or DEFAULT_STREAM,
         }
         values.update({k: v for k, v in overrides.items() if v is not None})

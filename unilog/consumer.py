@@ -22,7 +22,7 @@ import psycopg
 import structlog
 
 from . import engine, metrics, store, tracing
-from .config import Settings, validate_stream_name
+from .config import Settings, validate_name, validate_stream_name
 from .errors import (
     ConfigurationError,
     MalformedEntry,
@@ -99,8 +99,7 @@ class ConsumerConfig:
     on_poison: str = "stop"
 
     def __post_init__(self) -> None:
-        if not self.name or not self.name.strip():
-            raise ValueError("a consumer needs a non-empty name")
+        validate_name("consumer", self.name)
         if self.stream is not None:
             validate_stream_name(self.stream)
         if self.batch_size < 1:

@@ -47,6 +47,10 @@ class ConfigurationError(UnilogError):
     """A setting is missing or malformed (for example a database URL that is not a Postgres URL)."""
 
 
+class InvalidName(ConfigurationError, ValueError):
+    """A consumer, group or worker name has characters outside ``[A-Za-z0-9_.-]`` (it becomes part of Redis keys)."""
+
+
 class WrongKeyType(ConfigurationError):
     """A Redis key unilog needs holds another type (another application uses the name)."""
 

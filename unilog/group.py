@@ -29,7 +29,7 @@ import psycopg
 import structlog
 
 from . import engine, metrics, store, tracing
-from .config import Settings, validate_stream_name
+from .config import Settings, validate_name, validate_stream_name
 from .errors import MalformedEntry
 from .faults import NO_FAULTS, Faults
 from .records import REPLAY_FOR, Batch, Handler, Record, check_malformed_policy, replay_owner
@@ -67,8 +67,7 @@ class GroupConfig:
     pg_timeout: float | None = 60.0
 
     def __post_init__(self) -> None:
-        if not self.group or not self.group.strip():
-            raise ValueError("a consumer group needs a non-empty name")
+        validate_name("group", self.group)
         if self.stream is not None:
             validate_stream_name(self.stream)
         if self.max_deliveries < 1:

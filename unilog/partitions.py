@@ -31,7 +31,7 @@ from typing import Any
 import structlog
 
 from . import store
-from .config import Settings
+from .config import Settings, validate_name, validate_stream_name
 from .consumer import Consumer, ConsumerConfig, Handler
 from .errors import ConfigurationError
 from .faults import NO_FAULTS, Faults
@@ -60,6 +60,11 @@ class PartitionConfig:
     on_malformed: str = "dead-letter"
     max_attempts: int = 3
     on_poison: str = "stop"
+
+    def __post_init__(self) -> None:
+        validate_name("partitioned consumer", self.name)
+        if self.stream is not None:
+            validate_stream_name(self.stream)
 
 
 class PartitionedConsumer(Worker):

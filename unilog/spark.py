@@ -46,6 +46,7 @@ SCHEMA = (
     "object string, key string, data string, created_ms long, traceparent string"
 )
 SOURCE_NAME = "unilog"
+REDACT_PASSWORDS = r"(?<=://)[^/@\s:]*:[^/@\s]*(?=@)"  # user:password of scheme://user:password@host
 
 try:  # pyspark is optional: everything else in unilog works without it
     from pyspark.sql.datasource import (
@@ -521,6 +522,9 @@ def spark_session(app: str = "unilog", master: str | None = None, conf: Mapping[
         "spark.sql.shuffle.partitions": "2",
         "spark.pyspark.python": sys.executable,
         "spark.pyspark.driver.python": sys.executable,
+        # the source's options carry URLs: Spark redacts what this matches (a URL's password) in plans, the UI and
+        # its event logs
+        "spark.redaction.string.regex": REDACT_PASSWORDS,
     }
     for key, value in {**defaults, **(conf or {})}.items():
         builder = builder.config(key, value)

@@ -26,6 +26,7 @@ from ..errors import (
     HandlerNotFound,
     HorizonHeld,
     InjectedCrash,
+    InvalidStreamName,
     MalformedEntry,
     MigrationFailed,
     PoisonRecord,
@@ -36,13 +37,13 @@ from ..errors import (
 from ..log import configure_logging
 from ..records import Handler
 from ..runtime import FATAL, fatal
-from . import consume, consumers, dlq, migrate, observe, pipeline, streamer, streams
+from . import consume, consumers, dlq, migrate, observe, pipeline, security, streamer, streams
 from .common import ExitCode, common_args
 
 __all__ = ["ExitCode", "consume_main", "main"]
 
 PLUGIN_GROUP = "unilog.commands"
-_COMMANDS = (migrate, streamer, consumers, consume, dlq, streams, pipeline, observe)
+_COMMANDS = (migrate, streamer, consumers, consume, dlq, streams, pipeline, observe, security)
 
 _ERROR_CODES: list[tuple[type[BaseException], ExitCode]] = [
     (DataLoss, ExitCode.DATA_LOSS),
@@ -51,6 +52,7 @@ _ERROR_CODES: list[tuple[type[BaseException], ExitCode]] = [
     (PoisonRecord, ExitCode.POISON),
     (HandlerNotFound, ExitCode.HANDLER),
     (ConfigurationError, ExitCode.CONFIG),
+    (InvalidStreamName, ExitCode.CONFIG),  # a stream name given on the command line
     (ServerUnreachable, ExitCode.UNREACHABLE),
     (SchemaMissing, ExitCode.SCHEMA),
     (MigrationFailed, ExitCode.SCHEMA),

@@ -9,7 +9,7 @@ from typing import Any
 import structlog
 
 from .. import dlq, engine, store
-from ..config import Settings
+from ..config import Settings, validate_stream_name
 from ..errors import ConfigurationError, UnilogError
 from . import History
 from .page import PAGE
@@ -48,6 +48,7 @@ def register(app: Any, settings: Settings, history: History, *, read_only: bool,
 
     @app.get("/api/dlq/<stream>")
     def letters(stream: str) -> Any:
+        _valid_stream(stream, abort)
         with redis() as api:
             return jsonify([d.summary() for d in dlq.list_letters(api, stream)])
 
@@ -77,11 +78,20 @@ def register(app: Any, settings: Settings, history: History, *, read_only: bool,
 
 
 def _letter(api: engine.RedisStreams, stream: str, letter_id: str, abort: Any) -> dlq.DeadLetter:
+    _valid_stream(stream, abort)
     try:
         return dlq.get_letter(api, stream, letter_id)
     except (ConfigurationError, engine.RedisError):
         abort(404, f"no dead letter {letter_id} on {stream}")
         raise  # unreachable: abort raises
+
+
+def _valid_stream(stream: str, abort: Any) -> None:
+    """A stream name from the URL must be one: nothing else may reach a Redis key."""
+    try:
+        validate_stream_name(stream)
+    except ValueError:
+        abort(404, "no such stream")
 
 
 def _apply(settings: Settings, api: engine.RedisStreams, stream: str, letter: dlq.DeadLetter, action: str) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 
 import redis
 
-from ..errors import ConfigurationError, RedisPermissionDenied, WrongKeyType
+from ..errors import ConfigurationError, WrongKeyType
 from ..wire import (  # noqa: F401 - the adapter's names, used as engine.X across the library
     Packed,
     PublishRow,
@@ -33,7 +33,7 @@ from ..wire import (  # noqa: F401 - the adapter's names, used as engine.X acros
     to_str,
     workers_key,
 )
-from .refusals import FATAL, connect, fatal, hint, ping, read_only  # noqa: F401 - connecting and classifying refusals
+from .refusals import FATAL, connect, fatal, hint, no_permission, ping, read_only  # noqa: F401 - connecting and classifying refusals
 
 Fields = Mapping[str, Any]
 Entry = tuple[bytes, dict[bytes, bytes]]
@@ -224,11 +224,9 @@ class RedisStreams:
                         ) from None
             if "READONLY" in text:  # inside a script the reply is a plain error quoting it
                 raise read_only(text.rpartition("-")[2] or text) from None
-            if "NOPERM" in text:
-                raise RedisPermissionDenied(
-                    f"the Redis user may not do what unilog needs on {stream!r} ({text.splitlines()[0]}): grant the "
-                    "stream commands and EVALSHA on its keys (ACL SETUSER)"
-                ) from None
+            script_refused = "user executing the script can't" in text  # an ACL refusal inside the publish script
+            if "NOPERM" in text or script_refused or isinstance(exc, redis.exceptions.NoPermissionError):
+                raise no_permission(text, stream) from None
             raise
 
     def high_water(self, stream: str, producer: str) -> tuple[int, int] | None:

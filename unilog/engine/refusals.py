@@ -90,11 +90,19 @@ def fatal(exc: BaseException) -> ConfigurationError | None:
     if isinstance(exc, redis.ReadOnlyError):
         return read_only(str(exc))
     if isinstance(exc, redis.exceptions.NoPermissionError):
-        return RedisPermissionDenied(
-            f"the Redis user may not run a command unilog needs ({exc}): grant the stream commands and EVALSHA on "
-            "unilog's keys (ACL SETUSER)"
-        )
+        return no_permission(str(exc))
     return None
+
+
+def no_permission(detail: str, stream: str | None = None) -> RedisPermissionDenied:
+    """The one line for ``NOPERM``: what Redis refused (the command, or a key), and where the right ACL comes from."""
+    detail = detail.strip().splitlines()[0] if detail.strip() else "permission denied"
+    detail = detail.removeprefix("NOPERM ").removeprefix("-NOPERM ")
+    where = f" on {stream!r}" if stream else ""
+    return RedisPermissionDenied(
+        f"Redis refused (NOPERM){where}: {detail}. The Redis user in REDIS_URL lacks a permission this process needs: "
+        "`unilog acl --streams ...` prints the ACL SETUSER line of each kind of process"
+    )
 
 
 def read_only(detail: str) -> RedisReadOnly:

@@ -11,6 +11,7 @@ check), ``staging`` (the staging table), ``positions`` (producer identity and pu
 
 from __future__ import annotations
 
+from . import roles
 from .checkpoints import (
     Checkpoint,
     checkpoint_stream,
@@ -132,6 +133,7 @@ __all__ = [
     "release_held",
     "release_partition_lock",
     "resolve_identity",
+    "roles",
     "rows_between",
     "save_checkpoint",
     "set_producer_id",
