@@ -179,8 +179,11 @@ class EmbeddedPostgres(ServerProcess):
         binaries: PostgresBinaries | None = None,
         fsync: bool = False,
         settings: Mapping[str, str] | None = None,
+        tls: tuple[Path, Path] | None = None,
     ) -> None:
+        """``tls``: (certificate, key) PEM files: the server then accepts TLS (``ssl = on``) with them."""
         self.binaries: PostgresBinaries = binaries or find_postgres()
+        self.tls = tls
         self._init_process(base_dir, port, self.binaries.version)
         self.fsync = fsync
         self.settings: dict[str, str] = _default_pg_settings(fsync) | dict(settings or {})
@@ -318,11 +321,25 @@ class EmbeddedPostgres(ServerProcess):
             "unix_socket_directories": str(self.socket_dir),
             "logging_collector": "off",
         } | self.settings
+        if self.tls is not None:
+            settings |= self._install_tls(*self.tls)
         lines = [f"{key} = {_guc_quote(value)}\n" for key, value in settings.items()]
         conf = self.data_dir / "unilog.conf"
         conf.write_text("".join(lines))
         if self._run_as is not None:
             self._run_as.chown(conf)
+
+    def _install_tls(self, cert: Path, key: Path) -> dict[str, str]:
+        """Copy the certificate and key into the data directory, owned by the server's user, the key private (as
+        Postgres requires); return the settings that use them."""
+        names = {"server.crt": cert, "server.key": key}
+        for name, source in names.items():
+            target = self.data_dir / name
+            shutil.copyfile(source, target)
+            target.chmod(0o600)
+            if self._run_as is not None:
+                self._run_as.chown(target)
+        return {"ssl": "on", "ssl_cert_file": "server.crt", "ssl_key_file": "server.key"}
 
     # -- process control ---------------------------------------------------- #
 
