@@ -1,6 +1,7 @@
 """The Rocket Rides fleet end to end under least privilege: Postgres over TLS with full verification, every process
 under its own role (`unilog grant`, plus the app's own tables), every Redis connection under its ACL user
-(`unilog acl`); the checkpoint consumer and the group agree with the canonical totals."""
+(`unilog acl`) over TLS where a TLS-capable redis-server exists; the checkpoint consumer and the group agree with the
+canonical totals."""
 
 from __future__ import annotations
 
@@ -20,17 +21,17 @@ import pytest
 
 pytest.importorskip("cryptography")
 
-from test_tls import make_ca, make_server_cert, verified
+from test_tls import make_ca, make_server_cert, tls_redis, verified
 
 from unilog import Settings
-from unilog.harness.embedded import EmbeddedPostgres, ServerNotFound
+from unilog.harness.embedded import EmbeddedPostgres, EmbeddedRedis, EmbeddedServerError, ServerNotFound, free_port
 
 TESTS = Path(__file__).parent
 PASSWORD = "lp-" + uuid.uuid4().hex[:10]
 
 
 def with_user(url: str, user: str) -> str:
-    parts = urlsplit(url)
+    parts = urlsplit(url)  # keeps the query: TLS settings stay
     return urlunsplit(parts._replace(netloc=f"{user}:{PASSWORD}@{parts.netloc.rpartition('@')[2]}"))
 
 
@@ -45,6 +46,37 @@ def server(tmp_path: Path) -> Iterator[tuple[EmbeddedPostgres, Path]]:
     pg.stop(mode="immediate", cleanup=True)
 
 
+@pytest.fixture
+def redis_tls(tmp_path: Path, settings: Settings) -> Iterator[tuple[str, Any]]:
+    """(URL, client) of a Redis with TLS and verification where a TLS build exists; else the test's own Redis."""
+    import redis
+
+    folder = tmp_path / "redis-tls"
+    folder.mkdir()
+    ca_path, ca_cert, ca_key = make_ca(folder, "redis-fleet-ca")
+    cert, key = make_server_cert(folder, ca_cert, ca_key)
+    port = free_port()
+    tls = {
+        "tls-port": str(port),
+        "tls-cert-file": str(cert),
+        "tls-key-file": str(key),
+        "tls-ca-cert-file": str(ca_path),
+        "tls-auth-clients": "no",
+    }
+    try:
+        server = EmbeddedRedis(tmp_path / "redis", settings=tls, binary=tls_redis(folder)).start()
+    except (ServerNotFound, EmbeddedServerError):  # no TLS build here: the same fleet, Redis in the clear
+        client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+        yield settings.redis_url, client
+        client.close()
+        return
+    url = f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={ca_path}&ssl_cert_reqs=required"
+    client = redis.Redis.from_url(url, decode_responses=True)
+    yield url, client
+    client.close()
+    server.stop(cleanup=True)
+
+
 def run(database_url: str, redis_url: str, *argv: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "DATABASE_URL": database_url, "REDIS_URL": redis_url}
     result = subprocess.run([sys.executable, *argv], env=env, cwd=TESTS, capture_output=True, text=True, timeout=120)
@@ -53,7 +85,7 @@ def run(database_url: str, redis_url: str, *argv: str) -> subprocess.CompletedPr
 
 
 def test_the_fleet_agrees_under_roles_acl_users_and_tls(
-    server: tuple[EmbeddedPostgres, Path], settings: Settings, rds: Any
+    server: tuple[EmbeddedPostgres, Path], redis_tls: tuple[str, Any]
 ) -> None:
     from unilog_demo.fleet import stage_ride
     from unilog_demo.migrate import prepare
@@ -61,8 +93,9 @@ def test_the_fleet_agrees_under_roles_acl_users_and_tls(
 
     pg, ca = server
     admin = verified(pg, ca)
+    redis_url, rds = redis_tls
     unilog = [sys.executable, "-m", "unilog"]
-    run(admin, settings.redis_url, *unilog[1:], "migrate")
+    run(admin, redis_url, *unilog[1:], "migrate")
     prepare(admin)
     roles = {kind: f"lp_{kind}_{uuid.uuid4().hex[:6]}" for kind in ("producer", "streamer", "consumer")}
     with psycopg.connect(admin, autocommit=True) as conn:
@@ -72,15 +105,13 @@ def test_the_fleet_agrees_under_roles_acl_users_and_tls(
         conn.execute(f"GRANT INSERT, SELECT (id) ON rides TO {roles['producer']}")
         conn.execute(f"GRANT USAGE ON SEQUENCE rides_id_seq TO {roles['producer']}")
         conn.execute(f"GRANT SELECT, INSERT, UPDATE ON consumer_states TO {roles['consumer']}")
-    run(admin, settings.redis_url, *unilog[1:], "grant", *[a for k, r in roles.items() for a in (f"--{k}", r)])
+    run(admin, redis_url, *unilog[1:], "grant", *[a for k, r in roles.items() for a in (f"--{k}", r)])
     users = f"lp{uuid.uuid4().hex[:6]}-"
-    acl = run(
-        admin, settings.redis_url, *unilog[1:], "acl", "--streams", STREAM, "--prefix", users, "--password", PASSWORD
-    )
+    acl = run(admin, redis_url, *unilog[1:], "acl", "--streams", STREAM, "--prefix", users, "--password", PASSWORD)
     for line in acl.stdout.splitlines():
         rds.execute_command(*shlex.split(line))
     db = {kind: with_user(admin, role) for kind, role in roles.items()}
-    redis_as = {kind: with_user(settings.redis_url, f"{users}{kind}") for kind in ("streamer", "consumer", "group")}
+    redis_as = {kind: with_user(redis_url, f"{users}{kind}") for kind in ("streamer", "consumer", "group")}
     try:
         rng = random.Random(7)
         with psycopg.connect(db["producer"]) as conn:
