@@ -21,6 +21,7 @@ import psycopg
 
 from unilog import Consumer, ConsumerConfig, Record, Streamer
 from unilog.group import GroupConfig, GroupConsumer
+from unilog.wire import registry_key
 
 from .core import Profile, Results, in_fresh_process, interleaved, log
 from .env import BenchEnv, Urls
@@ -96,7 +97,7 @@ def _total(env: BenchEnv, variant: str) -> float | None:
 
 def consume_trial(env: BenchEnv, variant: str, size: int) -> tuple[dict[str, float], dict[str, Any]]:
     env.reset(keep_redis=True)
-    env.rds.delete(f"unilog:consumers:{env.urls.stream}")
+    env.rds.delete(registry_key(env.urls.stream))
     if env.rds.exists(env.urls.stream):
         env.rds.xgroup_destroy(env.urls.stream, GROUP)  # 0 if absent
     env.admin.execute("TRUNCATE unilog_processed, unilog_group_watermarks")

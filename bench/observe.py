@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from unilog import Consumer, ConsumerConfig, Streamer
+from unilog.wire import registry_key
 
 from .core import Profile, Results, in_fresh_process, interleaved, log
 from .env import BenchEnv, Urls
@@ -77,7 +78,7 @@ def drain_trial(env: BenchEnv, variant: str, size: int) -> tuple[dict[str, float
 
 def consume_trial(env: BenchEnv, variant: str, size: int) -> tuple[dict[str, float], dict[str, Any]]:
     env.reset(keep_redis=True)
-    env.rds.delete(f"unilog:consumers:{env.urls.stream}")
+    env.rds.delete(registry_key(env.urls.stream))
     count, elapsed = in_fresh_process(_consume, env.urls, variant)
     if count != size:
         log(f"  WARNING observe consume {variant}: handled {count} of {size}")

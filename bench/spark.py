@@ -24,6 +24,7 @@ from typing import Any
 import psycopg
 
 from unilog.spark import TransactionalSink, spark_session
+from unilog.wire import registry_key
 
 from .consume import NAME as CONSUME_NAME
 from .consume import _prefill, _unilog
@@ -112,7 +113,7 @@ def _spark_drain(urls: Urls, size: int) -> tuple[int, float, float]:
 
 def throughput_trial(env: BenchEnv, variant: str, size: int) -> tuple[dict[str, float], dict[str, Any]]:
     env.reset(keep_redis=True)
-    env.rds.delete(f"unilog:consumers:{env.urls.stream}")
+    env.rds.delete(registry_key(env.urls.stream))
     if variant == "spark":
         count, elapsed, steady = in_fresh_process(_spark_drain, env.urls, size)
     else:

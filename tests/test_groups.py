@@ -19,6 +19,7 @@ from handlers import record_applied
 
 from unilog import Faults, InjectedCrash, Record, Settings, Streamer, StreamerConfig, emit
 from unilog.group import GroupConfig, GroupConsumer
+from unilog.wire import dlq_key
 
 TESTS = Path(__file__).parent
 
@@ -92,12 +93,12 @@ def test_poison_record_is_dead_lettered_while_the_rest_flow_then_replayed(
     w = worker(settings, "w", batch_size=5, max_deliveries=3)
     w.connect()
     deadline = time.monotonic() + 10
-    while not rds.exists("test-stream:dlq"):
+    while not rds.exists(dlq_key("test-stream")):
         assert time.monotonic() < deadline, "never dead-lettered"
         w.run_once(block_ms=-1)
         time.sleep(0.1)
     assert counts(pg) == {n: 1 for n in range(10) if n != 4}, "the others flowed"
-    [(letter_id, letter)] = rds.xrange("test-stream:dlq")
+    [(letter_id, letter)] = rds.xrange(dlq_key("test-stream"))
     assert letter["dlq_group"] == "g" and letter["dlq_attempts"] == "3" and letter["dlq_consumer"] == "w"
     assert "cannot handle record 4" in letter["dlq_error"] and json.loads(letter["data"])["n"] == 4
     assert rds.xpending("test-stream", "g")["pending"] == 0, "acknowledged once dead-lettered"
@@ -121,7 +122,7 @@ def test_poison_record_is_dead_lettered_while_the_rest_flow_then_replayed(
     )
     w.drain()
     assert counts(pg) == {n: 1 for n in range(10)}
-    assert rds.xlen("test-stream:dlq") == 0
+    assert rds.xlen(dlq_key("test-stream")) == 0
     w.prune()
     assert pg.execute("SELECT seq FROM unilog_group_watermarks").fetchone() == (10,)
     assert pg.execute("SELECT count(*) FROM unilog_processed").fetchone() == (0,), "pruned behind the watermark"
@@ -132,7 +133,7 @@ def test_dropped_dead_letter_lets_the_watermark_pass(settings: Settings, pg: Any
     stage(settings, 3, poison={1})
     w = worker(settings, "w", max_deliveries=1)
     w.drain()
-    [(letter_id, _)] = rds.xrange("test-stream:dlq")
+    [(letter_id, _)] = rds.xrange(dlq_key("test-stream"))
     env = {
         **os.environ,
         "DATABASE_URL": settings.database_url,
@@ -142,7 +143,7 @@ def test_dropped_dead_letter_lets_the_watermark_pass(settings: Settings, pg: Any
     subprocess.run([sys.executable, "-m", "unilog", "dlq", "drop", letter_id], env=env, check=True, capture_output=True)
     w.prune()
     assert pg.execute("SELECT seq FROM unilog_group_watermarks").fetchone() == (3,)
-    assert rds.xlen("test-stream:dlq") == 0
+    assert rds.xlen(dlq_key("test-stream")) == 0
     w.close()
 
 

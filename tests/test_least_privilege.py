@@ -25,6 +25,7 @@ from test_tls import make_ca, make_server_cert, tls_redis, verified
 
 from unilog import Settings
 from unilog.harness.embedded import EmbeddedPostgres, EmbeddedRedis, EmbeddedServerError, ServerNotFound, free_port
+from unilog.wire import hwm_key, registry_key
 
 TESTS = Path(__file__).parent
 PASSWORD = "lp-" + uuid.uuid4().hex[:10]
@@ -142,4 +143,4 @@ def test_the_fleet_agrees_under_roles_acl_users_and_tls(
     finally:
         for kind in ("streamer", "consumer", "group", "operator"):
             rds.execute_command("ACL", "DELUSER", f"{users}{kind}")
-        rds.delete(STREAM, f"unilog:hwm:{STREAM}", f"unilog:consumers:{STREAM}")
+        rds.delete(STREAM, hwm_key(STREAM), registry_key(STREAM))

@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from unilog import Settings, emit
 from unilog.harness.embedded import free_port
+from unilog.wire import dlq_key
 
 TESTS = Path(__file__).parent
 
@@ -161,7 +162,7 @@ def test_the_system_exporter_reports_lag_backlog_horizon_dead_letters_and_publis
     )
     tenth = rds.xrange(stream)[9][0]
     pg.execute("UPDATE unilog_checkpoints SET last_id = %s WHERE name = 'late'", (tenth,))
-    rds.xadd(f"{stream}:dlq", {"data": "{}", "dlq_original_id": "1-0", "dlq_group": "", "dlq_consumer": "late"})
+    rds.xadd(dlq_key(stream), {"data": "{}", "dlq_original_id": "1-0", "dlq_group": "", "dlq_consumer": "late"})
     blocker = psycopg.connect(settings.conninfo)
     blocker.execute("INSERT INTO applied (consumer, producer, entry_id) VALUES ('x', 'x', 'x')")  # holds the horizon
     try:

@@ -20,6 +20,7 @@ from unilog_demo.rides import STREAM, canonical_totals, consumer_totals
 
 from unilog import Settings, Streamer, StreamerConfig, UnilogError, emit
 from unilog.harness.pytest_plugin import running
+from unilog.wire import registry_key
 
 ROOT = Path(__file__).parent.parent
 
@@ -60,7 +61,7 @@ def test_two_streamers_two_consumers_survive_sigkill_of_the_active_streamer(
 ) -> None:
     prepare(settings.database_url)
     for name in ("consumer0", "consumer1"):  # declared before traffic, as a deploy would: retention waits for them
-        rds.hset(f"unilog:consumers:{STREAM}", name, "0-0")
+        rds.hset(registry_key(STREAM), name, "0-0")
     streamers = {name: spawn(settings, "-m", "unilog", "streamer", "--name", name, "--poll-interval", "0.5")
                  for name in ("sA", "sB")}
     consumers = [spawn(settings, "-m", "unilog_demo.consumer", name, "--block-ms", "200")

@@ -24,6 +24,7 @@ COMMANDS: dict[str, list[str]] = {
         "script|load",
         "xadd",
         "hset",
+        "scan",  # the check for keys in the layout before hash tags
         "wait",
         "xtrim",
         "xinfo|stream",
@@ -88,6 +89,7 @@ COMMANDS: dict[str, list[str]] = {
         "scan",
         "xgroup|create",
         "xgroup|destroy",
+        "renamenx",  # unilog stream relayout
         "xgroup|setid",
     ],
 }

@@ -30,7 +30,7 @@ import structlog
 
 from . import engine, metrics, retention, routing, store, tracing
 from .config import Settings, validate_stream_name
-from .errors import HorizonHeld, PublishError, UnilogError
+from .errors import ConfigurationError, HorizonHeld, PublishError, UnilogError
 from .faults import NO_FAULTS, Faults
 from .routing import partition_stream
 from .runtime import TRANSIENT, Links, Worker
@@ -336,6 +336,11 @@ class Streamer(Worker):
             return True
         got = store.try_stream_lock(conn, stream)
         conn.commit()
+        if got and (old := self._engine().legacy_keys(stream)):
+            raise ConfigurationError(  # retention must see every registration: none may hide under an old name
+                f"stream {stream!r} has Redis keys in the layout before hash tags ({', '.join(old[:3])}): stop "
+                f"its consumers and run `unilog stream relayout {stream}` (README, Redis keys)"
+            )
         if got:
             self._owned.add(stream)
             metrics.STREAM_LOCK.labels(stream).set(1)

@@ -66,40 +66,67 @@ def first_created_ms(body: bytes) -> int | None:
     return None
 
 
+# Key layout. Every key of a stream carries the stream's name as a hash tag, ``{<stream>}``: Redis Cluster hashes
+# only the tag, which is the same text as the stream's own key, so a stream, its high-water mark, its dead letters
+# and its bookkeeping share one slot (the publish script and the MULTI blocks touch them together), while the
+# partitions of a partitioned stream, each named ``<stream>.p<i>``, hash to different slots and spread over the
+# shards. A single Redis uses the same layout. Stream names cannot contain braces (validate_stream_name).
+# LEGACY_KEYS are the names before that layout: `unilog stream relayout` renames them (tested).
+
+
 def meta_key(stream: str) -> str:
     """The hash of a stream's settings (its partition count)."""
-    return f"unilog:meta:{stream}"
+    return f"unilog:meta:{{{stream}}}"
 
 
 def dlq_key(stream: str) -> str:
     """The dead-letter stream of ``stream``."""
-    return f"{stream}:dlq"
+    return f"unilog:dlq:{{{stream}}}"
 
 
 def attempts_key(stream: str, group: str) -> str:
     """The hash counting failed attempts per entry for ``group``."""
-    return f"unilog:attempts:{stream}:{group}"
+    return f"unilog:attempts:{{{stream}}}:{group}"
 
 
 def registry_key(stream: str) -> str:
     """The hash of registered consumers' checkpoints on ``stream``."""
-    return f"unilog:consumers:{stream}"
+    return f"unilog:consumers:{{{stream}}}"
+
+
+def workers_key(stream: str, consumer: str) -> str:
+    """The sorted set of a partitioned consumer's live workers, scored by their last heartbeat."""
+    return f"unilog:workers:{{{stream}}}:{consumer}"
+
+
+def hwm_key(stream: str) -> str:
+    """The hash holding each producer's high-water position on ``stream``."""
+    return f"unilog:hwm:{{{stream}}}"
+
+
+def legacy_keys(stream: str) -> dict[str, str]:
+    """The keys of ``stream`` in the layout before hash tags, and their names now (groups' and workers' keys, which
+    carry a second name, are found by pattern: see :func:`legacy_patterns`)."""
+    return {
+        f"unilog:meta:{stream}": meta_key(stream),
+        f"{stream}:dlq": dlq_key(stream),
+        f"unilog:consumers:{stream}": registry_key(stream),
+        f"unilog:hwm:{stream}": hwm_key(stream),
+    }
+
+
+def legacy_patterns(stream: str) -> dict[str, tuple[str, str]]:
+    """SCAN patterns of ``stream``'s legacy per-group and per-consumer keys: pattern -> (old prefix, new prefix)."""
+    return {
+        f"unilog:attempts:{stream}:*": (f"unilog:attempts:{stream}:", f"unilog:attempts:{{{stream}}}:"),
+        f"unilog:workers:{stream}:*": (f"unilog:workers:{stream}:", f"unilog:workers:{{{stream}}}:"),
+    }
 
 
 def id_tuple(entry_id: str) -> tuple[int, int]:
     """A stream id as a comparable (ms, seq) tuple."""
     ms, _, seq = entry_id.partition("-")
     return int(ms), int(seq or 0)
-
-
-def workers_key(stream: str, consumer: str) -> str:
-    """The sorted set of a partitioned consumer's live workers, scored by their last heartbeat."""
-    return f"unilog:workers:{stream}:{consumer}"
-
-
-def hwm_key(stream: str) -> str:
-    """The hash holding each producer's high-water position on ``stream``."""
-    return f"unilog:hwm:{stream}"
 
 
 def _b(value: str | bytes) -> bytes:

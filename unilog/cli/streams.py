@@ -20,6 +20,25 @@ def cmd_stream_partition(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
+def cmd_stream_relayout(args: argparse.Namespace) -> int:
+    from ..config import validate_stream_name
+
+    settings = settings_from(args)
+    streams = [validate_stream_name(s) for s in args.streams] or [settings.stream]
+    api = redis_api(settings)
+    try:
+        for stream in streams:
+            renamed, kept = api.relayout(stream)
+            for old, new in renamed:
+                print(f"unilog: renamed {old} -> {new}")
+            for old in kept:
+                print(f"unilog: kept {old}: its new name exists already (merge or delete one by hand)")
+            print(f"unilog: stream {stream}: {len(renamed)} keys moved to the hash-tagged layout")
+    finally:
+        api.close()
+    return ExitCode.OK
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from ..status import collect_status, format_status
 
@@ -37,6 +56,11 @@ def add(sub: Any) -> None:
     q.add_argument("count", type=positive_int)
     connection_args(q)
     q.set_defaults(func=cmd_stream_partition)
+
+    r = stream_sub.add_parser("relayout", help="rename a stream's Redis keys to the hash-tagged layout (once)")
+    r.add_argument("streams", nargs="*", help="default: $UNILOG_STREAM")
+    connection_args(r)
+    r.set_defaults(func=cmd_stream_relayout)
 
     p = sub.add_parser("status", help="streams, staged backlog and consumer lag")
     connection_args(p)

