@@ -3,11 +3,21 @@ stream and all of its keys in one slot while the partitions of a partitioned str
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
+import psycopg
 import pytest
 import redis
 
+from unilog import Settings, emit
 from unilog.harness.embedded import EmbeddedRedisCluster, ServerNotFound
 from unilog.wire import attempts_key, dlq_key, hwm_key, meta_key, registry_key, workers_key
 
@@ -52,5 +62,112 @@ def test_a_streams_keys_share_its_slot_and_its_partitions_spread(cluster: Embedd
         assert len(owners) >= 2, "partitions land on different masters"
         for p in partitions:
             assert client.keyslot(hwm_key(p)) == client.keyslot(p)
+    finally:
+        client.close()
+
+
+def test_a_partitioned_stream_is_published_into_the_cluster_once_in_order(
+    cluster: EmbeddedRedisCluster, settings: Settings, pg: Any
+) -> None:
+    url = cluster.url.replace("redis://", "redis+cluster://", 1)
+    stream = f"orders{uuid.uuid4().hex[:6]}"
+    env = {**os.environ, "DATABASE_URL": settings.database_url, "REDIS_URL": url, "UNILOG_STREAM": stream}
+
+    def unilog(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "unilog", "--log-json", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=Path(__file__).parent,
+        )
+
+    assert unilog("stream", "partition", stream, "4").returncode == 0
+    with psycopg.connect(settings.conninfo) as conn:
+        for n in range(40):
+            emit(conn, action="update", object="account", data={"key": f"k{n % 5}", "n": n}, key=f"k{n % 5}")
+    first = unilog("streamer", "--once")
+    assert first.returncode == 0 and "streamed 40 records" in first.stdout, first.stderr
+    client = redis.RedisCluster.from_url(cluster.url, decode_responses=True)
+    try:
+        seen: dict[str, list[int]] = {}
+        owners = set()
+        for i in range(4):
+            partition = f"{stream}.p{i}"
+            entries = client.xrange(partition)
+            if entries:
+                owners.add(cluster.master_of(partition).port)
+            assert [int(f["seq"]) for _, f in entries] == list(range(1, len(entries) + 1)), "dense positions"
+            for _, fields in entries:
+                seen.setdefault(fields["key"], []).append(json.loads(fields["data"])["n"])
+        assert sorted(n for ns in seen.values() for n in ns) == list(range(40)), "each record once"
+        assert all(ns == sorted(ns) for ns in seen.values()), "per-key order"
+        assert len(owners) >= 2, "the partitions live on different masters"
+    finally:
+        client.close()
+    assert pg.execute("SELECT count(*) FROM staged_log_records").fetchone() == (0,)
+    consumed = unilog("consume", "handlers:cli_handler", "--name", "cli", "--partitioned", "--once")
+    assert consumed.returncode == 0, consumed.stderr
+    busiest = max((f"{stream}.p{i}" for i in range(4)), key=lambda p: len(seen_in(cluster, p)))
+    grouped = unilog("consume", "handlers:group_handler", "--group", "g", "--stream", busiest, "--once")
+    assert grouped.returncode == 0, grouped.stderr
+    rows = pg.execute("SELECT consumer, count(*), count(DISTINCT n) FROM applied GROUP BY consumer").fetchall()
+    counts = {name: (n, distinct) for name, n, distinct in rows}
+    assert counts["cli"] == (40, 40), "each record once through the partition workers"
+    assert counts["group"][0] == counts["group"][1] == len(seen_in(cluster, busiest)) > 0
+    for args in (["status", "--json"], ["dlq", "list", "--stream", busiest]):
+        done = unilog(*args)
+        assert done.returncode == 0, (args, done.stderr)
+
+    # long-running partition workers wait on partitions in different slots (no one XREAD can span them)
+    pg.execute("CREATE TABLE key_order (id BIGSERIAL PRIMARY KEY, key TEXT, n INT, worker TEXT)")
+    argv = [
+        sys.executable,
+        "-m",
+        "unilog",
+        "consume",
+        "handlers:ordered_handler",
+        "--name",
+        "live",
+        "--partitioned",
+        "--worker",
+        "w1",
+        "--block-ms",
+        "100",
+    ]
+    worker = subprocess.Popen(
+        argv, env=env, cwd=Path(__file__).parent, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    streamer = subprocess.Popen(
+        [sys.executable, "-m", "unilog", "streamer", "--poll-interval", "0.2"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        with psycopg.connect(settings.conninfo) as conn:
+            for n in range(40, 60):
+                emit(conn, action="update", object="account", data={"key": f"k{n % 5}", "n": n}, key=f"k{n % 5}")
+                conn.commit()
+        deadline = time.monotonic() + 60
+        while pg.execute("SELECT count(*) FROM key_order").fetchone()[0] < 60:
+            assert time.monotonic() < deadline, "the live partition workers did not catch up"
+            time.sleep(0.2)
+    finally:
+        for proc in (worker, streamer):
+            proc.terminate()
+            proc.wait(timeout=30)
+    order = pg.execute("SELECT key, n FROM key_order ORDER BY id").fetchall()
+    assert sorted(n for _, n in order) == list(range(60)), "each record once"
+    for key in {k for k, _ in order}:
+        ns = [n for k, n in order if k == key]
+        assert ns == sorted(ns), f"per-key order for {key}"
+
+
+def seen_in(cluster: EmbeddedRedisCluster, stream: str) -> list[Any]:
+    client = redis.RedisCluster.from_url(cluster.url)
+    try:
+        return list(client.xrange(stream))
     finally:
         client.close()

@@ -19,7 +19,7 @@ DEFAULT_STREAM = "unilog"
 STREAM_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$")
 
 _PG_SCHEMES = {"postgresql", "postgres", "postgresql+psycopg", "postgresql+psycopg2", "postgresql+asyncpg"}
-_REDIS_SCHEMES = {"redis", "rediss", "unix"}
+_REDIS_SCHEMES = {"redis", "rediss", "unix", "redis+cluster", "rediss+cluster"}
 
 
 def validate_stream_name(name: object) -> str:

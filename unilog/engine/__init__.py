@@ -33,6 +33,7 @@ from ..wire import (  # noqa: F401 - the adapter's names, used as engine.X acros
     to_str,
     workers_key,
 )
+from .bulk import raw_pages  # noqa: F401 - the adapter's names, used as engine.X across the library
 from .refusals import FATAL, connect, fatal, hint, no_permission, ping, read_only  # noqa: F401 - connecting and classifying refusals
 
 Fields = Mapping[str, Any]
@@ -186,7 +187,8 @@ class RedisStreams:
             packed = [command, batch.body]
             if wait_replicas:
                 packed.append(_pack([b"WAIT", b"%d" % wait_replicas, b"%d" % wait_timeout_ms]))
-            conn = self.client.connection_pool.get_connection()
+            pool = self._pool(stream)
+            conn = pool.get_connection()
             try:
                 conn.send_packed_command(packed, check_health=True)
                 try:
@@ -202,9 +204,16 @@ class RedisStreams:
                 conn.disconnect()  # the connection's state is unknown; never reuse it
                 raise
             finally:
-                self.client.connection_pool.release(conn)
+                pool.release(conn)
             return reply, replicas
         raise AssertionError("unreachable")
+
+    def _pool(self, key: str) -> Any:
+        """The connection pool of the node that serves ``key`` (the one pool of a single Redis)."""
+        if isinstance(self.client, redis.RedisCluster):
+            node = self.client.get_node_from_key(key)
+            return self.client.get_redis_connection(node).connection_pool
+        return self.client.connection_pool
 
     @contextlib.contextmanager
     def explained(self, stream: str) -> Iterator[None]:
@@ -499,8 +508,19 @@ class RedisStreams:
 
     def wait_for_entries(self, after: Mapping[str, str], block_ms: int) -> bool:
         """Block until any stream in ``after`` (stream -> last id read) has an entry after its id, or ``block_ms``
-        passed (one ``XREAD`` over all of them); return whether one arrived."""
-        return bool(self.client.xread(dict(after), count=1, block=block_ms))  # type: ignore[arg-type]
+        passed (one ``XREAD`` over all of them); return whether one arrived.
+
+        On a Redis Cluster the streams live in different slots and one ``XREAD`` cannot span them: each is polled
+        without blocking, every 50 ms, until ``block_ms`` passed."""
+        if not isinstance(self.client, redis.RedisCluster) or len(after) <= 1:
+            return bool(self.client.xread(dict(after), count=1, block=block_ms))  # type: ignore[arg-type]
+        deadline = time.monotonic() + block_ms / 1000
+        while True:
+            if any(self.client.xread({stream: last}, count=1) for stream, last in after.items()):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
 
     # -- dead letters and worker heartbeats --------------------------------------------------------------------------
 
@@ -560,21 +580,3 @@ class RedisStreams:
 
     def close(self) -> None:
         self.client.close()
-
-
-def raw_pages(url: str, stream: str, after: str, until: str, page: int) -> Iterator[list[Any]]:
-    """Entries in (``after``, ``until``] as Redis sent them (``[id, [field, value, ...]]``, no dict per entry), one
-    page at a time, on a client of their own: for bulk readers (Spark) that build columns straight from the reply."""
-    client = connect(url)
-    client.set_response_callback("XRANGE", lambda reply, **_: reply)  # this client only
-    try:
-        cursor = "(" + after
-        while True:
-            chunk: Any = client.execute_command("XRANGE", stream, cursor, until, "COUNT", page)
-            if chunk:
-                yield chunk
-            if len(chunk) < page:
-                return
-            cursor = "(" + to_str(chunk[-1][0])
-    finally:
-        client.close()

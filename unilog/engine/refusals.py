@@ -20,9 +20,30 @@ from ..errors import (
     UnsupportedServer,
 )
 
+# A Redis Cluster is named by its own scheme: the client must know before it connects (it discovers the nodes).
+CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+
+
+def is_cluster_url(url: str) -> bool:
+    return url.split("://", 1)[0].lower() in CLUSTER_SCHEMES
+
 
 def connect(url: str, *, socket_timeout: float | None = 10.0) -> redis.Redis:
-    """A redis-py client with retries off (see the module docstring) and bytes responses (decoded lazily)."""
+    """A redis-py client with retries off (see the module docstring) and bytes responses (decoded lazily).
+
+    ``redis+cluster://host:port`` (or ``rediss+cluster://``) names any node of a Redis Cluster: the client is then
+    redis-py's cluster client, which follows MOVED/ASK itself; a failed command is not retried by it either (unilog
+    retries whole passes, which are idempotent)."""
+    scheme = url.split("://", 1)[0].lower()
+    if scheme in CLUSTER_SCHEMES:
+        cluster = redis.RedisCluster.from_url(
+            CLUSTER_SCHEMES[scheme] + url[len(scheme) :],
+            retry=Retry(NoBackoff(), 0),
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=10.0,
+            decode_responses=False,
+        )
+        return cluster  # type: ignore[return-value]  # the adapter treats both alike where their APIs agree
     return redis.Redis.from_url(
         url,
         retry=Retry(NoBackoff(), 0),
