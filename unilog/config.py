@@ -101,7 +101,9 @@ def validate_redis_url(url: str) -> str:
         raise ConfigurationError(f"REDIS_URL {redact_url(url)!r} is not a Redis URL: it must start with redis://")
     try:
         parts = urlsplit(url)
-        _ = parts.port
+        hosts = parts.netloc.rpartition("@")[2].split(",") if scheme.endswith("+cluster") else [None]
+        for host in hosts:  # a cluster URL may list several nodes: host:port,host:port
+            _ = (parts if host is None else urlsplit(f"redis://{host}")).port
     except ValueError as exc:
         raise ConfigurationError(f"REDIS_URL {redact_url(url)!r} is malformed: {exc}") from None
     return url

@@ -6,8 +6,12 @@ Part of the Redis adapter (``unilog.engine``): the library reaches these through
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit, urlunsplit
+
 import redis
 from redis.backoff import NoBackoff
+from redis.cluster import ClusterNode
+from redis.connection import parse_url
 from redis.retry import Retry
 
 from ..config import redact_url
@@ -36,14 +40,7 @@ def connect(url: str, *, socket_timeout: float | None = 10.0) -> redis.Redis:
     retries whole passes, which are idempotent)."""
     scheme = url.split("://", 1)[0].lower()
     if scheme in CLUSTER_SCHEMES:
-        cluster = redis.RedisCluster.from_url(
-            CLUSTER_SCHEMES[scheme] + url[len(scheme) :],
-            retry=Retry(NoBackoff(), 0),
-            socket_timeout=socket_timeout,
-            socket_connect_timeout=10.0,
-            decode_responses=False,
-        )
-        return cluster  # type: ignore[return-value]  # the adapter treats both alike where their APIs agree
+        return _cluster(url, scheme, socket_timeout)  # type: ignore[return-value]  # the adapter treats both alike
     return redis.Redis.from_url(
         url,
         retry=Retry(NoBackoff(), 0),
@@ -53,6 +50,34 @@ def connect(url: str, *, socket_timeout: float | None = 10.0) -> redis.Redis:
         health_check_interval=30,
         decode_responses=False,
     )
+
+
+def _cluster(url: str, scheme: str, socket_timeout: float | None) -> redis.RedisCluster:
+    """The cluster client. ``redis+cluster://[user:pass@]host:port[,host:port...]/db``: every listed node is a
+    starting point, so a client still starts while one of them is down (a master mid-failover)."""
+    plain = CLUSTER_SCHEMES[scheme] + url[len(scheme) :]
+    parts = urlsplit(plain)
+    auth, _, hosts = parts.netloc.rpartition("@")
+    nodes = [ClusterNode(host, int(port or 6379)) for host, _, port in (h.rpartition(":") for h in hosts.split(","))]
+    first = urlunsplit(parts._replace(netloc=(f"{auth}@" if auth else "") + hosts.split(",")[0]))
+    options = parse_url(first)  # credentials and TLS settings; the nodes come from the whole list
+    for name in ("host", "port", "db", "connection_class"):
+        options.pop(name, None)
+    if first.startswith("rediss://"):
+        options["ssl"] = True
+    try:
+        return redis.RedisCluster(
+            startup_nodes=nodes,
+            retry=Retry(NoBackoff(), 0),
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=10.0,
+            decode_responses=False,
+            **options,
+        )
+    except (redis.RedisError, OSError) as exc:
+        raise ServerUnreachable(
+            f"cannot reach the Redis Cluster at {redact_url(url)}: {exc} (are its nodes up and REDIS_URL right?)"
+        ) from None
 
 
 def ping(client: redis.Redis, url: str) -> str:

@@ -64,15 +64,25 @@ class EmbeddedRedisCluster:
             "cluster-node-timeout": str(node_timeout_ms),
             "cluster-require-full-coverage": "no",  # the other shards keep serving while one fails over
         }
-        count = masters * (1 + replicas)
-        self.nodes = [
-            EmbeddedRedis(self.base_dir / f"node{i}", port=_cluster_port(), binary=self.binary, settings=settings)
+        self._settings = settings
+        self.nodes = self._new_nodes()
+
+    def _new_nodes(self) -> list[EmbeddedRedis]:
+        count = self.masters_count * (1 + self.replicas_count)
+        return [
+            EmbeddedRedis(self.base_dir / f"node{i}", port=_cluster_port(), binary=self.binary, settings=self._settings)
             for i in range(count)
         ]
 
     @property
     def url(self) -> str:
+        """One node, as a plain ``redis://`` URL (for redis-py's own cluster client)."""
         return f"redis://127.0.0.1:{self.nodes[0].port}/0"
+
+    @property
+    def cluster_url(self) -> str:
+        """The ``REDIS_URL`` unilog takes for this cluster: every node a starting point."""
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in self.nodes) + "/0"
 
     def __enter__(self) -> EmbeddedRedisCluster:
         return self.start()
@@ -81,14 +91,23 @@ class EmbeddedRedisCluster:
         self.stop(cleanup=True)
 
     def start(self, timeout: float = 30.0) -> EmbeddedRedisCluster:
-        for node in self.nodes:
-            node.start()
-        try:
-            self._form(timeout)
-        except BaseException:
-            self.stop(cleanup=True)
-            raise
-        return self
+        """Start the nodes and form the cluster; a port taken meanwhile by another process (the free-port check
+        races) or a formation that times out is retried twice, on fresh ports."""
+        for attempt in range(3):
+            try:
+                for node in self.nodes:
+                    node.start()
+                self._form(timeout)
+                return self
+            except EmbeddedServerError:
+                self.stop(cleanup=True)
+                if attempt == 2:
+                    raise
+                self.nodes = self._new_nodes()
+            except BaseException:
+                self.stop(cleanup=True)
+                raise
+        raise AssertionError("unreachable")
 
     def _client(self, node: EmbeddedRedis) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=node.port, decode_responses=True, socket_timeout=10)
