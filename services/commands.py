@@ -39,6 +39,7 @@ def add_demo(sub: Any) -> None:
         metavar="PORT",
         help="serve the dashboard on http://127.0.0.1:PORT/ while the demo runs (default port 8765)",
     )
+    p.add_argument("--redis-cluster", action="store_true", help="run on a real Redis Cluster (3 masters, 3 replicas)")
     _spark_option(p, "run the Spark consumer too (default: when pyspark and Java are installed)")
     p.set_defaults(func=run_demo_command)
 
@@ -58,6 +59,7 @@ def run_demo_command(args: argparse.Namespace) -> int:
         spark=args.spark,
         log_dir=log_dir,
         dashboard=args.dashboard,
+        redis_cluster=args.redis_cluster,
     )
     return ExitCode.OK if agree else ExitCode.FAILURE
 

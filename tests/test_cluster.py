@@ -171,3 +171,17 @@ def seen_in(cluster: EmbeddedRedisCluster, stream: str) -> list[Any]:
         return list(client.xrange(stream))
     finally:
         client.close()
+
+
+def test_bulk_pages_read_the_same_from_a_cluster(cluster: EmbeddedRedisCluster) -> None:
+    """The Spark source's reader: a cluster client's nodes parse XRANGE their own way; the pages come out alike."""
+    from unilog import engine
+    from unilog.engine.bulk import raw_pages
+
+    api = engine.RedisStreams(engine.connect(cluster.cluster_url))
+    try:
+        api.publish("bulk", "p", 1, 1, [("{}", "a", "o", 1, None)] * 3)
+    finally:
+        api.close()
+    (page,) = list(raw_pages(cluster.cluster_url, "bulk", "0-0", "+", 10))
+    assert [fields[fields.index(b"seq") + 1] for _, fields in page] == [b"1", b"2", b"3"]

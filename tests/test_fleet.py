@@ -160,3 +160,17 @@ def test_demo_command_agrees_under_faults(tmp_path: Path) -> None:
     assert verdict.startswith("unilog demo verdict: AGREE"), verdict
     assert "consumer.crash_before_commit=" in result.stdout and "streamer.double_send=" in result.stdout
     assert (tmp_path / "consumer0.log").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_demo_command_agrees_on_a_redis_cluster(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UNILOG_", "DATABASE_URL", "REDIS_URL"))}
+    result = subprocess.run(
+        [sys.executable, "-m", "unilog", "demo", "--duration", "6", "--seed", "5", "--no-spark", "--redis-cluster"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1].startswith("unilog demo verdict: AGREE")

@@ -18,6 +18,8 @@ def raw_pages(url: str, stream: str, after: str, until: str, page: int) -> Itera
         cursor = "(" + after
         while True:
             chunk: Any = client.execute_command("XRANGE", stream, cursor, until, "COUNT", page)
+            if chunk and isinstance(chunk[0][1], dict):  # a cluster client's nodes parse replies their own way
+                chunk = [[eid, [item for pair in fields.items() for item in pair]] for eid, fields in chunk]
             if chunk:
                 yield chunk
             if len(chunk) < page:

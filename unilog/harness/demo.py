@@ -30,7 +30,7 @@ from unilog.status import collect_status
 
 from .app import App, spark_available
 from .chaos.runner import wait_for_api
-from .embedded import EmbeddedPostgres, EmbeddedRedis, free_port
+from .embedded import EmbeddedPostgres, EmbeddedRedis, EmbeddedRedisCluster, free_port
 from .supervisor import Fleet, ProcessSpec
 
 DEFAULT_FAULTS = {
@@ -123,21 +123,25 @@ def run_demo(
     log_dir: Path | None = None,
     out: TextIO | None = None,
     dashboard: int | None = None,
+    redis_cluster: bool = False,
 ) -> bool:
     """Run the demo; print the live view and the verdict to ``out``; return True iff every consumer agrees.
 
     ``spark`` None: include the Spark consumer when pyspark and Java are installed. ``dashboard``: serve
-    ``unilog dashboard`` on this port while the demo runs.
+    ``unilog dashboard`` on this port while the demo runs. ``redis_cluster``: on a real Redis Cluster (three
+    masters, three replicas) instead of one Redis.
     """
     out = out or sys.stdout
     spark = app.spark_consumer is not None and (spark_available() if spark is None else spark)
-    with tempfile.TemporaryDirectory(prefix="unilog-demo-") as tmp, EmbeddedPostgres() as pg, EmbeddedRedis() as rd:
+    redis_server = EmbeddedRedisCluster() if redis_cluster else EmbeddedRedis()
+    with tempfile.TemporaryDirectory(prefix="unilog-demo-") as tmp, EmbeddedPostgres() as pg, redis_server as rd:
+        redis_url = rd.cluster_url if isinstance(rd, EmbeddedRedisCluster) else rd.url
         app.prepare(pg.url)
-        settings = Settings.from_dsn(pg.url, rd.url, app.stream)
+        settings = Settings.from_dsn(pg.url, redis_url, app.stream)
         consumers = [*app.consumers, *([app.spark_name] if spark else [])]
         admin.declare(settings, app.stream, consumers=consumers, groups=[app.group])
         api_port = free_port()
-        env = {**_clean_env(), "DATABASE_URL": pg.url, "REDIS_URL": rd.url, "UNILOG_STREAM": app.stream}
+        env = {**_clean_env(), "DATABASE_URL": pg.url, "REDIS_URL": redis_url, "UNILOG_STREAM": app.stream}
         fleet = Fleet(log_dir or Path(tmp) / "logs", cwd=Path.cwd(), base_env=env)
         stop = _stop_on_signals()
         ports = metrics_ports(app, spark)
