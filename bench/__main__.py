@@ -21,6 +21,7 @@ from .memory import run_memory
 from .observe import run_observe
 from .produce import run_produce
 from .report import render, targets, write_json
+from .shards import run_shards
 from .spark import run_spark
 
 Workload = Callable[[BenchEnv, Profile, Results], None]
@@ -34,6 +35,7 @@ WORKLOADS: dict[str, Workload] = {
     "memory": run_memory,
     "spark": run_spark,
     "observe": run_observe,
+    "shards": run_shards,
 }
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 SETUP = [

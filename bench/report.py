@@ -116,6 +116,8 @@ def ratios(results: Results) -> list[str]:
         ("observe-drain", "records/s", "traced", "default", " (the cost of tracing: SDK on, every record traced)"),
         ("observe-consume", "records/s", "default", "no-metrics", " (the cost of metrics)"),
         ("observe-consume", "records/s", "traced", "default", " (the cost of tracing: SDK on)"),
+        ("shards", "drain records/s", "3 shards", "1 shard", " (a partitioned stream, Redis Cluster)"),
+        ("shards", "consume records/s", "3 shards", "1 shard", " (one partition worker)"),
     ]
     lines = []
     for workload, metric, a, b, note in wanted:

@@ -28,10 +28,6 @@ from ..errors import (
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 
 
-def is_cluster_url(url: str) -> bool:
-    return url.split("://", 1)[0].lower() in CLUSTER_SCHEMES
-
-
 def connect(url: str, *, socket_timeout: float | None = 10.0) -> redis.Redis:
     """A redis-py client with retries off (see the module docstring) and bytes responses (decoded lazily).
 
