@@ -4,38 +4,27 @@ refused command or key, and nothing is lost."""
 
 from __future__ import annotations
 
-import os
 import shlex
 import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
 import redis
+from cli import one_line, unilog
 
 from unilog import Settings, emit
 from unilog.cli import ExitCode
 
-TESTS = Path(__file__).parent
 PASSWORD = "acl-" + uuid.uuid4().hex[:8]
 
 
-def unilog(settings: Settings, redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "DATABASE_URL": settings.database_url, "REDIS_URL": redis_url}
-    env["UNILOG_STREAM"] = settings.stream
-    argv = [sys.executable, "-m", "unilog", "--log-json", *args]
-    return subprocess.run(argv, env=env, cwd=TESTS, capture_output=True, text=True, timeout=60)
-
-
-def one_line(result: subprocess.CompletedProcess[str]) -> str:
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert "Traceback" not in result.stderr and len(lines) == 1, result.stderr
-    return lines[0]
+def as_user(settings: Settings, redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return unilog(settings, *args, redis_url=redis_url)
 
 
 @pytest.fixture
@@ -79,27 +68,27 @@ def test_each_process_runs_under_its_acl_user_and_is_refused_outside_it(
     with psycopg.connect(settings.conninfo) as conn:
         for n in range(10):
             emit(conn, action="create", object="ride", data={"n": n})
-    refused = unilog(settings, users["consumer"], "streamer", "--once")
+    refused = as_user(settings, users["consumer"], "streamer", "--once")
     assert refused.returncode == ExitCode.CONFIG, refused.stderr
     line = one_line(refused)
     assert "NOPERM" in line and "evalsha" in line.lower() and PASSWORD not in line, line
     assert pg.execute("SELECT count(*) FROM staged_log_records").fetchone() == (10,), "nothing lost"
-    streamed = unilog(settings, users["streamer"], "streamer", "--once")
+    streamed = as_user(settings, users["streamer"], "streamer", "--once")
     assert streamed.returncode == 0 and "streamed 10 records" in streamed.stdout, streamed.stderr
 
     consume = ["consume", "handlers:cli_handler", "--name", "cli", "--once"]
-    assert unilog(settings, users["consumer"], *consume).returncode == 0
+    assert as_user(settings, users["consumer"], *consume).returncode == 0
     group = ["consume", "handlers:group_handler", "--group", "g", "--once"]
-    no_group = unilog(settings, users["consumer"], *group)
+    no_group = as_user(settings, users["consumer"], *group)
     assert no_group.returncode == ExitCode.CONFIG and "NOPERM" in one_line(no_group), no_group.stderr
-    assert unilog(settings, users["group"], *group).returncode == 0
-    elsewhere = unilog(settings, users["group"], *group, "--stream", "another-stream")
+    assert as_user(settings, users["group"], *group).returncode == 0
+    elsewhere = as_user(settings, users["group"], *group, "--stream", "another-stream")
     assert elsewhere.returncode == ExitCode.CONFIG and "NOPERM" in one_line(elsewhere), elsewhere.stderr
     counts = dict(pg.execute("SELECT consumer, count(*) FROM applied GROUP BY consumer").fetchall())
     assert counts == {"cli": 10, "group": 10}, "each record once"
 
     for args in (["status", "--json"], ["dlq", "list"], ["consumer", "register", "late"]):
-        done = unilog(settings, users["operator"], *args)
+        done = as_user(settings, users["operator"], *args)
         assert done.returncode == 0, (args, done.stderr)
-    refused_admin = unilog(settings, users["consumer"], "consumer", "register", "late")
+    refused_admin = as_user(settings, users["consumer"], "consumer", "register", "late")
     assert refused_admin.returncode == 0 or "NOPERM" in one_line(refused_admin)

@@ -3,32 +3,14 @@ never a retry loop, a traceback or the publish script's internals, and it loses 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import psycopg
+from cli import one_line, unilog
 from structlog.testing import capture_logs
 
 from unilog import Consumer, ConsumerConfig, Settings, emit
 from unilog.cli import ExitCode
-
-TESTS = Path(__file__).parent
-
-
-def unilog(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "DATABASE_URL": settings.database_url, "REDIS_URL": settings.redis_url}
-    env["UNILOG_STREAM"] = settings.stream
-    argv = [sys.executable, "-m", "unilog", "--log-json", *args]
-    return subprocess.run(argv, env=env, cwd=TESTS, capture_output=True, text=True, timeout=60)
-
-
-def one_line(result: subprocess.CompletedProcess[str]) -> str:
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert "Traceback" not in result.stderr and len(lines) == 1, result.stderr
-    return lines[0]
 
 
 def test_a_string_at_the_streams_name_stops_the_streamer_in_one_line_and_keeps_the_records(

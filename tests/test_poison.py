@@ -6,16 +6,13 @@ its owner only, even when a crash dead-lettered it twice."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import threading
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from cli import unilog
 from handlers import record_applied
 
 from unilog import (
@@ -35,8 +32,6 @@ from unilog.cli import ExitCode
 from unilog.consumer import reset_checkpoint
 from unilog.dlq import drop, list_letters, replay
 from unilog.engine import RedisStreams, connect
-
-TESTS = Path(__file__).parent
 
 
 def produce(settings: Settings, ns: Sequence[int], poison: Sequence[int] = ()) -> None:
@@ -203,13 +198,6 @@ def test_drop_and_reset_stop_holding_a_dead_letter(settings: Settings, pg: Any, 
     with Consumer(settings, config, Poisoned("c0", set())) as consumer:
         consumer.drain()
     assert applied(pg, "c0") == [0, 3], "after the reset the consumer no longer holds it: its replay is skipped"
-
-
-def unilog(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "DATABASE_URL": settings.database_url, "REDIS_URL": settings.redis_url}
-    env["UNILOG_STREAM"] = settings.stream
-    argv = [sys.executable, "-m", "unilog", "--log-json", *args]
-    return subprocess.run(argv, env=env, cwd=TESTS, capture_output=True, text=True, timeout=60)
 
 
 def test_the_commands_stop_with_exit_code_11_then_dead_letter_and_replay(settings: Settings, pg: Any) -> None:

@@ -4,26 +4,14 @@ with its high-water mark, registrations and dead letters intact: nothing lost, n
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import psycopg
+from cli import unilog
 
 from unilog import Settings, emit
 from unilog.cli import ExitCode
 from unilog.wire import attempts_key, dlq_key, hwm_key, legacy_keys, registry_key
-
-TESTS = Path(__file__).parent
-
-
-def unilog(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "DATABASE_URL": settings.database_url, "REDIS_URL": settings.redis_url}
-    env["UNILOG_STREAM"] = settings.stream
-    argv = [sys.executable, "-m", "unilog", "--log-json", *args]
-    return subprocess.run(argv, env=env, cwd=TESTS, capture_output=True, text=True, timeout=60)
 
 
 def stage(settings: Settings, n: int) -> None:

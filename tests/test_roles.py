@@ -3,30 +3,24 @@ in one line naming the privilege, outside it; nothing is lost or applied twice b
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
+from cli import unilog
 
 from unilog import Settings, emit
 from unilog.cli import ExitCode
 
-TESTS = Path(__file__).parent
 KINDS = ("producer", "streamer", "consumer", "operator")
 
 
-def unilog(settings: Settings, database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "DATABASE_URL": database_url, "REDIS_URL": settings.redis_url}
-    env["UNILOG_STREAM"] = settings.stream
-    argv = [sys.executable, "-m", "unilog", "--log-json", *args]
-    return subprocess.run(argv, env=env, cwd=TESTS, capture_output=True, text=True, timeout=60)
+def as_role(settings: Settings, database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return unilog(settings, *args, database_url=database_url)
 
 
 def refused(result: subprocess.CompletedProcess[str], table: str) -> None:
@@ -46,7 +40,7 @@ def roles(settings: Settings, pg: Any) -> Iterator[dict[str, str]]:
     except psycopg.errors.InsufficientPrivilege:
         pytest.skip("the test database's user may not create roles")
     flags = [arg for kind, name in names.items() for arg in (f"--{kind}", name)]
-    result = unilog(settings, settings.database_url, "grant", *flags)
+    result = as_role(settings, settings.database_url, "grant", *flags)
     assert result.returncode == 0, result.stderr
     pg.execute(f"GRANT INSERT ON applied TO {names['consumer']}")  # the handler's own table: the app grants it
     parts = urlsplit(settings.database_url)
@@ -67,33 +61,33 @@ def test_each_process_works_under_its_role_and_is_refused_outside_it(
         conn.execute("SELECT data FROM staged_log_records")
     with psycopg.connect(roles["producer"]) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
         conn.execute("DELETE FROM staged_log_records")
-    refused(unilog(settings, roles["consumer"], "streamer", "--once"), "unilog_producer")
-    refused(unilog(settings, roles["producer"], "streamer", "--once"), "unilog_alembic_version")
+    refused(as_role(settings, roles["consumer"], "streamer", "--once"), "unilog_producer")
+    refused(as_role(settings, roles["producer"], "streamer", "--once"), "unilog_alembic_version")
     assert pg.execute("SELECT count(*) FROM staged_log_records").fetchone() == (10,), "nothing lost"
 
-    streamed = unilog(settings, roles["streamer"], "streamer", "--once")
+    streamed = as_role(settings, roles["streamer"], "streamer", "--once")
     assert streamed.returncode == 0 and "streamed 10 records" in streamed.stdout, streamed.stderr
     assert rds.xlen(settings.stream) == 10
 
     refused(
-        unilog(settings, roles["streamer"], "consume", "handlers:cli_handler", "--name", "cli", "--once"),
+        as_role(settings, roles["streamer"], "consume", "handlers:cli_handler", "--name", "cli", "--once"),
         "unilog_checkpoints",
     )
-    consumed = unilog(settings, roles["consumer"], "consume", "handlers:cli_handler", "--name", "cli", "--once")
+    consumed = as_role(settings, roles["consumer"], "consume", "handlers:cli_handler", "--name", "cli", "--once")
     assert consumed.returncode == 0, consumed.stderr
-    grouped = unilog(settings, roles["consumer"], "consume", "handlers:group_handler", "--group", "g", "--once")
+    grouped = as_role(settings, roles["consumer"], "consume", "handlers:group_handler", "--group", "g", "--once")
     assert grouped.returncode == 0, grouped.stderr
     counts = dict(pg.execute("SELECT consumer, count(*) FROM applied GROUP BY consumer").fetchall())
     assert counts == {"cli": 10, "group": 10}, "each record once, under the consumer's role"
 
-    refused(unilog(settings, roles["consumer"], "status"), "staged_log_records")
-    status = unilog(settings, roles["operator"], "status", "--json")
+    refused(as_role(settings, roles["consumer"], "status"), "staged_log_records")
+    status = as_role(settings, roles["operator"], "status", "--json")
     assert status.returncode == 0, status.stderr
-    reset = unilog(settings, roles["operator"], "consumer", "reset", "cli", "--to", "end")
+    reset = as_role(settings, roles["operator"], "consumer", "reset", "cli", "--to", "end")
     assert reset.returncode == 0, reset.stderr
 
 
 def test_grant_names_a_missing_role_and_quotes_names(settings: Settings, pg: Any) -> None:
-    missing = unilog(settings, settings.database_url, "grant", "--producer", 'x"; DROP TABLE applied; --')
+    missing = as_role(settings, settings.database_url, "grant", "--producer", 'x"; DROP TABLE applied; --')
     assert missing.returncode == ExitCode.CONFIG and "does not exist" in missing.stderr, missing.stderr
     assert pg.execute("SELECT to_regclass('applied') IS NOT NULL").fetchone() == (True,)

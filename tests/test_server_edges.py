@@ -18,25 +18,11 @@ import psycopg
 import pytest
 import redis
 import structlog
+from cli import one_line, unilog
 
 from unilog import Settings, emit
 from unilog.cli import ExitCode
 from unilog.harness.embedded import EmbeddedRedis, ServerNotFound
-
-TESTS = Path(__file__).parent
-
-
-def unilog(settings: Settings, *args: str, timeout: float = 60, **urls: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "DATABASE_URL": settings.database_url, "REDIS_URL": settings.redis_url}
-    env.update({"UNILOG_STREAM": settings.stream, **{k.upper(): v for k, v in urls.items()}})
-    argv = [sys.executable, "-m", "unilog", "--log-json", *args]
-    return subprocess.run(argv, env=env, cwd=TESTS, capture_output=True, text=True, timeout=timeout)
-
-
-def one_line(result: subprocess.CompletedProcess[str]) -> str:
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert "Traceback" not in result.stderr and len(lines) == 1, result.stderr
-    return lines[0]
 
 
 def stage(settings: Settings, n: int = 3) -> None:
