@@ -44,7 +44,7 @@ from .records import (
     replay_owner,
 )
 from .resets import positions_through, reset_checkpoint
-from .runtime import FATAL, TRANSIENT, Backoff, Links, Worker
+from .runtime import FATAL, TRANSIENT, Backoff, Links, Worker, account_batch
 
 __all__ = [  # Batch, Handler, Record and the loaders are re-exported: they lived here first
     "Batch",
@@ -365,26 +365,15 @@ class Consumer(Worker):
         for entry_id, _fields, _reason in self._letters:
             self._malformed.pop(entry_id, None)
         self._register(after.last_id)
-        skipped = len(entries) - len(fresh)
-        self.handled_total += len(fresh)
-        self.skipped_total += skipped
-        seconds = time.perf_counter() - started
-        metrics.batch_consumed(
+        skipped = account_batch(
+            self,
             self.metric_kind,
-            self.stream,
             self.config.name,
-            handled=len(fresh),
-            skipped=skipped,
-            seconds=seconds,
-            first_id=entries[0][0],
-        )
-        log.info(
-            "batch consumed",
+            entries,
+            len(fresh),
+            started,
             consumer=self.config.name,
-            records=len(fresh),
-            skipped=skipped,
             last_id=after.last_id,
-            ms=round(seconds * 1000, 2),
         )
         return ConsumeResult(len(entries), len(fresh), skipped, len(self._letters))
 

@@ -33,7 +33,7 @@ from .config import Settings, validate_name, validate_stream_name
 from .errors import MalformedEntry
 from .faults import NO_FAULTS, Faults
 from .records import REPLAY_FOR, Batch, Handler, Record, check_malformed_policy, replay_owner
-from .runtime import FATAL, TRANSIENT, Links, Worker
+from .runtime import FATAL, TRANSIENT, Links, Worker, account_batch
 
 log = structlog.get_logger(__name__)
 
@@ -243,26 +243,8 @@ class GroupConsumer(Worker):
         ids = [eid for eid, _ in entries]
         api = self._engine()
         api.settle(self.stream, self.config.group, ids)
-        skipped = len(entries) - len(fresh)
-        self.handled_total += len(fresh)
-        self.skipped_total += skipped
-        seconds = time.perf_counter() - started
-        metrics.batch_consumed(
-            "group",
-            self.stream,
-            self.config.group,
-            handled=len(fresh),
-            skipped=skipped,
-            seconds=seconds,
-            first_id=entries[0][0],
-        )
-        log.info(
-            "batch consumed",
-            group=self.config.group,
-            worker=self.worker,
-            records=len(fresh),
-            skipped=skipped,
-            ms=round(seconds * 1000, 2),
+        skipped = account_batch(
+            self, "group", self.config.group, entries, len(fresh), started, group=self.config.group, worker=self.worker
         )
         return len(fresh), skipped
 

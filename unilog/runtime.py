@@ -13,6 +13,7 @@ from __future__ import annotations
 import abc
 import inspect
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any, ClassVar, Self
@@ -220,6 +221,22 @@ class Worker(abc.ABC):
 
     def stopped(self) -> None:  # noqa: B027 (an optional hook)
         """Called once when the loop ends, however it ends."""
+
+
+def account_batch(
+    owner: Any, kind: str, name: str, entries: list[engine.Entry], handled: int, started: float, **fields: Any
+) -> int:
+    """Count a committed batch of ``owner``, a consumer (``kind``: checkpoint, group, partition): its totals, the
+    metrics and the ``batch consumed`` log line (with ``fields``); return the entries skipped."""
+    skipped = len(entries) - handled
+    owner.handled_total += handled
+    owner.skipped_total += skipped
+    seconds = time.perf_counter() - started
+    metrics.batch_consumed(
+        kind, owner.stream, name, handled=handled, skipped=skipped, seconds=seconds, first_id=entries[0][0]
+    )
+    log.info("batch consumed", records=handled, skipped=skipped, ms=round(seconds * 1000, 2), **fields)
+    return skipped
 
 
 def _count_retry(process: str, cause: str, exc: BaseException, delay: float) -> None:
