@@ -41,6 +41,7 @@ from .faults import Faults
 from .group import GroupConfig, GroupConsumer
 from .partitions import PartitionConfig, PartitionedConsumer
 from .producer import Producer, emit
+from .producer_async import emit_async
 from .records import Batch, Handler, Record
 from .runtime import Worker
 from .streamer import Streamer, StreamerConfig
@@ -86,4 +87,5 @@ __all__ = [
     "Worker",
     "__version__",
     "emit",
+    "emit_async",
 ]

@@ -171,17 +171,27 @@ def _insert(tx: Any, params: dict[str, Any]) -> int:
         raise TypeError(f"emit() needs a SQLAlchemy Session or Connection or a psycopg Connection, got {type(tx)!r}")
     try:
         row = run(INSERT_STAGED, params).fetchone()
-    except Exception as exc:  # SQLAlchemy wraps driver errors in .orig
-        if isinstance(exc, psycopg.errors.UndefinedTable) or isinstance(
-            getattr(exc, "orig", None), psycopg.errors.UndefinedTable
-        ):
-            raise SchemaMissing("staged_log_records does not exist: run `unilog migrate`") from None
+    except Exception as exc:
+        raise_if_schema_missing(exc)
         raise
     assert row is not None
     return int(row[0])
 
 
-def _require_transaction(conn: psycopg.Connection[Any]) -> None:
+def raise_if_schema_missing(exc: BaseException) -> None:
+    """Raise :class:`SchemaMissing` if ``exc`` (or what SQLAlchemy wrapped in ``.orig``) is a missing table."""
+    if isinstance(exc, psycopg.errors.UndefinedTable) or isinstance(
+        getattr(exc, "orig", None), psycopg.errors.UndefinedTable
+    ):
+        raise SchemaMissing("staged_log_records does not exist: run `unilog migrate`") from None
+
+
+def require_transaction(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
+    """Refuse a connection in autocommit mode with no transaction open (see :class:`NotInTransaction`)."""
+    _require_transaction(conn)
+
+
+def _require_transaction(conn: Any) -> None:
     if conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
         raise NotInTransaction(
             "emit() needs an open transaction: the connection is in autocommit mode with no transaction open "
