@@ -24,7 +24,7 @@ from .core import SPAWN, Profile, Results, interleaved, log, worker_init
 from .env import BenchEnv, Urls
 
 CLIENTS = 2
-VARIANTS = ("without emit", "with emit", "emit, no NOTIFY", "plain INSERT")
+VARIANTS = ("without emit", "with emit", "emit, no NOTIFY", "plain INSERT", "async, without emit", "async, with emit")
 INSERT_RIDE = "INSERT INTO bench_rides (distance) VALUES (%s) RETURNING id"
 INSERT_PLAIN = "INSERT INTO bench_outbox (data) VALUES (%s::jsonb) RETURNING id"
 TRIGGER = "staged_log_records_notify"
@@ -56,16 +56,47 @@ def _client_main(urls: Urls, stage: str, seconds: float, barrier: Any, out: Any)
         out.put(n)
 
 
+async def _async_business_tx(conn: psycopg.AsyncConnection[Any], stage: str, n: int) -> None:
+    distance = 1.0 + (n % 1000) / 10
+    row = await (await conn.execute(INSERT_RIDE, (distance,))).fetchone()
+    assert row is not None
+    if stage == "emit":
+        data = {"id": row[0], "distance": distance}
+        await unilog.emit_async(conn, action="create", object="ride", data=data, key=f"ride-{row[0]}")
+    await conn.commit()
+
+
+async def _async_client(urls: Urls, stage: str, seconds: float, barrier: Any) -> int:
+    async with await psycopg.AsyncConnection.connect(urls.database) as conn:
+        await conn.execute("SELECT 1")
+        await conn.rollback()
+        barrier.wait()
+        end, n = time.monotonic() + seconds, 0
+        while time.monotonic() < end:
+            await _async_business_tx(conn, stage, n)
+            n += 1
+        return n
+
+
+def _async_client_main(urls: Urls, stage: str, seconds: float, barrier: Any, out: Any) -> None:
+    """The same business transaction from asyncio code (psycopg's AsyncConnection, ``emit_async``)."""
+    import asyncio
+
+    worker_init()
+    out.put(asyncio.run(_async_client(urls, stage, seconds, barrier)))
+
+
 def produce_trial(env: BenchEnv, variant: str, seconds: float) -> tuple[dict[str, float], dict[str, Any]]:
     env.reset(keep_redis=True)
     env.settle()
-    stage = {"without emit": "", "plain INSERT": "plain"}.get(variant, "emit")
+    stage = {"without emit": "", "plain INSERT": "plain", "async, without emit": ""}.get(variant, "emit")
+    target = _async_client_main if variant.startswith("async") else _client_main
     if variant == "emit, no NOTIFY":
         env.admin.execute(f"ALTER TABLE staged_log_records DISABLE TRIGGER {TRIGGER}")
     try:
         barrier, out = SPAWN.Barrier(CLIENTS), SPAWN.Queue()
         args = (env.urls, stage, seconds, barrier, out)
-        procs = [SPAWN.Process(target=_client_main, args=args) for _ in range(CLIENTS)]
+        procs = [SPAWN.Process(target=target, args=args) for _ in range(CLIENTS)]
         for p in procs:
             p.start()
         counts = [out.get(timeout=seconds + 120) for _ in procs]

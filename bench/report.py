@@ -108,6 +108,13 @@ def ratios(results: Results) -> list[str]:
         ("produce", "tx/s", "emit, no NOTIFY", "without emit", " (diagnostic: unilog's NOTIFY trigger disabled)"),
         ("produce", "tx/s", "plain INSERT", "without emit", " (diagnostic: the floor of any extra INSERT)"),
         ("produce", "tx/s", "with emit", "plain INSERT", " (emit against that floor)"),
+        (
+            "produce",
+            "tx/s",
+            "async, with emit",
+            "async, without emit",
+            " (emit_async against a bare async transaction)",
+        ),
         ("consume", "records/s", "unilog", "reference", ""),
         ("consume", "records/s", "unilog-distance", "reference", " (same work as the reference)"),
         ("consume", "records/s", "unilog-group", "reference", ""),
