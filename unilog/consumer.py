@@ -73,14 +73,14 @@ class ConsumerConfig:
     back and is retried, so a silent Postgres never hangs the consumer. With ``strict_start`` (rebuilds) a producer
     whose first record in the stream is not its position 1 stops the consumer: its history was trimmed.
     ``on_malformed``: what to do with an entry that is not a unilog record (``data`` not JSON, position fields not
-    integers): ``"dead-letter"`` moves it to ``<stream>:dlq`` with the reason and goes on past it in the same
+    integers): ``"dead-letter"`` moves it to ``unilog:dlq:{<stream>}`` with the reason and goes on past it in the same
     transaction as the rest of its batch; ``"stop"`` raises :class:`~unilog.errors.MalformedEntry`. Entries with
     JSON ``data`` but no unilog position (another service's ``XADD``) are records: applied in stream order, once
     per checkpoint, but never deduplicated (unilog cannot know whether their writer sent one twice).
     ``max_attempts`` and ``on_poison``: after a handler fails one batch ``max_attempts`` times, the batch is applied
     one record per transaction to find the failing record; then ``"stop"`` raises
     :class:`~unilog.errors.PoisonRecord` (the records before it are applied, it and those after are not), and
-    ``"dead-letter"`` moves it to ``<stream>:dlq`` with the error, advances the checkpoint past it in the same
+    ``"dead-letter"`` moves it to ``unilog:dlq:{<stream>}`` with the error, advances the checkpoint past it in the same
     transaction and goes on. A replay of it (``unilog dlq replay``) is then applied by this consumer once.
     """
 

@@ -1,4 +1,4 @@
-"""Dead letters: records a group or a checkpoint consumer gave up on, kept in ``<stream>:dlq`` with why, until
+"""Dead letters: records a group or a checkpoint consumer gave up on, kept in ``unilog:dlq:{<stream>}`` with why, until
 replayed or dropped.
 
 A dead letter carries the original entry's fields plus ``dlq_original_id``, ``dlq_group`` (empty for a checkpoint

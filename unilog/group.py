@@ -9,8 +9,8 @@ watermark (every seq at or below it applied), so it stays small.
 
 A handler failure rolls the batch back and retries its records one by one, so one poison record cannot hold the
 others back; a record that fails is left pending, retried after ``claim_idle_ms`` (its back-off), and after
-``max_deliveries`` failed attempts moved to the dead-letter stream ``<stream>:dlq`` with the error, the worker and
-the attempt count, then acknowledged. It never stalls the group and is never dropped silently: ``unilog dlq``
+``max_deliveries`` failed attempts moved to the dead-letter stream ``unilog:dlq:{<stream>}`` with the error, the
+worker and the attempt count, then acknowledged. It never stalls the group and is never dropped silently: ``unilog dlq``
 lists, shows, replays (after a fix) or drops it.
 
 Groups do not keep order between records; use partitions (:mod:`unilog.partitions`) when records with the same
