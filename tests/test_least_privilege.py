@@ -21,10 +21,10 @@ import pytest
 
 pytest.importorskip("cryptography")
 
-from test_tls import make_ca, make_server_cert, tls_redis, verified
+from test_tls import make_ca, make_server_cert, start_tls_redis, verified
 
 from unilog import Settings
-from unilog.harness.embedded import EmbeddedPostgres, EmbeddedRedis, EmbeddedServerError, ServerNotFound, free_port
+from unilog.harness.embedded import EmbeddedPostgres, EmbeddedServerError, ServerNotFound
 from unilog.wire import hwm_key, registry_key
 
 TESTS = Path(__file__).parent
@@ -54,24 +54,13 @@ def redis_tls(tmp_path: Path, settings: Settings) -> Iterator[tuple[str, Any]]:
 
     folder = tmp_path / "redis-tls"
     folder.mkdir()
-    ca_path, ca_cert, ca_key = make_ca(folder, "redis-fleet-ca")
-    cert, key = make_server_cert(folder, ca_cert, ca_key)
-    port = free_port()
-    tls = {
-        "tls-port": str(port),
-        "tls-cert-file": str(cert),
-        "tls-key-file": str(key),
-        "tls-ca-cert-file": str(ca_path),
-        "tls-auth-clients": "no",
-    }
     try:
-        server = EmbeddedRedis(tmp_path / "redis", settings=tls, binary=tls_redis(folder)).start()
+        server, url, _ = start_tls_redis(folder)
     except (ServerNotFound, EmbeddedServerError):  # no TLS build here: the same fleet, Redis in the clear
         client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
         yield settings.redis_url, client
         client.close()
         return
-    url = f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={ca_path}&ssl_cert_reqs=required"
     client = redis.Redis.from_url(url, decode_responses=True)
     yield url, client
     client.close()

