@@ -80,6 +80,7 @@ _CHAOS_OPTIONS: list[tuple[str, Any, Any, str]] = [
     ("--producer-rate", float, 6.0, "transactions per second per direct producer"),
     ("--kill-rate", float, None, "process SIGKILLs per minute (default 15)"),
     ("--pause-rate", float, None, "process SIGSTOP/SIGCONT pauses per minute (default 5)"),
+    ("--master-kill-rate", float, None, "with --redis-cluster: master kills a minute (default 2, 10 s apart at least)"),
     ("--quiesce-timeout", float, 180.0, "seconds to wait for the system to settle"),
 ]
 _CHAOS_SWITCHES = [
@@ -107,6 +108,11 @@ def add_chaos(sub: Any) -> None:
         "--extra-consumer", action="append", help="a consumer name an extra process records in chaos_applied"
     )
     _spark_option(p, "run the Spark distance consumer too (default: when pyspark and Java are installed)")
+    p.add_argument(
+        "--redis-cluster",
+        action="store_true",
+        help="run on an embedded Redis Cluster (3 masters, 3 replicas) whose masters the schedule kills",
+    )
     p.add_argument("--schedule-only", action="store_true", help="print the seed's fault schedule and exit")
     p.set_defaults(func=run_chaos_command)
 
@@ -122,7 +128,12 @@ def _rates(args: argparse.Namespace) -> Any:
         postgres_restart=defaults.postgres_restart if args.server_faults else 0.0,
         redis_pause=defaults.redis_pause if args.server_faults else 0.0,
         network=defaults.network if args.network_faults else 0.0,
+        master_kill=0.0 if not args.server_faults else _given(args.master_kill_rate, defaults.master_kill),
     )
+
+
+def _given(value: float | None, default: float) -> float:
+    return default if value is None else value
 
 
 def _print_schedule(args: argparse.Namespace) -> int:
@@ -135,7 +146,10 @@ def _print_schedule(args: argparse.Namespace) -> int:
     handler = APP.default_handler
     names = [s.name for s in fleet_specs(APP, sample, handler, api_port=0, history_dir=Path(), state_dir=Path())]
     servers = [s for s, url in (("postgres", args.database_url), ("redis", args.redis_url)) if not url]
-    print_schedule(build_schedule(args.seed, args.duration, names, _rates(args), servers=servers))
+    if args.redis_cluster:
+        servers = [s if s != "redis" else "redis_cluster" for s in servers]
+    proxies = ["postgres"] if args.redis_cluster else ["postgres", "redis"]
+    print_schedule(build_schedule(args.seed, args.duration, names, _rates(args), servers=servers, proxies=proxies))
     return ExitCode.OK
 
 
@@ -172,6 +186,7 @@ def run_chaos_command(args: argparse.Namespace) -> int:
         extra_processes=extra,
         extra_consumers=args.extra_consumer or [],
         spark=args.spark,
+        redis_cluster=args.redis_cluster,
     )
     result = run_chaos(APP, config, stop=stop)
     return ExitCode.OK if result.verdict.ok else ExitCode.FAILURE  # 1: the checker found a violation

@@ -259,6 +259,29 @@ def test_a_one_minute_chaos_run_passes(tmp_path: Path) -> None:
     assert report["schedule"] == [e.to_dict() for e in build_schedule(7, 60, fleet)], "drawn from the seed alone"
 
 
+@pytest.mark.slow
+def test_a_chaos_run_on_a_redis_cluster_with_master_kills_passes(tmp_path: Path) -> None:
+    """Seed 4: the master holding the stream is killed three times and another master once, each replaced by its
+    replica while the fleet runs (streamers with --wait-replicas 1, consumers with --rewind-grace)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UNILOG_", "DATABASE_URL", "REDIS_URL"))}
+    report_path = tmp_path / "report.json"
+    argv = [sys.executable, "-m", "unilog", "chaos", "--redis-cluster", "--duration", "40", "--seed", "4"]
+    argv += ["--master-kill-rate", "6", "--no-spark", "--report", str(report_path), "--log-dir", str(tmp_path)]
+    result = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    report = json.loads(report_path.read_text())
+    assert report["verdict"]["ok"] and report["quiesced"]
+    kills = [e for e in report["executed"] if e["kind"] == "master_kill"]
+    assert [(e["target"], e["status"]) for e in kills] == [("stream", "done")] * 2 + [("other", "done")] + [
+        ("stream", "done")
+    ], kills
+    assert all("promoted" in e["detail"] for e in kills)
+    assert "Redis Cluster" in report["servers"]["redis"]
+    counts = report["verdict"]["counts"]
+    assert counts["committed"] > 300
+    assert all(a["records"] == a["applications"] for a in counts["applied"].values())
+
+
 BUGGY_HANDLER = '''
     """A distance consumer with a classic bug: it commits its state itself, so the state and unilog's checkpoint
     commit in separate transactions; a crash between them replays the batch onto state already committed."""

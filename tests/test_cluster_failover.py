@@ -137,3 +137,40 @@ def test_without_wait_replicas_a_lost_tail_stops_the_consumer(
     assert "Redis lost entries" in stopped.stderr, stopped.stderr
     applied = [r[0] for r in pg.execute("SELECT n FROM applied WHERE consumer = 'cli' ORDER BY n")]
     assert applied == list(range(20)), "what was applied stays applied once; nothing is skipped silently"
+
+
+def test_with_wait_replicas_a_consumer_waits_out_a_rewind_and_skips_the_resent_records(
+    cluster: EmbeddedRedisCluster, settings: Settings, pg: Any
+) -> None:
+    """A consumer can read entries before the replica has them; after the failover the stream ends below its
+    checkpoint. The streamer kept those records staged (the replica never acknowledged them) and re-sends them at the
+    same positions: with --rewind-grace the consumer waits for them and skips them instead of stopping."""
+    fleet = Fleet(settings, cluster)
+    wait = ["--wait-replicas", "1", "--wait-timeout-ms", "1000"]
+    fleet.stage(0, 10)
+    assert fleet.unilog("streamer", "--once", *wait).returncode == 0
+    master = cluster.master_of(fleet.stream)
+    replica = replica_of(cluster, master)
+    replica.pause()
+    redis.Redis(host="127.0.0.1", port=master.port).client_kill_filter(_type="replica")
+    fleet.stage(10, 10)
+    assert fleet.unilog("streamer", "--once", *wait).returncode != 0, "not acknowledged by a replica: kept staged"
+    assert fleet.consume().returncode == 0, "read from the master before the replica had them"
+    master.kill()
+    replica.resume()
+    wait_promoted(replica)
+    master.start()
+    wait_for_replica(replica)
+    stopped = fleet.consume()
+    assert stopped.returncode == ExitCode.DATA_LOSS and "Redis lost entries" in stopped.stderr, stopped.stderr
+    grace = ["--rewind-grace", "30"]
+    waiting = fleet.unilog("consume", "handlers:cli_handler", "--name", "cli", "--once", *grace)
+    assert waiting.returncode == 0, waiting.stderr
+    assert "re-send what it kept staged" in waiting.stdout + waiting.stderr
+    resent = fleet.unilog("streamer", "--once", *wait)
+    assert resent.returncode == 0 and "streamed 10 records" in resent.stdout, resent.stderr
+    assert fleet.unilog("consume", "handlers:cli_handler", "--name", "cli", "--once", *grace).returncode == 0
+    applied = [r[0] for r in pg.execute("SELECT n FROM applied WHERE consumer = 'cli' ORDER BY n")]
+    assert applied == list(range(20)), "the re-sent records are skipped, not applied twice"
+    top = redis.Redis(host="127.0.0.1", port=replica.port).xinfo_stream(fleet.stream)["length"]
+    assert top == 20, "the stream holds every record again"

@@ -53,6 +53,30 @@ def app(settings: Settings) -> Settings:
     return settings.with_(stream=STREAM)
 
 
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    from unilog.harness.embedded import EmbeddedRedisCluster, ServerNotFound
+
+    try:
+        server = EmbeddedRedisCluster().start()
+    except ServerNotFound as exc:
+        pytest.skip(f"no redis-server to start: {exc}")
+    yield server
+    server.stop(cleanup=True)
+
+
+@pytest.fixture(params=["redis", "redis-cluster"])
+def on(request: pytest.FixtureRequest, app: Settings, rds: Any) -> tuple[Settings, Any]:
+    """The app's settings and a raw client, on the suite's Redis or on a real Redis Cluster (emptied)."""
+    if request.param == "redis":
+        return app, rds
+    cluster = request.getfixturevalue("cluster")
+    client = redis.RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
+    client.flushall(target_nodes=redis.RedisCluster.PRIMARIES)
+    request.addfinalizer(client.close)
+    return app.with_(redis_url=cluster.cluster_url), client
+
+
 def test_batch_read_is_split_by_entry_count(spark: Any, app: Settings) -> None:
     rides(app, 2500)
     Streamer(app).drain()
@@ -226,7 +250,7 @@ def test_spark_consumer_killed_mid_batch_and_restarted(app: Settings, pg: Any, t
 
 
 def test_reconcile_detects_a_planted_discrepancy_and_repair_fixes_it(
-    spark: Any, app: Settings, pg: Any, monkeypatch: pytest.MonkeyPatch
+    spark: Any, on: tuple[Settings, Any], pg: Any
 ) -> None:
     from unilog_demo.consumer import apply_rides
     from unilog_demo.reconcile import model
@@ -234,6 +258,7 @@ def test_reconcile_detects_a_planted_discrepancy_and_repair_fixes_it(
     from unilog import Consumer, ConsumerConfig
     from unilog.reconcile import reconcile
 
+    app = on[0]
     rides(app, 120)
     streamer = Streamer(app)
     streamer.drain()
@@ -260,13 +285,14 @@ def test_reconcile_detects_a_planted_discrepancy_and_repair_fixes_it(
 
 
 def test_archive_plus_live_stream_rebuilds_a_consumer_exactly(
-    spark: Any, app: Settings, pg: Any, rds: Any, tmp_path: Path
+    spark: Any, on: tuple[Settings, Any], pg: Any, tmp_path: Path
 ) -> None:
     from unilog_demo.consumer import apply_rides
 
     from unilog import Consumer, ConsumerConfig
     from unilog.archive import archive, archiver_name, read_archive, rebuild_from_archive
 
+    app, rds = on
     path = str(tmp_path / "archive")
     rides(app, 300)
     streamer = Streamer(app)

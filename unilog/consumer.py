@@ -27,13 +27,11 @@ from .errors import (
     ConfigurationError,
     MalformedEntry,
     PoisonRecord,
-    StreamGap,
-    StreamRewound,
     UnilogError,
 )
 from .faults import NO_FAULTS, Faults
+from .progress import RewindWatch, Rules, keep_held, sort_batch
 from .records import (
-    REPLAY_FOR,
     REPLAY_OF,
     Batch,
     Handler,
@@ -97,6 +95,7 @@ class ConsumerConfig:
     on_malformed: str = "dead-letter"
     max_attempts: int = 3
     on_poison: str = "stop"
+    rewind_grace: float = 0.0
 
     def __post_init__(self) -> None:
         validate_name("consumer", self.name)
@@ -109,6 +108,8 @@ class ConsumerConfig:
             raise ValueError("max_attempts must be at least 1")
         if self.on_poison not in POISON_POLICIES:
             raise ValueError(f"on_poison must be one of {', '.join(POISON_POLICIES)}, not {self.on_poison!r}")
+        if self.rewind_grace < 0:
+            raise ValueError("rewind_grace must not be negative")
 
 
 POISON_POLICIES = ("stop", "dead-letter")
@@ -158,12 +159,19 @@ class Consumer(Worker):
         self.handled_total = 0
         self.skipped_total = 0
         self._last_rewind_check = 0.0
+        self._rewind = RewindWatch(config.name, self.stream, config.rewind_grace)
+        self._rules = Rules(
+            config.name,
+            self.stream,
+            replay_owner("consumer", config.name).encode(),
+            config.on_malformed,
+            config.strict_start,
+        )
         self._registered_at = 0.0
         self._malformed: dict[bytes, str] = {}  # entries found malformed by a handler: dead-lettered next pass
         self._letters: list[tuple[bytes, dict[bytes, bytes], str]] = []  # malformed entries of the batch at hand
         self.malformed_total = 0
         self.dead_total = 0
-        self._owner = replay_owner("consumer", config.name).encode()
         self._failures: dict[str, int] = {}  # handler failures of the batch after this checkpoint id
 
     kind = "consumer"
@@ -380,54 +388,15 @@ class Consumer(Worker):
     def _dedupe(
         self, conn: psycopg.Connection[Any], entries: list[engine.Entry], checkpoint: store.Checkpoint
     ) -> list[Record]:
-        """Records not yet applied, advancing ``checkpoint`` past every entry read (in ``conn``'s transaction).
-
-        A replayed dead letter is kept only if it is this consumer's and still held (its held row is taken in this
-        transaction, so it is applied once). Raises :class:`StreamGap` when a producer's positions jump past the
-        checkpoint: the entries in between were trimmed or lost, and applying what follows would skip them.
-        """
-        fresh: list[Record] = []
-        replays: list[Record] = []
-        positions = checkpoint.positions
-        self._letters = []
-        for entry_id, fields in entries:
-            owner = fields.get(REPLAY_FOR)
-            if owner is not None and owner != self._owner:
-                continue  # another consumer's (or group's) replay: we applied the original, or will
-            try:
-                if self._malformed and entry_id in self._malformed:
-                    raise MalformedEntry(self.stream, engine.to_str(entry_id), self._malformed[entry_id])
-                record = Record(self.stream, entry_id, fields)
-            except MalformedEntry as exc:
-                if self.config.on_malformed == "stop":
-                    raise
-                self._letters.append((entry_id, fields, exc.reason))
-                continue
-            pos = record.position
-            if owner is not None:
-                replays.append(record)  # behind the checkpoint by construction: positions stay as they are
-            elif pos is not None:
-                last = positions.get(record.producer)
-                if last is not None and pos <= last:
-                    continue
-                self._check_contiguous(record, last, pos)
-                positions[record.producer] = pos
-            fresh.append(record)
-        checkpoint.last_id = entries[-1][0].decode()
-        if replays:
-            fresh = self._held_only(conn, fresh, replays)
-        return fresh
-
-    def _held_only(self, conn: psycopg.Connection[Any], fresh: list[Record], replays: list[Record]) -> list[Record]:
-        """``fresh`` without the replays this consumer does not hold (already applied, or replayed twice)."""
-        held = store.take_held(conn, self.config.name, [r.origin for r in replays])
-        drop = set()
-        for record in replays:
-            if record.origin in held:
-                held.discard(record.origin)  # a second replay of it in this batch is dropped
-            else:
-                drop.add(id(record))
-        return [r for r in fresh if id(r) not in drop]
+        """Records not yet applied, advancing ``checkpoint`` past every entry read (in ``conn``'s transaction): see
+        :func:`~unilog.progress.sort_batch`. A replayed dead letter is kept only if it is this consumer's and still
+        held (its held row is taken in this transaction, so it is applied once)."""
+        batch = sort_batch(self._rules, entries, checkpoint, self._malformed)
+        self._letters = batch.letters
+        if not batch.replays:
+            return batch.fresh
+        held = store.take_held(conn, self.config.name, [r.origin for r in batch.replays])
+        return keep_held(batch.fresh, batch.replays, held)
 
     def _dead_letter_malformed(self, conn: psycopg.Connection[Any]) -> None:
         """Move this batch's malformed entries to the dead letters, before the checkpoint passes them: a crash
@@ -448,44 +417,12 @@ class Consumer(Worker):
                 reason=reason,
             )
 
-    def _check_contiguous(self, record: Record, last: tuple[int, int] | None, pos: tuple[int, int]) -> None:
-        expected = 1 if last is None or pos[0] != last[0] else last[1] + 1
-        if pos[1] == expected:
-            return
-        if last is None and self.config.strict_start:
-            raise StreamGap(
-                f"consumer {self.config.name!r} on stream {self.stream!r}: producer {record.producer!r} starts at "
-                f"position {pos[0]}:{pos[1]}, not {pos[0]}:1: its earlier records were trimmed from the stream, so a "
-                "rebuild from the stream alone would miss them (rebuild from the archive instead)"
-            )
-        if last is None:
-            # a consumer that never saw this producer starts wherever the retained stream starts
-            log.warning(
-                "history before this position is not in the stream",
-                consumer=self.config.name,
-                producer=record.producer,
-                position=pos,
-            )
-            return
-        raise StreamGap(
-            f"consumer {self.config.name!r} on stream {self.stream!r}: producer {record.producer!r} positions "
-            f"{pos[0]}:{expected}..{pos[0]}:{pos[1] - 1} are missing before entry {record.id} (checkpoint at "
-            f"{last[0]}:{last[1]}): they were trimmed or Redis lost them. Stopping instead of skipping them; "
-            "repair this consumer with `unilog reconcile` (or rebuild it) and reset its checkpoint"
-        )
-
     def _check_not_rewound(self) -> None:
-        """Raise :class:`StreamRewound` if the stream's last id is below our checkpoint (Redis lost data)."""
-        cp = self.checkpoint
-        if cp.last_id == "0-0":
-            return
-        top = self._engine().last_generated_id(self.stream)
-        if top is None or engine.id_tuple(top) < engine.id_tuple(cp.last_id):
-            raise StreamRewound(
-                f"consumer {self.config.name!r}: stream {self.stream!r} ends at {top or 'nothing (no such key)'}, "
-                f"below this consumer's checkpoint {cp.last_id}: Redis lost entries it had confirmed (restart without "
-                "persistence, truncated AOF or failover). See the README's recovery steps"
-            )
+        """Raise :class:`StreamRewound` if the stream's last id has been below our checkpoint (Redis lost data) for
+        longer than ``rewind_grace`` seconds."""
+        last_id = self.checkpoint.last_id
+        if last_id != "0-0":
+            self._rewind.check(self._engine().last_generated_id(self.stream), last_id)
 
     def drain(self) -> int:
         """Consume until the stream has nothing after the checkpoint (burst mode); return records handled.

@@ -60,6 +60,7 @@ class PartitionConfig:
     on_malformed: str = "dead-letter"
     max_attempts: int = 3
     on_poison: str = "stop"
+    rewind_grace: float = 0.0
 
     def __post_init__(self) -> None:
         validate_name("partitioned consumer", self.name)
@@ -157,6 +158,7 @@ class PartitionedConsumer(Worker):
             on_malformed=self.config.on_malformed,
             max_attempts=self.config.max_attempts,
             on_poison=self.config.on_poison,
+            rewind_grace=self.config.rewind_grace,
         )
         consumer = Consumer(self.settings, config, self.handler, faults=self.faults)
         consumer.metric_kind = "partition"

@@ -80,6 +80,7 @@ def _make_worker(args: argparse.Namespace, settings: Settings, handler: Handler)
             on_malformed=args.on_malformed,
             max_attempts=args.max_attempts,
             on_poison=args.on_poison,
+            rewind_grace=args.rewind_grace,
         )
         return PartitionedConsumer(settings, part, handler, faults=faults_from(args))
     checkpoint = ConsumerConfig(
@@ -91,6 +92,7 @@ def _make_worker(args: argparse.Namespace, settings: Settings, handler: Handler)
         on_malformed=args.on_malformed,
         max_attempts=args.max_attempts,
         on_poison=args.on_poison,
+        rewind_grace=args.rewind_grace,
     )
     return Consumer(settings, checkpoint, handler, faults=faults_from(args))
 
@@ -156,6 +158,14 @@ def consume_args(p: argparse.ArgumentParser) -> None:
         default="stop",
         help="checkpoint consumer: a record that fails alone stops the consumer with exit code 11 (default), or is "
         "dead-lettered and passed",
+    )
+    p.add_argument(
+        "--rewind-grace",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="checkpoint consumer: wait this long for a stream that ends below the checkpoint to be re-sent before "
+        "stopping with exit code 8 (only with streamers run with --wait-replicas; default 0: stop at once)",
     )
     fault_args(p)
     metrics_args(p)

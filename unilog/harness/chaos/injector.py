@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from ..embedded import EmbeddedPostgres, EmbeddedRedis
+from ..embedded import EmbeddedPostgres, EmbeddedRedis, EmbeddedRedisCluster
 from ..proxy import FaultProxy, Mode
 from ..supervisor import Fleet
 from .schedule import NETWORK_KINDS, FaultEvent
@@ -39,8 +39,12 @@ class Injector:
         postgres: EmbeddedPostgres | None,
         redis: EmbeddedRedis | None,
         proxies: Mapping[str, FaultProxy],
+        *,
+        cluster: EmbeddedRedisCluster | None = None,
+        stream: str = "",
     ) -> None:
         self.fleet = fleet
+        self.cluster, self.stream = cluster, stream
         self.postgres = postgres
         self.redis = redis
         self.proxies = dict(proxies)
@@ -93,6 +97,8 @@ class Injector:
         if kind == "postgres_restart" and self.postgres is not None:
             self.postgres.restart(mode="immediate")
             return "done", ""
+        if kind == "master_kill" and self.cluster is not None:
+            return self._kill_master(event)
         if kind == "redis_pause" and self.redis is not None:
             self.redis.pause()
             try:
@@ -114,6 +120,22 @@ class Injector:
             proxy.pass_through()
             proxy.cut()  # connections that lost bytes in the window are corrupt for good: reset them
         return "done", ""
+
+    def _kill_master(self, event: FaultEvent) -> tuple[str, str]:
+        """SIGKILL the master holding the stream (``stream``) or another (``other``); wait for its replica to be
+        promoted; after ``event.duration`` seconds restart it and wait until it is back as a replica."""
+        assert self.cluster is not None
+        owner = self.cluster.master_of(self.stream)
+        victim = owner
+        if event.target == "other":
+            victim = next(m for m in self.cluster.masters() if m.port != owner.port)
+        replicas = self.cluster.replicas_of(victim)
+        victim.kill()
+        promoted = self.cluster.wait_failover(replicas, timeout=30)
+        self._stop.wait(event.duration)
+        victim.start()
+        self.cluster.wait_replica_online(victim, timeout=30)
+        return "done", f"master :{victim.port} killed, :{promoted.port} promoted, :{victim.port} back as its replica"
 
     def _signal(self, name: str, signum: int) -> int | None:
         """Signal process ``name``'s whole process group (gunicorn's workers too); return the group id, or None."""
@@ -146,6 +168,10 @@ class Injector:
                 self.redis.resume()
         if self.postgres is not None:
             self.postgres.start()
+        if self.cluster is not None:
+            for node in self.cluster.nodes:
+                if node.pid is None:
+                    node.start()
         for name in list(self.fleet.children):
             self._signal(name, signal.SIGCONT)
 

@@ -25,7 +25,7 @@ from unilog.records import load_handler
 from unilog.status import collect_status
 
 from ..app import App, spark_available
-from ..embedded import EmbeddedPostgres, EmbeddedRedis, free_port
+from ..embedded import EmbeddedPostgres, EmbeddedRedis, EmbeddedRedisCluster, free_port
 from ..proxy import FaultProxy
 from ..supervisor import Fleet, ProcessSpec
 from . import tables
@@ -53,6 +53,9 @@ class ChaosConfig:
     (where your handler lives). ``extra_processes``/``extra_consumers``: more fleet processes and the names they
     record in ``chaos_applied`` (checked like checkpoint consumers). ``spark``: run the app's Spark consumer too
     (default: when pyspark and Java are installed); it runs the app's Spark effect whatever ``handler`` is.
+    ``redis_cluster``: an embedded Redis Cluster (three masters, three replicas) instead of one Redis; the schedule
+    then kills masters (``faults.master_kill``) instead of restarting and pausing Redis, the streamers run with
+    ``--wait-replicas 1`` and the checkpoint consumers with ``--rewind-grace`` (see :class:`unilog.ConsumerConfig`).
     """
 
     duration: float = 60.0
@@ -79,6 +82,7 @@ class ChaosConfig:
     extra_consumers: Sequence[str] = ()
     status_interval: float = 10.0
     spark: bool | None = None  # None: when pyspark and Java are installed
+    redis_cluster: bool = False
 
     def use_spark(self, app: App) -> bool:
         if app.spark_consumer is None:
@@ -109,6 +113,20 @@ class _Servers:
     redis: EmbeddedRedis | None
     proxies: dict[str, FaultProxy]
     notes: list[str]
+    cluster: EmbeddedRedisCluster | None = None
+
+    def kinds(self) -> list[str]:
+        """The servers the schedule may restart, pause or (a cluster's masters) kill."""
+        kinds = ["postgres"] if self.postgres is not None else []
+        return kinds + (["redis"] if self.redis is not None else []) + (["redis_cluster"] if self.cluster else [])
+
+    def describe(self) -> dict[str, str]:
+        redis = "given"
+        if self.redis is not None:
+            redis = f"embedded {self.redis.version} (appendonly yes, appendfsync always)"
+        elif self.cluster is not None:
+            redis = f"embedded Redis Cluster {self.cluster.nodes[0].version}: 3 masters, 3 replicas"
+        return {"postgres": f"embedded {self.postgres.version}" if self.postgres else "given", "redis": redis}
 
 
 def run_chaos(
@@ -132,12 +150,7 @@ def run_chaos(
     }
     with contextlib.ExitStack() as stack:
         servers = _start_servers(stack, config)
-        report["servers"] = {
-            "postgres": f"embedded {servers.postgres.version}" if servers.postgres else "given",
-            "redis": f"embedded {servers.redis.version} (appendonly yes, appendfsync always)"
-            if servers.redis
-            else "given",
-        }
+        report["servers"] = servers.describe()
         _prepare(app, config, servers)
         verdict = _run(app, config, servers, log_dir, handler, compare, report, stop, out)
     return _finish(config, report, verdict, log_dir, out)
@@ -145,7 +158,7 @@ def run_chaos(
 
 def _start_servers(stack: contextlib.ExitStack, config: ChaosConfig) -> _Servers:
     notes: list[str] = []
-    pg = rd = None
+    pg = rd = cluster = None
     if config.database_url:
         pg_url = config.database_url
         notes.append("Postgres given by URL: its restarts are skipped")
@@ -155,12 +168,19 @@ def _start_servers(stack: contextlib.ExitStack, config: ChaosConfig) -> _Servers
     if config.redis_url:
         redis_url = config.redis_url
         notes.append("Redis given by URL: its restarts and pauses are skipped")
+    elif config.redis_cluster:
+        cluster = stack.enter_context(EmbeddedRedisCluster())
+        redis_url = cluster.cluster_url
+        notes.append("Redis Cluster: clients follow the nodes' own addresses, so no fault proxy; masters are killed")
     else:
         rd = stack.enter_context(EmbeddedRedis(appendonly=True, appendfsync="always"))
         redis_url = rd.url
     proxies: dict[str, FaultProxy] = {}
     fleet_urls = {}
     for side, url in (("postgres", pg_url), ("redis", redis_url)):
+        if side == "redis" and cluster is not None:
+            fleet_urls[side] = url
+            continue
         proxy = _proxy_for(url)
         if proxy is None:
             notes.append(f"{side} is not on a loopback TCP address: no fault proxy, its network faults skipped")
@@ -168,7 +188,7 @@ def _start_servers(stack: contextlib.ExitStack, config: ChaosConfig) -> _Servers
             continue
         proxies[side] = stack.enter_context(proxy)
         fleet_urls[side] = proxy.url_for(url)
-    return _Servers(pg_url, redis_url, fleet_urls, pg, rd, proxies, notes)
+    return _Servers(pg_url, redis_url, fleet_urls, pg, rd, proxies, notes, cluster)
 
 
 def _prepare(app: App, config: ChaosConfig, servers: _Servers) -> None:
@@ -213,18 +233,15 @@ def _run(
     api_port = free_port()
     fleet = Fleet(log_dir, cwd=Path.cwd(), base_env=_fleet_env(app, config, servers))
     specs = fleet_specs(app, config, handler, api_port=api_port, history_dir=history_dir, state_dir=state_dir)
-    kinds = [s for s, server in (("postgres", servers.postgres), ("redis", servers.redis)) if server is not None]
+    names = [s.name for s in specs]
     schedule = build_schedule(
-        config.seed,
-        config.duration,
-        [s.name for s in specs],
-        config.faults,
-        servers=kinds,
-        proxies=list(servers.proxies),
+        config.seed, config.duration, names, config.faults, servers=servers.kinds(), proxies=list(servers.proxies)
     )
     report.update(notes=servers.notes, schedule=[e.to_dict() for e in schedule], log_dir=str(log_dir))
     print_header(config, handler, report, specs, schedule, out)
-    injector = Injector(fleet, servers.postgres, servers.redis, servers.proxies)
+    injector = Injector(
+        fleet, servers.postgres, servers.redis, servers.proxies, cluster=servers.cluster, stream=app.stream
+    )
     consumers = config.consumers(app)
     outcome: dict[str, Any] = {"quiesced": False, "quiesce_seconds": 0.0}
     try:

@@ -18,6 +18,7 @@ class FaultRates:
     postgres_restart: float = 0.7
     redis_pause: float = 0.4
     network: float = 6.0  # proxy faults (reset, cut, blackhole, drop_replies) over both proxies
+    master_kill: float = 2.0  # on a Redis Cluster: a master SIGKILLed, its replica promoted, the old one rejoining
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,8 @@ def build_schedule(
 ) -> list[FaultEvent]:
     """The run's faults, drawn from ``random.Random(seed)``; the same arguments always give the same schedule.
 
-    ``servers``: the servers the runner may restart or pause (none when you gave your own URLs); ``proxies``: the
+    ``servers``: the servers the runner may restart or pause (none when you gave your own URLs; ``redis_cluster``
+    for an embedded Redis Cluster, whose masters are killed instead); ``proxies``: the
     servers with a fault proxy in front. Faults happen in ``[warmup, duration - tail]``. A kind with a non-zero rate
     gets ``rate * minutes`` events, at least one in a run of 30 s or more. Windows on one proxy never overlap, and
     server restarts of one server are at least 5 s apart.
@@ -101,5 +103,20 @@ def build_schedule(
             continue
         events.append(FaultEvent(round(at, 2), kind, side, length))
         free_at[side] = at + length
+    events += _master_kills(rng, count(rates.master_kill) if "redis_cluster" in servers else 0, start, end)
     events.sort(key=lambda e: (e.at, e.kind, e.target))
+    return events
+
+
+def _master_kills(rng: random.Random, n: int, start: float, end: float) -> list[FaultEvent]:
+    """Kills of the master that holds the stream (two in three) or of another one, each down for ``duration``
+    seconds before it restarts (and rejoins as a replica), at least 10 s apart so a failover completes first."""
+    events, last = [], -1e9
+    for at in sorted(round(rng.uniform(start, end), 2) for _ in range(n)):
+        at = max(at, last + 10.0)
+        target = rng.choice(("stream", "stream", "other"))
+        down = round(rng.uniform(1.0, 4.0), 2)
+        if at <= end:
+            events.append(FaultEvent(round(at, 2), "master_kill", target, down))
+            last = at
     return events

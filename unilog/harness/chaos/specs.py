@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
 PRODUCERS = ("producer0", "producer1")
 HARNESS = "unilog.harness.chaos"  # python -m HARNESS produce | streamer | consume | spark
+REWIND_GRACE = 60.0  # seconds: a failover, the killed master's restart (up to 4 s) and its resync, with margin
 
 
 def fleet_specs(
@@ -64,6 +65,8 @@ def _streamers(app: App, config: ChaosConfig, python: str, state_dir: Path) -> l
     for i, name in enumerate(app.streamers):
         argv = [python, "-m", HARNESS, "streamer", *_seeded(config, state_dir, name, i), "--name", name]
         argv += ["--poll-interval", "0.5", *(["--exit-on-crash"] if i else [])]
+        if config.redis_cluster:  # nothing deleted before a replica has it: a failover loses nothing staged
+            argv += ["--wait-replicas", "1", "--wait-timeout-ms", "1000"]
         specs.append(ProcessSpec(name, argv, _faults(config, config.streamer_faults)))
     return specs
 
@@ -74,6 +77,8 @@ def _consumers(app: App, config: ChaosConfig, handler: str, python: str, state_d
     specs = []
     for i, name in enumerate(app.consumers):
         argv = [*consume, *_seeded(config, state_dir, name, 10 + i), "--name", name, *common]
+        if config.redis_cluster:  # what a failover took from the stream is re-sent by the waiting streamers
+            argv += ["--rewind-grace", str(REWIND_GRACE)]
         specs.append(
             ProcessSpec(name, argv + (["--exit-on-crash"] if i else []), _faults(config, config.consumer_faults))
         )

@@ -162,6 +162,49 @@ class EmbeddedRedisCluster:
                 return next(n for n in self.nodes if n.port == port)
         raise EmbeddedServerError(f"no node serves slot {slot}")
 
+    def masters(self) -> list[EmbeddedRedis]:
+        """The running nodes that are masters now."""
+        return [n for n in self.nodes if n.pid is not None and self._role(n) == "master"]
+
+    def _role(self, node: EmbeddedRedis) -> str:
+        try:
+            return str(self._client(node).info("replication").get("role"))
+        except redis.RedisError:
+            return "unreachable"
+
+    def replicas_of(self, master: EmbeddedRedis) -> list[EmbeddedRedis]:
+        """The running nodes that follow ``master`` now."""
+        found = []
+        for node in self.nodes:
+            if node is master or node.pid is None:
+                continue
+            info = self._client(node).info("replication")
+            if info.get("role") == "slave" and int(info.get("master_port", 0)) == master.port:
+                found.append(node)
+        return found
+
+    def wait_failover(self, replicas: list[EmbeddedRedis], timeout: float = 30.0) -> EmbeddedRedis:
+        """Wait until one of ``replicas`` (of a master that died) is promoted and every running node reports the
+        cluster ok; return the new master."""
+        running = [n for n in self.nodes if n.pid is not None]
+
+        def promoted() -> bool:
+            return any(self._role(n) == "master" for n in replicas) and all(
+                "cluster_state:ok" in self._client(n).execute_command("CLUSTER", "INFO") for n in running
+            )
+
+        self._wait(promoted, timeout, "a replica to be promoted")
+        return next(n for n in replicas if self._role(n) == "master")
+
+    def wait_replica_online(self, node: EmbeddedRedis, timeout: float = 30.0) -> None:
+        """Wait until restarted ``node`` follows a master with its link up and the cluster is ok everywhere."""
+
+        def online() -> bool:
+            info = self._client(node).info("replication")
+            return info.get("role") == "slave" and info.get("master_link_status") == "up" and self._healthy()
+
+        self._wait(online, timeout, f":{node.port} to rejoin as a replica")
+
     def stop(self, *, cleanup: bool = False) -> None:
         for node in self.nodes:
             node.stop(cleanup=cleanup)
