@@ -8,18 +8,21 @@ checkpoint and reads it from the beginning to the end, in a fresh process, conne
   ``UPDATE`` of a state row per batch);
 * ``unilog-group``: one worker of a consumer group (``XREADGROUP``, processed identities recorded in the effect's
   transaction, ``XACK`` after commit) with the trivial handler; the group is created afresh for every trial;
+* ``unilog-async`` and ``unilog-async-distance``: the same two handlers as ``async def`` on a psycopg
+  ``AsyncConnection``, through ``AsyncConsumer.drain()`` in an asyncio loop;
 * ``reference``: the port of the reference consumer (the same work, its own checkpoint table).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import psycopg
 
-from unilog import Consumer, ConsumerConfig, Record, Streamer
+from unilog import AsyncConsumer, Consumer, ConsumerConfig, Record, Streamer
 from unilog.group import GroupConfig, GroupConsumer
 from unilog.wire import registry_key
 
@@ -28,18 +31,42 @@ from .env import BenchEnv, Urls
 from .handlers import count_records
 from .reference import ReferenceConsumer
 
-VARIANTS = ("unilog", "unilog-distance", "unilog-group", "reference")
+VARIANTS = ("unilog", "unilog-distance", "unilog-async", "unilog-async-distance", "unilog-group", "reference")
 NAME = "bench-consume"
 GROUP = "bench-consume-group"
 
 
 def distance_handler(conn: psycopg.Connection[Any], records: Sequence[Record]) -> None:
     total = sum(r.data["distance"] for r in records)
-    conn.execute(
-        "INSERT INTO bench_state (name, total_distance, n) VALUES (%s, %s, %s) ON CONFLICT (name) DO UPDATE "
-        "SET total_distance = bench_state.total_distance + excluded.total_distance, n = bench_state.n + excluded.n",
-        (NAME, total, len(records)),
-    )
+    conn.execute(DISTANCE_SQL, (NAME, total, len(records)))
+
+
+DISTANCE_SQL = (
+    "INSERT INTO bench_state (name, total_distance, n) VALUES (%s, %s, %s) ON CONFLICT (name) DO UPDATE "
+    "SET total_distance = bench_state.total_distance + excluded.total_distance, n = bench_state.n + excluded.n"
+)
+
+
+async def async_distance_handler(conn: psycopg.AsyncConnection[Any], records: Sequence[Record]) -> None:
+    total = sum(r.data["distance"] for r in records)
+    await conn.execute(DISTANCE_SQL, (NAME, total, len(records)))
+
+
+async def async_count_records(conn: psycopg.AsyncConnection[Any], records: Sequence[Record]) -> None:
+    count_records(conn, records)  # type: ignore[arg-type]  # it only counts
+
+
+def _async(urls: Urls, distance: bool) -> tuple[int, float]:
+    handler = async_distance_handler if distance else async_count_records
+
+    async def main() -> tuple[int, float]:
+        async with AsyncConsumer(urls.settings(), ConsumerConfig(name=NAME), handler) as consumer:
+            await consumer.connect()
+            started = time.perf_counter()
+            count = await consumer.drain()
+            return count, time.perf_counter() - started
+
+    return asyncio.run(main())
 
 
 def _unilog(urls: Urls, distance: bool) -> tuple[int, float]:
@@ -77,6 +104,8 @@ def _run_variant(urls: Urls, variant: str) -> tuple[int, float]:
         return _reference(urls)
     if variant == "unilog-group":
         return _group(urls)
+    if variant.startswith("unilog-async"):
+        return _async(urls, distance=variant.endswith("distance"))
     return _unilog(urls, distance=variant == "unilog-distance")
 
 

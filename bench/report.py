@@ -118,6 +118,8 @@ def ratios(results: Results) -> list[str]:
         ("consume", "records/s", "unilog", "reference", ""),
         ("consume", "records/s", "unilog-distance", "reference", " (same work as the reference)"),
         ("consume", "records/s", "unilog-group", "reference", ""),
+        ("consume", "records/s", "unilog-async", "unilog", " (asyncio consumer / threaded, trivial handler)"),
+        ("consume", "records/s", "unilog-async-distance", "unilog-distance", " (asyncio / threaded, distance work)"),
         ("spark", "entries/s", "spark", "python", " (the same work, state and checkpoint in one transaction)"),
         ("observe-drain", "records/s", "default", "no-metrics", " (the cost of metrics)"),
         ("observe-drain", "records/s", "traced", "default", " (the cost of tracing: SDK on, every record traced)"),

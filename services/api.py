@@ -5,17 +5,14 @@ call: the request's SQLAlchemy session *is* the transaction the record is staged
 thread hand-off in between. It runs under gunicorn in the fleet (``flask --app services.api run`` for development).
 
 The transaction is SERIALIZABLE, as in the reference design, and serialization failures are retried. Input is
-validated before anything is written: a missing, non-numeric, negative, NaN or infinite ``distance`` gets a 422
-with a JSON error naming the field.
+validated before anything is written (``web.parse_distance``). ``api_fastapi.py`` is the same API on asyncio.
 """
 
 from __future__ import annotations
 
-import contextlib
-import math
 import os
 import time
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any
 
 import structlog
@@ -25,47 +22,15 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 import unilog
-from unilog import tracing
 from unilog.config import sqlalchemy_url
 from unilog.log import configure_logging
 
 from .rides import STREAM, Ride
+from .web import MAX_ATTEMPTS, ValidationError, parse_distance, request_span, serialization_failure
+
+__all__ = ["ValidationError", "create_app", "create_ride", "parse_distance"]
 
 log = structlog.get_logger(__name__)
-
-MAX_ATTEMPTS = 10
-MAX_DISTANCE = Decimal("100000000")  # fits NUMERIC(14, 3)
-
-
-class ValidationError(ValueError):
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
-
-
-def parse_distance(payload: dict[str, Any]) -> Decimal:
-    """The ride's distance, rounded to metres; raises :class:`ValidationError` naming the field."""
-    raw = payload.get("distance")
-    if raw is None or (isinstance(raw, str) and not raw.strip()):
-        raise ValidationError("distance", "distance is required")
-    if isinstance(raw, bool) or not isinstance(raw, int | float | str):
-        raise ValidationError("distance", f"distance must be a number, got {type(raw).__name__}")
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValidationError("distance", f"distance must be a number, got {raw!r}") from None
-    if not math.isfinite(value):
-        raise ValidationError("distance", f"distance must be finite, got {raw!r}")
-    if value < 0:
-        raise ValidationError("distance", f"distance must not be negative, got {raw!r}")
-    try:
-        distance = Decimal(str(raw).strip() if isinstance(raw, str) else repr(value)).quantize(Decimal("0.001"))
-    except InvalidOperation:
-        raise ValidationError("distance", f"distance must be a number, got {raw!r}") from None
-    if distance >= MAX_DISTANCE:
-        raise ValidationError("distance", f"distance must be below {MAX_DISTANCE}, got {raw!r}")
-    return distance
-
 
 def create_ride(sessions: sessionmaker[Session], distance: Decimal) -> Ride:
     """Insert the ride and stage its record in one SERIALIZABLE transaction, retrying serialization failures."""
@@ -86,7 +51,7 @@ def create_ride(sessions: sessionmaker[Session], distance: Decimal) -> Ride:
                 session.expunge(ride)
                 return ride
         except DBAPIError as exc:
-            if getattr(exc.orig, "sqlstate", None) != "40001" or attempt == MAX_ATTEMPTS:
+            if not serialization_failure(exc) or attempt == MAX_ATTEMPTS:
                 raise
             log.info("serialization failure; retrying", attempt=attempt)
             time.sleep(0.001 * 2**attempt)
@@ -128,20 +93,7 @@ def _post_ride(sessions: sessionmaker[Session]) -> Any:
 
 
 def _request_span(name: str) -> Any:
-    """A SERVER span for the request, continuing the caller's W3C trace context; nothing without OpenTelemetry.
-
-    The record staged in the request's transaction carries this span's context (``unilog.emit`` reads it), so a
-    trace follows a ride from the request to the consumers that apply it."""
-    if not tracing.ENABLED:
-        return contextlib.nullcontext()
-    from opentelemetry import propagate, trace
-
-    return trace.get_tracer("rocket-rides").start_as_current_span(
-        name,
-        context=propagate.extract(request.headers),
-        kind=trace.SpanKind.SERVER,
-        attributes={"http.request.method": request.method, "http.route": request.path},
-    )
+    return request_span(name, request.headers, request.method, request.path)  # type: ignore[arg-type]
 
 
 def __getattr__(name: str) -> Any:

@@ -40,6 +40,7 @@ def add_demo(sub: Any) -> None:
         help="serve the dashboard on http://127.0.0.1:PORT/ while the demo runs (default port 8765)",
     )
     p.add_argument("--redis-cluster", action="store_true", help="run on a real Redis Cluster (3 masters, 3 replicas)")
+    _api_option(p)
     _spark_option(p, "run the Spark consumer too (default: when pyspark and Java are installed)")
     p.set_defaults(func=run_demo_command)
 
@@ -60,8 +61,18 @@ def run_demo_command(args: argparse.Namespace) -> int:
         log_dir=log_dir,
         dashboard=args.dashboard,
         redis_cluster=args.redis_cluster,
+        api=args.api,
     )
     return ExitCode.OK if agree else ExitCode.FAILURE
+
+
+def _api_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--api",
+        choices=("flask", "fastapi"),
+        default="flask",
+        help="the rides API: Flask under gunicorn (default) or FastAPI on AsyncSession under uvicorn",
+    )
 
 
 def _spark_option(p: argparse.ArgumentParser, text: str) -> None:
@@ -108,6 +119,7 @@ def add_chaos(sub: Any) -> None:
         "--extra-consumer", action="append", help="a consumer name an extra process records in chaos_applied"
     )
     _spark_option(p, "run the Spark distance consumer too (default: when pyspark and Java are installed)")
+    _api_option(p)
     p.add_argument(
         "--redis-cluster",
         action="store_true",
@@ -187,6 +199,7 @@ def run_chaos_command(args: argparse.Namespace) -> int:
         extra_consumers=args.extra_consumer or [],
         spark=args.spark,
         redis_cluster=args.redis_cluster,
+        api=args.api,
     )
     result = run_chaos(APP, config, stop=stop)
     return ExitCode.OK if result.verdict.ok else ExitCode.FAILURE  # 1: the checker found a violation

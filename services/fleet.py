@@ -45,4 +45,5 @@ APP = App(
     source_table="rides",
     source_object="ride",
     state_tables=("consumer_states",),
+    asgi_api="api_fastapi:app",
 )

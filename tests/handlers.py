@@ -74,3 +74,30 @@ def poison_handler(conn: psycopg.Connection[Any], records: Sequence[Record]) -> 
         if r.data.get("poison"):
             raise ValueError(f"cannot apply record {r.data['n']}")
     record_applied("cli", conn, records)
+
+
+APPLIED_INSERT = (
+    "INSERT INTO applied (consumer, producer, seq, entry_id, n, data) VALUES (%s, %s, %s, %s, %s, %s::jsonb)"
+)
+
+
+def _rows(name: str, records: Sequence[Record]) -> list[tuple[Any, ...]]:
+    return [
+        (name, r.producer, r.seq, r.id, r.data.get("n") if isinstance(r.data, dict) else None, r.raw_data.decode())
+        for r in records
+    ]
+
+
+async def async_record_applied(name: str, conn: psycopg.AsyncConnection[Any], records: Sequence[Record]) -> None:
+    """:func:`record_applied` on an asyncio connection; iterating ``records`` is where a mid-batch crash fires."""
+    async with conn.cursor() as cur:
+        await cur.executemany(APPLIED_INSERT, _rows(name, [r for r in records]))
+
+
+async def async_cli_handler(conn: psycopg.AsyncConnection[Any], records: Sequence[Record]) -> None:
+    """Used by CLI tests (`unilog consume handlers:async_cli_handler --name cli`): the command line sees it is async."""
+    import asyncio
+    import os
+
+    await async_record_applied("cli", conn, records)
+    await asyncio.sleep(float(os.environ.get("SLOW_HANDLER", "0")))

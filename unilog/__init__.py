@@ -13,6 +13,7 @@ __version__ = "0.1.0"
 
 from .config import Settings
 from .consumer import Consumer, ConsumerConfig
+from .consumer_async import AsyncConsumer
 from .errors import (
     ConcurrentConsumer,
     ConfigurationError,
@@ -48,6 +49,7 @@ from .streamer import Streamer, StreamerConfig
 
 # What the README tells users to use, and nothing else (tests/test_api_surface.py keeps the two in step).
 __all__ = [
+    "AsyncConsumer",
     "Batch",
     "ConcurrentConsumer",
     "ConfigurationError",

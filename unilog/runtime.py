@@ -261,48 +261,58 @@ class Backoff:
 
 
 def serve(worker: Worker, stop_event: threading.Event) -> None:
-    """The loop every worker shares: passes until ``stop_event`` is set (the pass in progress always finishes).
-
-    The same failure policy everywhere: data loss (:class:`~unilog.errors.DataLoss`), a configuration no retry can
-    fix and a worker's policy to stop (:class:`~unilog.errors.PolicyStop`) stop the process; an
-    injected crash restarts it in-process (or propagates, without ``restart_after_crash``); a connection failure
-    reconnects with exponential back-off; a handler failure is rolled back and retried with back-off if the worker
-    says so (:meth:`Worker.on_handler_error`), and anything else propagates.
-    """
+    """The loop every worker shares: passes until ``stop_event`` is set (the pass in progress always finishes),
+    with the one failure policy of :func:`failure_action`."""
     backoff = Backoff(worker.max_backoff)
     while not stop_event.is_set():
         try:
             worker.before_pass()
             result = worker.run_once()
-        except (DataLoss, ConfigurationError, PolicyStop) as exc:
-            metrics.ERRORS.labels(worker.kind, type(exc).__name__).inc()
-            raise  # data loss, a setup no retry can fix (a key of the wrong type, say) and a policy's stop end it
-        except FATAL as exc:
-            metrics.ERRORS.labels(worker.kind, type(exc).__name__).inc()
-            raise fatal(exc) or exc from None  # the same, as the server said it
-        except InjectedCrash as exc:
-            if not worker.restart_after_crash:
-                raise
-            metrics.RESTARTS.labels(worker.kind).inc()
-            log.warning("crashed (injected); restarting in-process", point=exc.point, **worker.label)
-            worker.restart()
-            continue
-        except worker.retryable as exc:
-            _count_retry(worker.kind, "connection", exc, backoff.delay)
-            advice = {"hint": hint} if (hint := engine.hint(exc)) else {}
-            log.error("connection failed; retrying", error=str(exc), retry_in=backoff.delay, **advice, **worker.label)
-            worker.recover()
-            backoff.wait(stop_event)
-            continue
-        except Exception as exc:
-            if not worker.on_handler_error(exc):
-                metrics.ERRORS.labels(worker.kind, type(exc).__name__).inc()
-                raise
-            _count_retry(worker.kind, "handler", exc, backoff.delay)
-            log.exception(
-                "handler failed; rolled back, retrying", error=str(exc), retry_in=backoff.delay, **worker.label
-            )
+        except BaseException as exc:
+            action = failure_action(worker, exc, backoff.delay)
+            if action == "restart":
+                worker.restart()
+                continue
+            if action == "reconnect":
+                worker.recover()
             backoff.wait(stop_event)
             continue
         backoff.reset()
         worker.idle(result, stop_event)
+
+
+def failure_action(worker: Any, exc: BaseException, delay: float) -> str:
+    """The failure policy of every loop (threads and asyncio alike), for a pass that raised ``exc``: raise to stop,
+    or return what to do before the next pass, after a back-off of ``delay`` seconds unless it says ``restart``.
+
+    Data loss (:class:`~unilog.errors.DataLoss`), a configuration no retry can fix and a worker's policy to stop
+    (:class:`~unilog.errors.PolicyStop`) stop the process, as does a server's refusal no retry can fix (raised as
+    its one line); an injected crash restarts the worker in-process (``"restart"``; or propagates, without
+    ``restart_after_crash``); a connection failure reconnects (``"reconnect"``); a handler failure is rolled back
+    and retried (``"retry"``) if the worker says so (``worker.on_handler_error``); anything else propagates.
+    """
+    if not isinstance(exc, Exception) and not isinstance(exc, InjectedCrash):
+        raise exc  # KeyboardInterrupt, SystemExit, a cancelled task
+    if isinstance(exc, (DataLoss, ConfigurationError, PolicyStop)):
+        metrics.ERRORS.labels(worker.kind, type(exc).__name__).inc()
+        raise exc  # data loss, a setup no retry can fix (a key of the wrong type, say) and a policy's stop end it
+    if isinstance(exc, FATAL):
+        metrics.ERRORS.labels(worker.kind, type(exc).__name__).inc()
+        raise fatal(exc) or exc from None  # the same, as the server said it
+    if isinstance(exc, InjectedCrash):
+        if not worker.restart_after_crash:
+            raise exc
+        metrics.RESTARTS.labels(worker.kind).inc()
+        log.warning("crashed (injected); restarting in-process", point=exc.point, **worker.label)
+        return "restart"
+    if isinstance(exc, worker.retryable):
+        _count_retry(worker.kind, "connection", exc, delay)
+        advice = {"hint": hint} if (hint := engine.hint(exc)) else {}
+        log.error("connection failed; retrying", error=str(exc), retry_in=delay, **advice, **worker.label)
+        return "reconnect"
+    if not worker.on_handler_error(exc):
+        metrics.ERRORS.labels(worker.kind, type(exc).__name__).inc()
+        raise exc
+    _count_retry(worker.kind, "handler", exc, delay)
+    log.error("handler failed; rolled back, retrying", error=str(exc), retry_in=delay, exc_info=exc, **worker.label)
+    return "retry"

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,3 +147,18 @@ def _bulk(values: list[bytes]) -> bytes:
 def to_str(value: Any) -> str:
     """Decode a Redis reply value (bytes) to ``str``."""
     return value.decode() if isinstance(value, bytes | bytearray) else str(value)
+
+
+def letter_fields(
+    fields: Mapping[bytes, bytes], entry_id: bytes, *, group: str, consumer: str, attempts: int, error: str
+) -> dict[bytes, bytes]:
+    """A dead letter: the entry's own fields and why it was moved (``group`` empty for a checkpoint consumer)."""
+    return {
+        **fields,
+        b"dlq_original_id": entry_id,
+        b"dlq_group": group.encode(),
+        b"dlq_consumer": consumer.encode(),
+        b"dlq_attempts": str(attempts).encode(),
+        b"dlq_error": error.encode(errors="replace")[:4000],
+        b"dlq_at": str(int(time.time() * 1000)).encode(),
+    }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import signal
 import sys
@@ -37,6 +38,9 @@ def run_consumer(args: argparse.Namespace, handler: Handler) -> int:
     if args.workers > 1:
         return _run_workers(args)
     settings = settings_from(args)
+    if inspect.iscoroutinefunction(handler):
+        serve_metrics(args)
+        return _run_async(args, settings, handler)
     worker = _make_worker(args, settings, handler)
     serve_metrics(args)
     with worker:
@@ -48,8 +52,42 @@ def run_consumer(args: argparse.Namespace, handler: Handler) -> int:
     return ExitCode.OK
 
 
+def _run_async(args: argparse.Namespace, settings: Settings, handler: Any) -> int:
+    """An ``async def`` handler: an :class:`~unilog.AsyncConsumer` in its own event loop; SIGTERM and SIGINT set its
+    stop event, so the batch in progress finishes and commits."""
+    import asyncio
+
+    from ..consumer_async import AsyncConsumer
+
+    if args.group or args.partitioned:
+        raise ConfigurationError(
+            "an async handler runs as a checkpoint consumer (--name NAME); async group and partitioned workers are "
+            "not available yet: use a synchronous handler for --group and --partitioned"
+        )
+    if not args.name:
+        raise ConfigurationError("give --name NAME, the consumer's checkpoint")
+    config = _checkpoint_config(args, not args.exit_on_crash)
+    consumer = AsyncConsumer(settings, config, handler, faults=faults_from(args))
+
+    async def main() -> int:
+        async with consumer:
+            if args.once:
+                return await consumer.drain()
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(signum, stop.set)
+            await consumer.run(stop)
+            return consumer.handled_total
+
+    count = asyncio.run(main())
+    if args.once:
+        print(f"unilog: consumer {args.name} handled {count} records")
+    return ExitCode.OK
+
+
 def _make_worker(args: argparse.Namespace, settings: Settings, handler: Handler) -> Any:
-    from ..consumer import Consumer, ConsumerConfig
+    from ..consumer import Consumer
     from ..group import GroupConfig, GroupConsumer
     from ..partitions import PartitionConfig, PartitionedConsumer
 
@@ -83,7 +121,13 @@ def _make_worker(args: argparse.Namespace, settings: Settings, handler: Handler)
             rewind_grace=args.rewind_grace,
         )
         return PartitionedConsumer(settings, part, handler, faults=faults_from(args))
-    checkpoint = ConsumerConfig(
+    return Consumer(settings, _checkpoint_config(args, crash_restart), handler, faults=faults_from(args))
+
+
+def _checkpoint_config(args: argparse.Namespace, crash_restart: bool) -> Any:
+    from ..consumer import ConsumerConfig
+
+    return ConsumerConfig(
         name=args.name,
         stream=args.stream,
         batch_size=args.batch_size,
@@ -94,7 +138,6 @@ def _make_worker(args: argparse.Namespace, settings: Settings, handler: Handler)
         on_poison=args.on_poison,
         rewind_grace=args.rewind_grace,
     )
-    return Consumer(settings, checkpoint, handler, faults=faults_from(args))
 
 
 def _run_workers(args: argparse.Namespace) -> int:

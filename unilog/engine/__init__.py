@@ -27,6 +27,7 @@ from ..wire import (  # noqa: F401 - the adapter's names, used as engine.X acros
     first_created_ms,
     hwm_key,
     id_tuple,
+    letter_fields,
     meta_key,
     pack_rows,
     registry_key,
@@ -435,15 +436,7 @@ class RedisStreams:
         attempts: int,
     ) -> str:
         """Move an entry to the stream's dead-letter stream with why, then acknowledge it (one MULTI)."""
-        letter = {
-            **{k: v for k, v in fields.items()},
-            b"dlq_original_id": entry_id,
-            b"dlq_group": group.encode(),
-            b"dlq_consumer": consumer.encode(),
-            b"dlq_attempts": str(attempts).encode(),
-            b"dlq_error": error.encode(errors="replace")[:4000],
-            b"dlq_at": str(int(time.time() * 1000)).encode(),
-        }
+        letter = letter_fields(fields, entry_id, group=group, consumer=consumer, attempts=attempts, error=error)
         pipe = self.client.pipeline(transaction=True)
         pipe.xadd(dlq_key(stream), letter)  # type: ignore[arg-type]
         pipe.xack(stream, group, entry_id)
@@ -542,15 +535,7 @@ class RedisStreams:
     ) -> str:
         """Copy an entry a checkpoint consumer cannot apply to the dead letters, with why (no group: nothing to
         acknowledge); return the dead letter's id."""
-        letter = {
-            **fields,
-            b"dlq_original_id": entry_id,
-            b"dlq_group": b"",
-            b"dlq_consumer": consumer.encode(),
-            b"dlq_attempts": str(attempts).encode(),
-            b"dlq_error": error.encode(errors="replace")[:4000],
-            b"dlq_at": str(int(time.time() * 1000)).encode(),
-        }
+        letter = letter_fields(fields, entry_id, group="", consumer=consumer, attempts=attempts, error=error)
         return to_str(self.client.xadd(dlq_key(stream), letter))  # type: ignore[arg-type]
 
     def replay_dead_letter(self, stream: str, letter_id: str, fields: Mapping[str, str]) -> str:

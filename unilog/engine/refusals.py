@@ -6,6 +6,7 @@ Part of the Redis adapter (``unilog.engine``): the library reaches these through
 
 from __future__ import annotations
 
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
@@ -48,22 +49,30 @@ def connect(url: str, *, socket_timeout: float | None = 10.0) -> redis.Redis:
     )
 
 
-def _cluster(url: str, scheme: str, socket_timeout: float | None) -> redis.RedisCluster:
-    """The cluster client. ``redis+cluster://[user:pass@]host:port[,host:port...]/db``: every listed node is a
-    starting point, so a client still starts while one of them is down (a master mid-failover)."""
+def cluster_options(url: str) -> tuple[list[tuple[str, int]], dict[str, Any]]:
+    """``redis+cluster://[user:pass@]host:port[,host:port...]/db``: every listed node (each a starting point, so a
+    client still starts while one of them is down, a master mid-failover) and the client options (credentials,
+    TLS) the URL gives."""
+    scheme = url.split("://", 1)[0].lower()
     plain = CLUSTER_SCHEMES[scheme] + url[len(scheme) :]
     parts = urlsplit(plain)
     auth, _, hosts = parts.netloc.rpartition("@")
-    nodes = [ClusterNode(host, int(port or 6379)) for host, _, port in (h.rpartition(":") for h in hosts.split(","))]
+    nodes = [(host, int(port or 6379)) for host, _, port in (h.rpartition(":") for h in hosts.split(","))]
     first = urlunsplit(parts._replace(netloc=(f"{auth}@" if auth else "") + hosts.split(",")[0]))
     options = parse_url(first)  # credentials and TLS settings; the nodes come from the whole list
     for name in ("host", "port", "db", "connection_class"):
         options.pop(name, None)
     if first.startswith("rediss://"):
         options["ssl"] = True
+    return nodes, options
+
+
+def _cluster(url: str, scheme: str, socket_timeout: float | None) -> redis.RedisCluster:
+    """The cluster client for a ``redis+cluster://`` URL (see :func:`cluster_options`)."""
+    nodes, options = cluster_options(url)
     try:
         return redis.RedisCluster(
-            startup_nodes=nodes,
+            startup_nodes=[ClusterNode(host, port) for host, port in nodes],
             retry=Retry(NoBackoff(), 0),
             socket_timeout=socket_timeout,
             socket_connect_timeout=10.0,

@@ -8,7 +8,8 @@ The contract the runners rely on:
 
 * the application's processes are modules of ``package`` (``python -m <package>.<module>``), so the fleet runs the
   same from a source checkout and from an installed wheel, in any working directory;
-* ``api`` is a WSGI app (``module:attribute``) with ``GET /health``, and ``simulator`` a module that drives it with
+* ``api`` is a WSGI app (``module:attribute``) with ``GET /health`` (served by gunicorn), ``asgi_api`` optionally
+  the same API as an ASGI app (served by uvicorn: ``--api fastapi``), and ``simulator`` a module that drives it with
   ``--api URL --rate R [--seed S] [--history FILE]`` (writing a chaos history with ``--history``);
 * ``consumer`` is a module run as ``python -m <consumer> NAME [--group --worker W] UNILOG-CONSUME-OPTIONS`` whose
   state the ``consumer_totals`` reader returns by consumer name, and ``spark_consumer`` (optional) likewise with
@@ -23,9 +24,12 @@ from __future__ import annotations
 
 import importlib.util
 import shutil
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from unilog.errors import ConfigurationError
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,7 @@ class App:
     source_table: str
     source_object: str
     api: str = "api:app"
+    asgi_api: str | None = None
     simulator: str = "simulator"
     consumer: str = "consumer"
     handler: str = "consumer:handle"  # the consumers' handler, relative to ``package``
@@ -61,6 +66,19 @@ class App:
     @property
     def default_handler(self) -> str:
         return self.module(self.handler)
+
+    def api_argv(self, port: int, kind: str = "flask", python: str = sys.executable) -> list[str]:
+        """The command that serves the API on ``port``: ``flask`` (the WSGI ``api`` under gunicorn, 2 workers of 4
+        threads) or ``fastapi`` (the ASGI ``asgi_api`` under uvicorn, 2 workers)."""
+        if kind == "fastapi":
+            if self.asgi_api is None:
+                raise ConfigurationError(f"{self.name} has no ASGI API (App.asgi_api): use --api flask")
+            uvicorn = [python, "-m", "uvicorn", "--host", "127.0.0.1", "--port", str(port), "--workers", "2"]
+            return [*uvicorn, "--timeout-graceful-shutdown", "5", self.module(self.asgi_api)]
+        if kind != "flask":
+            raise ConfigurationError(f"--api must be flask or fastapi, not {kind!r}")
+        gunicorn = [python, "-m", "gunicorn", "--bind", f"127.0.0.1:{port}", "--workers", "2", "--threads", "4"]
+        return [*gunicorn, "--graceful-timeout", "5", self.module(self.api)]
 
 
 def spark_available() -> bool:

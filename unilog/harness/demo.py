@@ -59,10 +59,12 @@ def fleet_specs(
     seed: int | None,
     spark: bool,
     metrics: dict[str, int] | None = None,
+    api: str = "flask",
 ) -> list[ProcessSpec]:
     """The app's processes, as its Procfile runs them; the simulator last. ``metrics`` maps a process name to the
-    port it serves its Prometheus metrics on (``"metrics"``: the system exporter, ``unilog metrics``)."""
-    specs = _fleet_specs(app, api_port, rate, faults, seed, spark)
+    port it serves its Prometheus metrics on (``"metrics"``: the system exporter, ``unilog metrics``); ``api``:
+    ``flask`` or ``fastapi`` (see :meth:`App.api_argv`)."""
+    specs = [ProcessSpec("api", app.api_argv(api_port, api)), *_fleet_specs(app, api_port, rate, faults, seed, spark)]
     if metrics:
         specs = [
             replace(spec, argv=[*spec.argv, "--metrics-port", str(metrics[spec.name])])
@@ -86,8 +88,7 @@ def _fleet_specs(
     app: App, api_port: int, rate: float, faults: bool, seed: int | None, spark: bool
 ) -> list[ProcessSpec]:
     py = sys.executable
-    api = [py, "-m", "gunicorn", "--bind", f"127.0.0.1:{api_port}", "--workers", "2", "--threads", "4"]
-    specs = [ProcessSpec("api", [*api, app.module(app.api)])]
+    specs = []
     streamer_env = _fault_env(DEFAULT_FAULTS["streamer"] if faults else "", seed)
     for name in app.streamers:
         specs.append(ProcessSpec(name, [py, "-m", "unilog", "--log-json", "streamer", "--name", name], streamer_env))
@@ -124,12 +125,13 @@ def run_demo(
     out: TextIO | None = None,
     dashboard: int | None = None,
     redis_cluster: bool = False,
+    api: str = "flask",
 ) -> bool:
     """Run the demo; print the live view and the verdict to ``out``; return True iff every consumer agrees.
 
     ``spark`` None: include the Spark consumer when pyspark and Java are installed. ``dashboard``: serve
     ``unilog dashboard`` on this port while the demo runs. ``redis_cluster``: on a real Redis Cluster (three
-    masters, three replicas) instead of one Redis.
+    masters, three replicas) instead of one Redis. ``api``: ``flask`` (gunicorn) or ``fastapi`` (uvicorn, asyncio).
     """
     out = out or sys.stdout
     spark = app.spark_consumer is not None and (spark_available() if spark is None else spark)
@@ -145,7 +147,7 @@ def run_demo(
         fleet = Fleet(log_dir or Path(tmp) / "logs", cwd=Path.cwd(), base_env=env)
         stop = _stop_on_signals()
         ports = metrics_ports(app, spark)
-        specs = fleet_specs(app, api_port, rate, faults, seed, spark, ports)
+        specs = fleet_specs(app, api_port, rate, faults, seed, spark, ports, api=api)
         if dashboard is not None:
             board = [sys.executable, "-m", "unilog", "--log-json", "dashboard", "--port", str(dashboard)]
             specs.insert(-1, ProcessSpec("dashboard", board))

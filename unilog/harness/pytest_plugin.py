@@ -13,15 +13,20 @@ Installed with unilog (entry point ``pytest11``), so any test can ask for these 
     :class:`~unilog.config.Settings` for both, with the default stream ``test-stream``.
 
 :func:`running` runs a streamer or consumer loop in a thread for the duration of a ``with`` block.
+
+For asyncio tests (with pytest-asyncio, which ``unilog[testing]`` installs), every fixture above works as it is,
+``unilog_async_connection`` is a psycopg ``AsyncConnection`` on the test's database (closed after it), and
+:func:`running_async` runs an :class:`~unilog.AsyncConsumer`'s ``run`` as a task for an ``async with`` block.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -171,3 +176,38 @@ def running(loop: Callable[[threading.Event], Any], *, join_timeout: float = 30.
             raise RuntimeError(f"{loop!r} did not stop within {join_timeout}s")
         if errors:
             raise errors[0]
+
+
+@contextlib.asynccontextmanager
+async def running_async(
+    loop: Callable[[asyncio.Event], Coroutine[Any, Any, Any]], *, join_timeout: float = 30.0
+) -> AsyncIterator[asyncio.Event]:
+    """Run ``loop(stop)`` (e.g. ``async_consumer.run``) as a task; on exit set ``stop``, wait for it, and re-raise
+    its error."""
+    stop = asyncio.Event()
+    task: asyncio.Task[Any] = asyncio.create_task(loop(stop))
+    try:
+        yield stop
+    finally:
+        stop.set()
+        try:
+            await asyncio.wait_for(asyncio.shield(task), join_timeout)
+        except TimeoutError:
+            task.cancel()
+            raise RuntimeError(f"{loop!r} did not stop within {join_timeout}s") from None
+
+
+try:  # the asyncio fixture needs pytest-asyncio (unilog[testing]); without it the sync fixtures still work
+    import pytest_asyncio
+except ImportError:  # pragma: no cover - depends on the installation
+    pass
+else:
+
+    @pytest_asyncio.fixture
+    async def unilog_async_connection(unilog_database_url: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """A psycopg ``AsyncConnection`` on this test's database (not autocommit), closed after the test."""
+        conn = await psycopg.AsyncConnection.connect(unilog_database_url)
+        try:
+            yield conn
+        finally:
+            await conn.close()

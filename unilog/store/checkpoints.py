@@ -25,15 +25,32 @@ class Checkpoint:
         return Checkpoint(self.name, self.stream, self.last_id, dict(self.positions))
 
 
-def _checkpoint_from_row(name: str, row: tuple[Any, ...]) -> Checkpoint:
+# the statements the asyncio consumer runs too (``store.aio``), written once
+SELECT_CHECKPOINT = "SELECT stream, last_id, positions FROM unilog_checkpoints WHERE name = %s"
+INSERT_CHECKPOINT = "INSERT INTO unilog_checkpoints (name, stream) VALUES (%s, %s) ON CONFLICT (name) DO NOTHING"
+SAVE_CHECKPOINT = (
+    "UPDATE unilog_checkpoints SET last_id = %s, positions = %s::jsonb, updated_at = now() WHERE name = %s"
+)
+HOLD_LETTER = (
+    "INSERT INTO unilog_held_letters (consumer, origin_id, stream) VALUES (%s, %s, %s) "
+    "ON CONFLICT (consumer, origin_id) DO NOTHING"
+)
+TAKE_HELD = "DELETE FROM unilog_held_letters WHERE consumer = %s AND origin_id = ANY(%s) RETURNING origin_id"
+
+
+def save_params(checkpoint: Checkpoint) -> tuple[str, str, str]:
+    """:data:`SAVE_CHECKPOINT`'s parameters."""
+    return checkpoint.last_id, json.dumps({p: list(pos) for p, pos in checkpoint.positions.items()}), checkpoint.name
+
+
+def checkpoint_from_row(name: str, row: tuple[Any, ...]) -> Checkpoint:
     stream, last_id, positions = row
     return Checkpoint(name, stream, last_id, {p: (int(e), int(s)) for p, (e, s) in positions.items()})
 
 
 def _read_checkpoint(conn: psycopg.Connection[Any], name: str, *, for_update: bool = False) -> Checkpoint | None:
-    query = "SELECT stream, last_id, positions FROM unilog_checkpoints WHERE name = %s"
-    row = conn.execute(query + (" FOR UPDATE" if for_update else ""), (name,)).fetchone()
-    return None if row is None else _checkpoint_from_row(name, row)
+    row = conn.execute(SELECT_CHECKPOINT + (" FOR UPDATE" if for_update else ""), (name,)).fetchone()
+    return None if row is None else checkpoint_from_row(name, row)
 
 
 def read_checkpoint(conn: psycopg.Connection[Any], name: str) -> Checkpoint | None:
@@ -43,9 +60,7 @@ def read_checkpoint(conn: psycopg.Connection[Any], name: str) -> Checkpoint | No
 
 def ensure_checkpoint(conn: psycopg.Connection[Any], name: str, stream: str) -> Checkpoint:
     """Return consumer ``name``'s checkpoint, creating it at the stream's beginning if it does not exist."""
-    conn.execute(
-        "INSERT INTO unilog_checkpoints (name, stream) VALUES (%s, %s) ON CONFLICT (name) DO NOTHING", (name, stream)
-    )
+    conn.execute(INSERT_CHECKPOINT, (name, stream))
     checkpoint = _read_checkpoint(conn, name)
     assert checkpoint is not None
     return checkpoint
@@ -69,16 +84,13 @@ def lock_consumer(conn: psycopg.Connection[Any], name: str) -> Checkpoint | None
 
 def save_checkpoint(conn: psycopg.Connection[Any], checkpoint: Checkpoint) -> None:
     """Write the checkpoint in the caller's transaction (which also holds the consumer's state changes)."""
-    conn.execute(
-        "UPDATE unilog_checkpoints SET last_id = %s, positions = %s::jsonb, updated_at = now() WHERE name = %s",
-        (checkpoint.last_id, json.dumps({p: list(pos) for p, pos in checkpoint.positions.items()}), checkpoint.name),
-    )
+    conn.execute(SAVE_CHECKPOINT, save_params(checkpoint))
 
 
 def list_checkpoints(conn: psycopg.Connection[Any]) -> list[Checkpoint]:
     """Every consumer checkpoint, by name."""
     rows = conn.execute("SELECT name, stream, last_id, positions FROM unilog_checkpoints ORDER BY name").fetchall()
-    return [_checkpoint_from_row(r[0], r[1:]) for r in rows]
+    return [checkpoint_from_row(r[0], r[1:]) for r in rows]
 
 
 def checkpoint_stream(conn: psycopg.Connection[Any], name: str) -> str | None:
@@ -90,20 +102,13 @@ def checkpoint_stream(conn: psycopg.Connection[Any], name: str) -> str | None:
 def hold_letter(conn: psycopg.Connection[Any], consumer: str, stream: str, origin_id: str) -> None:
     """Remember, in the caller's transaction, that ``consumer`` dead-lettered the record first appended as
     ``origin_id`` without applying it (so a replay of it is applied once)."""
-    conn.execute(
-        "INSERT INTO unilog_held_letters (consumer, origin_id, stream) VALUES (%s, %s, %s) "
-        "ON CONFLICT (consumer, origin_id) DO NOTHING",
-        (consumer, origin_id, stream),
-    )
+    conn.execute(HOLD_LETTER, (consumer, origin_id, stream))
 
 
 def take_held(conn: psycopg.Connection[Any], consumer: str, origin_ids: list[str]) -> set[str]:
     """Forget the held records among ``origin_ids`` and return those that were held: the caller applies them in
     this transaction (a rollback holds them again)."""
-    rows = conn.execute(
-        "DELETE FROM unilog_held_letters WHERE consumer = %s AND origin_id = ANY(%s) RETURNING origin_id",
-        (consumer, origin_ids),
-    ).fetchall()
+    rows = conn.execute(TAKE_HELD, (consumer, origin_ids)).fetchall()
     return {row[0] for row in rows}
 
 

@@ -31,6 +31,28 @@ VERSION_TABLE = "unilog_alembic_version"
 _MIGRATE_LOCK = 0x756E696C6F67  # "unilog": serializes concurrent `unilog migrate` runs
 
 
+def connect_options(application_name: str, timeout: float | None) -> dict[str, Any]:
+    """libpq options of every unilog session: its name, a connect timeout, keepalives and a TCP user timeout."""
+    return {
+        "application_name": application_name,
+        "connect_timeout": max(2, int(timeout or 10)),  # libpq's minimum is 2 s
+        "keepalives": 1,
+        "keepalives_idle": 10,
+        "keepalives_interval": 3,
+        "keepalives_count": 3,
+        "tcp_user_timeout": 30_000,
+    }
+
+
+def unreachable(conninfo: str, exc: Exception) -> ServerUnreachable:
+    """The one-line error for a failed connection attempt: the server (password redacted), the reason, the fix."""
+    reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+    return ServerUnreachable(
+        f"cannot connect to Postgres at {redact_url(conninfo)}: {reason} "
+        "(is the server running and DATABASE_URL right?)"
+    )
+
+
 def connect(
     conninfo: str, *, autocommit: bool = False, application_name: str = "unilog", timeout: float | None = None
 ) -> psycopg.Connection[Any]:
@@ -41,23 +63,9 @@ def connect(
     still acknowledges packets but never answers is handled by :func:`deadline`.
     """
     try:
-        conn = psycopg.connect(
-            conninfo,
-            autocommit=autocommit,
-            application_name=application_name,
-            connect_timeout=max(2, int(timeout or 10)),  # libpq's minimum is 2 s
-            keepalives=1,
-            keepalives_idle=10,
-            keepalives_interval=3,
-            keepalives_count=3,
-            tcp_user_timeout=30_000,
-        )
+        conn = psycopg.connect(conninfo, autocommit=autocommit, **connect_options(application_name, timeout))
     except psycopg.OperationalError as exc:
-        reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-        raise ServerUnreachable(
-            f"cannot connect to Postgres at {redact_url(conninfo)}: {reason} "
-            "(is the server running and DATABASE_URL right?)"
-        ) from None
+        raise unreachable(conninfo, exc) from None
     if conn.info.server_version < MIN_SERVER_VERSION:
         version = conn.info.parameter_status("server_version") or str(conn.info.server_version)
         conn.close()

@@ -83,6 +83,7 @@ class ChaosConfig:
     status_interval: float = 10.0
     spark: bool | None = None  # None: when pyspark and Java are installed
     redis_cluster: bool = False
+    api: str = "flask"  # or "fastapi": the app's ASGI API under uvicorn (App.api_argv)
 
     def use_spark(self, app: App) -> bool:
         if app.spark_consumer is None:

@@ -30,8 +30,7 @@ def fleet_specs(
 ) -> list[ProcessSpec]:
     """The chaos fleet (half of the streamers and consumers exit on an injected crash, the others restart
     in-process), the Spark consumer (``config.use_spark(app)``) and ``config.extra_processes``."""
-    api = [python, "-m", "gunicorn", "--bind", f"127.0.0.1:{api_port}", "--workers", "2", "--threads", "4"]
-    specs = [ProcessSpec("api", [*api, "--graceful-timeout", "5", app.module(app.api)])]
+    specs = [ProcessSpec("api", app.api_argv(api_port, config.api, python))]
     specs += _streamers(app, config, python, state_dir)
     specs += _consumers(app, config, handler, python, state_dir)
     if config.use_spark(app):
