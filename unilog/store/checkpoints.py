@@ -45,6 +45,8 @@ def save_params(checkpoint: Checkpoint) -> tuple[str, str, str]:
 
 def checkpoint_from_row(name: str, row: tuple[Any, ...]) -> Checkpoint:
     stream, last_id, positions = row
+    if isinstance(positions, str):  # a connection whose jsonb loader gives text (Django registers one)
+        positions = json.loads(positions)
     return Checkpoint(name, stream, last_id, {p: (int(e), int(s)) for p, (e, s) in positions.items()})
 
 

@@ -1,0 +1,147 @@
+"""unilog for Django: stage records on Django's own connection inside ``transaction.atomic()``, create unilog's
+tables with Django's migrations, and run consumers whose handlers write through the ORM in unilog's transaction.
+
+Add ``"unilog.django"`` to ``INSTALLED_APPS`` (its tables then come with ``python manage.py migrate``; ``unilog
+migrate`` works as well), then:
+
+* :func:`emit` stages a record in the current ``atomic()`` block: it commits with the block, and a block or savepoint
+  rolled back takes it with it. Outside ``atomic()`` it is refused (Django would commit it on its own, before the
+  rest of the request).
+* :class:`DjangoConsumer` (or ``python manage.py unilog_consume app.module:handler --name NAME``) runs a checkpoint
+  consumer whose transaction is Django's: the handler gets the psycopg connection and may use the ORM freely; its
+  writes, the checkpoint and nothing else commit together.
+
+Django must use its ``psycopg`` (3) backend, the one it picks when psycopg is installed, as it is with unilog.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import quote
+
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
+
+from ..config import Settings
+from ..consumer import Consumer, ConsumerConfig
+from ..errors import ConfigurationError, NotInTransaction
+from ..faults import NO_FAULTS, Faults
+from ..producer import Producer, _default, raise_if_schema_missing
+from ..records import Handler
+from ..runtime import Links
+from ..store import INSERT_STAGED, check_schema
+
+__all__ = ["DjangoConsumer", "database_url", "emit"]
+
+
+def emit(
+    *,
+    action: str,
+    object: str,
+    data: Any,
+    stream: str | None = None,
+    key: str | None = None,
+    using: str = DEFAULT_DB_ALIAS,
+    producer: Producer | None = None,
+) -> int:
+    """Stage one record in the current ``transaction.atomic()`` block of database ``using``; return its staged id.
+
+    The arguments, validation and errors are :func:`unilog.emit`'s: bad input raises before anything is sent, so
+    the block stays usable."""
+    connection = connections[using]
+    if not connection.in_atomic_block:
+        raise NotInTransaction(
+            "unilog.django.emit() needs transaction.atomic(): outside it Django commits every statement at once, "
+            "so the record would be published even if the rest of the work failed"
+        )
+    params = (producer or _default).prepare(action=action, object=object, data=data, stream=stream, key=key)
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(INSERT_STAGED, params)
+            row = cursor.fetchone()
+    except Exception as exc:
+        raise_if_schema_missing(exc)
+        raise
+    return int(row[0])
+
+
+def database_url(using: str = DEFAULT_DB_ALIAS) -> str:
+    """A ``postgresql://`` URL for Django database ``using`` (for ``unilog`` commands and :class:`Settings`)."""
+    params = connections[using].settings_dict
+    user, password = quote(params.get("USER") or ""), quote(params.get("PASSWORD") or "")
+    auth = f"{user}:{password}@" if password else (f"{user}@" if user else "")
+    query = "&".join(
+        f"{name}={quote(str(value))}"
+        for name, value in (("host", params.get("HOST")), ("port", params.get("PORT")))
+        if value
+    )
+    return f"postgresql://{auth}/{quote(params['NAME'])}" + (f"?{query}" if query else "")
+
+
+class _DjangoLinks(Links):
+    """A consumer's Postgres connection is Django's own (``using``): the ORM in a handler writes in its transaction."""
+
+    def __init__(self, settings: Settings, using: str, **kw: Any) -> None:
+        super().__init__(settings, **kw)
+        self.using = using
+
+    def pg(self) -> Any:
+        wrapper = connections[self.using]
+        wrapper.ensure_connection()
+        raw = wrapper.connection
+        if raw is not self._pg:
+            if wrapper.vendor != "postgresql" or not hasattr(raw, "pgconn"):
+                raise ConfigurationError(
+                    f"Django database {self.using!r} is not PostgreSQL on psycopg 3 (Django's 'psycopg' backend): "
+                    "unilog's consumer needs it"
+                )
+            check_schema(raw)
+            self._pg = raw
+            callback = self._on_pg_connect() if self._on_pg_connect is not None else self._on_pg_connect_fn
+            if callback is not None:
+                callback(raw)
+        return raw
+
+    def close(self) -> None:
+        self._pg = None
+        if not connections[self.using].in_atomic_block:
+            connections[self.using].close()  # Django opens it again on next use
+        if self._redis is not None:
+            self._redis.close()
+            self._redis = None
+
+    def discard_failed_transaction(self) -> None:
+        if self._pg is not None and self._pg.broken:
+            self.close()
+
+
+class DjangoConsumer(Consumer):
+    """A checkpoint consumer (see :class:`unilog.Consumer`) whose every pass runs in ``transaction.atomic()`` on
+    Django database ``using``: the handler's ORM writes and the checkpoint commit together, or neither does.
+    ``redis_url`` and ``stream`` complete the settings (the database is Django's)."""
+
+    def __init__(
+        self,
+        config: ConsumerConfig,
+        handler: Handler,
+        *,
+        redis_url: str,
+        stream: str | None = None,
+        using: str = DEFAULT_DB_ALIAS,
+        faults: Faults = NO_FAULTS,
+    ) -> None:
+        settings = Settings(database_url=database_url(using), redis_url=redis_url)
+        settings = settings.with_(stream=stream) if stream else settings
+        super().__init__(settings, config, handler, faults=faults)
+        self.using = using
+        self.links = _DjangoLinks(
+            settings,
+            using,
+            app_name=f"unilog-consumer-{config.name}",
+            pg_timeout=config.pg_timeout,
+            redis_timeout=config.block_ms / 1000 + 10,
+            on_pg_connect=self._forget_checkpoint,
+        )
+
+    def run_once(self, block_ms: int | None = None) -> Any:
+        with transaction.atomic(using=self.using):
+            return super().run_once(block_ms)
