@@ -101,3 +101,8 @@ async def async_cli_handler(conn: psycopg.AsyncConnection[Any], records: Sequenc
 
     await async_record_applied("cli", conn, records)
     await asyncio.sleep(float(os.environ.get("SLOW_HANDLER", "0")))
+
+
+async def async_group_handler(conn: psycopg.AsyncConnection[Any], records: Sequence[Record]) -> None:
+    """Used by CLI tests (`unilog consume handlers:async_group_handler --group g`)."""
+    await async_record_applied("group", conn, records)

@@ -118,6 +118,16 @@ def test_every_worker_implements_the_contract_and_shares_the_loop(worker: type) 
     assert not getattr(worker, "__abstractmethods__", None)
 
 
+def test_the_asyncio_workers_implement_the_awaited_contract_and_share_its_loop() -> None:
+    from unilog import AsyncConsumer, AsyncGroupConsumer
+    from unilog.runtime_async import AsyncWorker
+
+    for worker in (AsyncConsumer, AsyncGroupConsumer):
+        assert issubclass(worker, AsyncWorker)
+        assert "run" not in vars(worker), f"{worker.__name__} has a loop of its own"
+        assert not getattr(worker, "__abstractmethods__", None)
+
+
 def _sources() -> list[Path]:
     roots = [ROOT / "unilog", ROOT / "services", ROOT / "bench"]  # not migrations: scripts of DDL
     return sorted(p for root in roots for p in root.rglob("*.py"))

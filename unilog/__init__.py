@@ -40,6 +40,7 @@ from .errors import (
 )
 from .faults import Faults
 from .group import GroupConfig, GroupConsumer
+from .group_async import AsyncGroupConsumer
 from .partitions import PartitionConfig, PartitionedConsumer
 from .producer import Producer, emit
 from .producer_async import emit_async
@@ -50,6 +51,7 @@ from .streamer import Streamer, StreamerConfig
 # What the README tells users to use, and nothing else (tests/test_api_surface.py keeps the two in step).
 __all__ = [
     "AsyncConsumer",
+    "AsyncGroupConsumer",
     "Batch",
     "ConcurrentConsumer",
     "ConfigurationError",

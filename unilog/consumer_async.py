@@ -16,7 +16,6 @@ It runs in any event loop: ``asyncio.create_task(consumer.run(stop))`` beside a 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -28,12 +27,13 @@ from . import metrics, tracing
 from .config import Settings
 from .consumer import Consumer, ConsumerConfig, ConsumeResult, _describe, _is_handler_failure
 from .engine import Entry
-from .engine.aio import AsyncRedisStreams, connect_async
+from .engine.aio import AsyncRedisStreams
 from .errors import MalformedEntry, PoisonRecord
 from .faults import NO_FAULTS, Faults
 from .progress import RewindWatch, Rules, keep_held, sort_batch
 from .records import REPLAY_OF, Batch, Record, replay_owner
-from .runtime import TRANSIENT, account_batch, failure_action
+from .runtime import account_batch
+from .runtime_async import AsyncWorker
 from .store import Checkpoint
 from .store import aio as store
 
@@ -42,12 +42,11 @@ log = structlog.get_logger(__name__)
 AsyncHandler = Callable[[psycopg.AsyncConnection[Any], Batch], Awaitable[Any]]
 
 
-class AsyncConsumer:
+class AsyncConsumer(AsyncWorker):
     """Runs an async handler over a stream with exactly-once effects. One task drives one consumer."""
 
     kind = "consumer"
     metric_kind = "checkpoint"
-    retryable: tuple[type[BaseException], ...] = (*TRANSIENT, TimeoutError)  # TimeoutError: the transaction deadline
 
     def __init__(
         self, settings: Settings, config: ConsumerConfig, handler: AsyncHandler, *, faults: Faults = NO_FAULTS
@@ -56,10 +55,9 @@ class AsyncConsumer:
         self.stream = config.stream or settings.stream
         self.restart_after_crash = config.restart_after_crash
         self.max_backoff = config.max_backoff
-        self._pg: psycopg.AsyncConnection[Any] | None = None
-        self._redis: AsyncRedisStreams | None = None
+        self.app_name = f"unilog-consumer-{config.name}"
+        self.redis_timeout = config.block_ms / 1000 + 10  # must outlast a blocking read
         self._checkpoint: Checkpoint | None = None
-        self._checked = False
         self._rewind = RewindWatch(config.name, self.stream, config.rewind_grace)
         owner = replay_owner("consumer", config.name).encode()
         self._rules = Rules(config.name, self.stream, owner, config.on_malformed, config.strict_start)
@@ -72,51 +70,19 @@ class AsyncConsumer:
     def label(self) -> dict[str, Any]:
         return {"consumer": self.config.name}
 
-    # -- connections -------------------------------------------------------------------------------------------------
-
-    async def connect(self) -> None:
-        """Check what the threaded consumer checks at start-up (schema, the checkpoint and its stream, the retention
-        registration, a rewound stream), once, in a thread; then open the asyncio connections."""
-        if not self._checked:
-            await asyncio.to_thread(self._check_start)
-            self._checked = True
-        await self._links()
-
-    def _check_start(self) -> None:
+    def check_start(self) -> None:
         with Consumer(self.settings, self.config, _never) as checker:
             checker.connect()
 
-    async def _links(self) -> tuple[psycopg.AsyncConnection[Any], AsyncRedisStreams]:
-        if self._pg is None or self._pg.closed:
-            app = f"unilog-consumer-{self.config.name}"[:63]
-            self._pg = await store.connect_async(self.settings.conninfo, application_name=app, timeout=10)
-            self._checkpoint = None
-        if self._redis is None:
-            client = connect_async(self.settings.redis_url, socket_timeout=self.config.block_ms / 1000 + 10)
-            self._redis = AsyncRedisStreams(client)
-        return self._pg, self._redis
-
-    async def close(self) -> None:
-        """Close both connections; only committed state carries over."""
-        pg, redis_api = self._pg, self._redis
-        self._pg, self._redis, self._checkpoint = None, None, None
-        if pg is not None and not pg.closed:
-            await pg.close()
-        if redis_api is not None:
-            await redis_api.aclose()
-
-    async def __aenter__(self) -> AsyncConsumer:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+    def forget(self) -> None:
+        self._checkpoint = None
 
     async def _load_checkpoint(self, conn: psycopg.AsyncConnection[Any]) -> Checkpoint:
         if self._checkpoint is None:
             async with conn.transaction():
                 checkpoint = await store.read_checkpoint(conn, self.config.name)
             if checkpoint is None:  # reset away meanwhile: create it again as at start-up
-                await asyncio.to_thread(self._check_start)
+                await asyncio.to_thread(self.check_start)
                 return await self._load_checkpoint(conn)
             self._checkpoint = checkpoint
         return self._checkpoint
@@ -292,35 +258,6 @@ class AsyncConsumer:
             total += result.handled
             if result.read == 0 and self._checkpoint is not None:
                 return total
-
-    async def run(self, stop: asyncio.Event | None = None) -> None:
-        """Consume until ``stop`` is set (forever without one), finishing the pass in progress first; failures
-        follow :func:`~unilog.runtime.failure_action`. Closes the connections when it returns."""
-        stop = stop or asyncio.Event()
-        await self.connect()
-        log.info("consumer started", asyncio=True, stream=self.stream, **self.label)
-        delay = 0.1
-        try:
-            while not stop.is_set():
-                try:
-                    await self.run_once()
-                except BaseException as exc:
-                    action = failure_action(self, exc, delay)
-                    if action != "retry":  # a restart and a reconnect start over from committed state
-                        await self.close()
-                    if action != "restart":
-                        await _wait(stop, delay)
-                        delay = min(delay * 2, self.max_backoff)
-                    continue
-                delay = 0.1
-        finally:
-            await self.close()
-        log.info("consumer stopped", handled=self.handled_total, **self.label)
-
-
-async def _wait(stop: asyncio.Event, seconds: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), seconds)
 
 
 def _never(_conn: Any, _records: Any) -> None:

@@ -250,15 +250,9 @@ class GroupConsumer(Worker):
 
     def _fresh(self, conn: psycopg.Connection[Any], records: list[Record]) -> list[Record]:
         """The records this group has not applied yet, their identities now claimed in this transaction."""
-        marks = store.group_watermarks(conn, self.config.group, self.stream)
-        candidates: dict[store.Identity, Record] = {}
-        for record in records:
-            identity = _identity(record)
-            if identity[0] and identity[2] <= marks.get((identity[0], identity[1]), 0):
-                continue
-            candidates.setdefault(identity, record)  # a double-sent copy in the same batch counts once
-        new = store.claim_identities(conn, self.config.group, self.stream, list(candidates))
-        return [record for identity, record in candidates.items() if identity in new]
+        found = candidates(records, store.group_watermarks(conn, self.config.group, self.stream))
+        new = store.claim_identities(conn, self.config.group, self.stream, list(found))
+        return [record for identity, record in found.items() if identity in new]
 
     def _one_by_one(self, entries: list[engine.Entry]) -> GroupResult:
         results = [self._apply([entry]) for entry in entries]
@@ -329,6 +323,18 @@ class GroupConsumer(Worker):
         if pruned:
             log.info("processed records pruned", group=self.config.group, rows=pruned)
         return pruned
+
+
+def candidates(records: list[Record], marks: dict[tuple[str, int], int]) -> dict[store.Identity, Record]:
+    """The records a group may not have applied yet, by identity: none at or below its watermark, and a double-sent
+    copy in the same batch once. The caller claims their identities; those it gets are the fresh ones."""
+    found: dict[store.Identity, Record] = {}
+    for record in records:
+        identity = _identity(record)
+        if identity[0] and identity[2] <= marks.get((identity[0], identity[1]), 0):
+            continue
+        found.setdefault(identity, record)
+    return found
 
 
 def _identity(record: Record) -> store.Identity:

@@ -162,3 +162,19 @@ def letter_fields(
         b"dlq_error": error.encode(errors="replace")[:4000],
         b"dlq_at": str(int(time.time() * 1000)).encode(),
     }
+
+
+def parse_autoclaim(reply: Any) -> tuple[list[tuple[bytes, dict[bytes, bytes]]], list[bytes], bool]:
+    """An ``XAUTOCLAIM`` reply: (claimed entries, ids Redis 7 reports deleted, whether Redis 6.2 sent nils in place
+    of deleted entries, whose ids must then be looked up)."""
+    entries: list[tuple[bytes, dict[bytes, bytes]]] = []
+    deleted: list[bytes] = [bytes(d) for d in reply[2]] if len(reply) > 2 else []
+    anonymous = False
+    for item in reply[1]:
+        if item is None or item[0] is None or item[1] is None:
+            anonymous = True
+            continue
+        eid, raw = item[0], item[1]
+        fields = raw if isinstance(raw, dict) else dict(zip(raw[::2], raw[1::2], strict=True))
+        entries.append((eid, fields))
+    return entries, deleted, anonymous

@@ -59,15 +59,23 @@ def _run_async(args: argparse.Namespace, settings: Settings, handler: Any) -> in
 
     from ..consumer_async import AsyncConsumer
 
-    if args.group or args.partitioned:
+    consumer: Any
+    if args.partitioned:
         raise ConfigurationError(
-            "an async handler runs as a checkpoint consumer (--name NAME); async group and partitioned workers are "
-            "not available yet: use a synchronous handler for --group and --partitioned"
+            "an async handler runs as a checkpoint consumer (--name) or a group worker (--group); async partitioned "
+            "workers are not available yet: use a synchronous handler with --partitioned"
         )
-    if not args.name:
-        raise ConfigurationError("give --name NAME, the consumer's checkpoint")
-    config = _checkpoint_config(args, not args.exit_on_crash)
-    consumer = AsyncConsumer(settings, config, handler, faults=faults_from(args))
+    if args.group:
+        from ..group_async import AsyncGroupConsumer
+
+        consumer = AsyncGroupConsumer(
+            settings, _group_config(args, not args.exit_on_crash), handler, faults=faults_from(args)
+        )
+    elif not args.name:
+        raise ConfigurationError("give --name NAME (a checkpoint consumer) or --group GROUP")
+    else:
+        config = _checkpoint_config(args, not args.exit_on_crash)
+        consumer = AsyncConsumer(settings, config, handler, faults=faults_from(args))
 
     async def main() -> int:
         async with consumer:
@@ -82,28 +90,18 @@ def _run_async(args: argparse.Namespace, settings: Settings, handler: Any) -> in
 
     count = asyncio.run(main())
     if args.once:
-        print(f"unilog: consumer {args.name} handled {count} records")
+        print(f"unilog: consumer {args.group or args.name} handled {count} records")
     return ExitCode.OK
 
 
 def _make_worker(args: argparse.Namespace, settings: Settings, handler: Handler) -> Any:
     from ..consumer import Consumer
-    from ..group import GroupConfig, GroupConsumer
+    from ..group import GroupConsumer
     from ..partitions import PartitionConfig, PartitionedConsumer
 
     crash_restart = not args.exit_on_crash
     if args.group:
-        config = GroupConfig(
-            group=args.group,
-            worker=args.worker or "",
-            stream=args.stream,
-            batch_size=args.batch_size,
-            block_ms=args.block_ms,
-            claim_idle_ms=args.claim_idle_ms,
-            max_deliveries=args.max_deliveries,
-            restart_after_crash=crash_restart,
-            on_malformed=args.on_malformed,
-        )
+        config = _group_config(args, crash_restart)
         return GroupConsumer(settings, config, handler, faults=faults_from(args))
     if not args.name:
         raise ConfigurationError("give --name NAME (a checkpoint or partitioned consumer) or --group GROUP")
@@ -122,6 +120,22 @@ def _make_worker(args: argparse.Namespace, settings: Settings, handler: Handler)
         )
         return PartitionedConsumer(settings, part, handler, faults=faults_from(args))
     return Consumer(settings, _checkpoint_config(args, crash_restart), handler, faults=faults_from(args))
+
+
+def _group_config(args: argparse.Namespace, crash_restart: bool) -> Any:
+    from ..group import GroupConfig
+
+    return GroupConfig(
+        group=args.group,
+        worker=args.worker or "",
+        stream=args.stream,
+        batch_size=args.batch_size,
+        block_ms=args.block_ms,
+        claim_idle_ms=args.claim_idle_ms,
+        max_deliveries=args.max_deliveries,
+        restart_after_crash=crash_restart,
+        on_malformed=args.on_malformed,
+    )
 
 
 def _checkpoint_config(args: argparse.Namespace, crash_restart: bool) -> Any:

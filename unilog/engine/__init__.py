@@ -30,6 +30,7 @@ from ..wire import (  # noqa: F401 - the adapter's names, used as engine.X acros
     letter_fields,
     meta_key,
     pack_rows,
+    parse_autoclaim,
     registry_key,
     to_str,
     workers_key,
@@ -360,16 +361,7 @@ class RedisStreams:
             "XAUTOCLAIM", stream, group, consumer, min_idle_ms, start, "COUNT", count
         )
         next_start = to_str(reply[0])
-        entries: list[Entry] = []
-        deleted: list[bytes] = [bytes(d) for d in reply[2]] if len(reply) > 2 else []
-        anonymous = False
-        for item in reply[1]:
-            if item is None or item[0] is None or item[1] is None:
-                anonymous = True
-                continue
-            eid, raw = item[0], item[1]
-            fields = raw if isinstance(raw, dict) else dict(zip(raw[::2], raw[1::2], strict=True))
-            entries.append((eid, fields))
+        entries, deleted, anonymous = parse_autoclaim(reply)
         if anonymous:
             deleted += self._pending_but_gone(stream, group, consumer)
         return next_start, entries, deleted

@@ -7,7 +7,7 @@ A ``redis+cluster://`` URL gives redis-py's asyncio cluster client.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import redis
@@ -16,7 +16,7 @@ from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from ..wire import dlq_key, letter_fields, registry_key, to_str
+from ..wire import attempts_key, dlq_key, letter_fields, parse_autoclaim, registry_key, to_str
 from .refusals import CLUSTER_SCHEMES, cluster_options
 
 Entry = tuple[bytes, dict[bytes, bytes]]
@@ -70,6 +70,79 @@ class AsyncRedisStreams:
         """Copy an entry a checkpoint consumer cannot apply to the dead letters, with why; return the letter's id."""
         letter = letter_fields(fields, entry_id, group="", consumer=consumer, attempts=1, error=error)
         return to_str(await self.client.xadd(dlq_key(stream), letter))
+
+    # -- consumer groups ---------------------------------------------------------------------------------------------
+
+    async def read_group(
+        self, stream: str, group: str, consumer: str, count: int, block_ms: int | None, after: str = ">"
+    ) -> list[Entry]:
+        """New entries for ``consumer`` in ``group``, or (``after="0"``) its own pending ones."""
+        reply: Any = await self.client.xreadgroup(group, consumer, {stream: after}, count=count, block=block_ms)
+        if not reply:
+            return []
+        return [(eid, fields) for eid, fields in reply[0][1] if fields is not None]
+
+    async def ack(self, stream: str, group: str, ids: Sequence[bytes | str]) -> int:
+        return int(await self.client.xack(stream, group, *ids)) if ids else 0
+
+    async def autoclaim(
+        self, stream: str, group: str, consumer: str, min_idle_ms: int, count: int = 100, start: str = "0-0"
+    ) -> tuple[str, list[Entry], list[bytes]]:
+        """Claim entries idle for ``min_idle_ms``: (next start, entries, ids deleted from the stream while pending);
+        see :meth:`unilog.engine.RedisStreams.autoclaim` for Redis 6.2's anonymous replies."""
+        reply: Any = await self.client.execute_command(
+            "XAUTOCLAIM", stream, group, consumer, min_idle_ms, start, "COUNT", count
+        )
+        entries, deleted, anonymous = parse_autoclaim(reply)
+        if anonymous:
+            deleted += await self._pending_but_gone(stream, group, consumer)
+        return to_str(reply[0]), entries, deleted
+
+    async def _pending_but_gone(self, stream: str, group: str, consumer: str, page: int = 1000) -> list[bytes]:
+        gone: list[bytes] = []
+        low = "-"
+        while True:
+            pending: Any = await self.client.xpending_range(stream, group, low, "+", page, consumername=consumer)
+            ids = [p["message_id"] for p in pending]
+            for eid in ids:
+                if not await self.client.xrange(stream, eid, eid, count=1):
+                    gone.append(bytes(eid))
+            if len(ids) < page:
+                return gone
+            low = "(" + to_str(ids[-1])
+
+    async def attempt(self, stream: str, group: str, entry_id: bytes | str) -> int:
+        """Count one more failed attempt at ``entry_id`` in ``group`` (kept in Redis); return the total."""
+        return int(await self.client.hincrby(attempts_key(stream, group), to_str(entry_id), 1))
+
+    async def settle(self, stream: str, group: str, ids: Sequence[bytes | str]) -> int:
+        """Acknowledge ``ids`` and forget their failed attempts; return acked."""
+        if not ids:
+            return 0
+        pipe = self.client.pipeline(transaction=False)
+        pipe.xack(stream, group, *ids)
+        pipe.hdel(attempts_key(stream, group), *ids)
+        acked, _ = await pipe.execute()
+        return int(acked)
+
+    async def dead_letter(
+        self,
+        stream: str,
+        group: str,
+        entry_id: bytes,
+        fields: Mapping[bytes, bytes],
+        *,
+        error: str,
+        consumer: str,
+        attempts: int,
+    ) -> str:
+        """Move an entry to the dead letters with why, then acknowledge it (one MULTI)."""
+        letter = letter_fields(fields, entry_id, group=group, consumer=consumer, attempts=attempts, error=error)
+        pipe = self.client.pipeline(transaction=True)
+        pipe.xadd(dlq_key(stream), letter)
+        pipe.xack(stream, group, entry_id)
+        pipe.hdel(attempts_key(stream, group), to_str(entry_id))
+        return to_str((await pipe.execute())[0])
 
     async def aclose(self) -> None:
         await self.client.aclose()

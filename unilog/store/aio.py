@@ -10,6 +10,7 @@ from typing import Any
 
 import psycopg
 
+from . import groups
 from .checkpoints import (
     HOLD_LETTER,
     SAVE_CHECKPOINT,
@@ -54,3 +55,33 @@ async def take_held(conn: psycopg.AsyncConnection[Any], consumer: str, origin_id
     """See :func:`unilog.store.take_held`."""
     cursor = await conn.execute(TAKE_HELD, (consumer, origin_ids))
     return {row[0] for row in await cursor.fetchall()}
+
+
+# -- consumer groups (the statements of ``store.groups``) ------------------------------------------------------------
+
+
+async def group_watermarks(conn: psycopg.AsyncConnection[Any], group: str, stream: str) -> dict[tuple[str, int], int]:
+    """See :func:`unilog.store.group_watermarks`."""
+    cursor = await conn.execute(groups.WATERMARKS, (group, stream))
+    return groups.watermarks_from_rows(await cursor.fetchall())
+
+
+async def claim_identities(
+    conn: psycopg.AsyncConnection[Any], group: str, stream: str, identities: list[groups.Identity]
+) -> set[groups.Identity]:
+    """See :func:`unilog.store.claim_identities`."""
+    if not identities:
+        return set()
+    cursor = await conn.execute(groups.CLAIM, groups.claim_params(group, stream, identities))
+    return groups.claimed_from_row(await cursor.fetchone(), identities)
+
+
+async def prune_group(conn: psycopg.AsyncConnection[Any], group: str, stream: str) -> int:
+    """In the caller's transaction: unless another worker of ``group`` is pruning, advance its watermarks and delete
+    the rows at or below them (:func:`unilog.store.advance_watermarks`); return rows deleted."""
+    cursor = await conn.execute(groups.PRUNE_LOCK, (group, stream))
+    row = await cursor.fetchone()
+    if not (row and row[0]):
+        return 0
+    await conn.execute(groups.ADVANCE, {"g": group, "s": stream})
+    return (await conn.execute(groups.PRUNE, {"g": group, "s": stream})).rowcount

@@ -1,0 +1,123 @@
+"""What the asyncio workers share: their two connections and their loop, under the threaded workers' contract and
+failure policy (:func:`unilog.runtime.failure_action`).
+
+:class:`AsyncWorker` is :class:`~unilog.runtime.Worker`'s contract with every method awaited: ``connect()``,
+``run_once()``, ``drain()``, ``run(stop)`` (``stop`` an ``asyncio.Event``; the pass in progress finishes) and
+``close()``, and ``async with``. Start-up checks that are the threaded worker's (schema, checkpoint, group) run that
+worker's own ``connect`` once, in a thread, so the two cannot disagree on what must hold before work starts.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+from typing import Any, ClassVar, Self
+
+import psycopg
+import structlog
+
+from .config import Settings
+from .engine.aio import AsyncRedisStreams, connect_async
+from .runtime import TRANSIENT, failure_action
+from .store import aio as store
+
+log = structlog.get_logger(__name__)
+
+
+class AsyncWorker(abc.ABC):
+    """The asyncio twin of :class:`~unilog.runtime.Worker`. Subclasses set ``settings``, ``restart_after_crash``,
+    ``max_backoff``, ``app_name`` and ``redis_timeout`` in ``__init__``, and implement :meth:`check_start` (the
+    threaded worker's start-up checks, run in a thread), :meth:`run_once`, :meth:`drain`, :attr:`label` and
+    :meth:`on_handler_error`."""
+
+    kind: ClassVar[str] = "worker"
+    retryable: ClassVar[tuple[type[BaseException], ...]] = (*TRANSIENT, TimeoutError)  # TimeoutError: a deadline
+    settings: Settings
+    restart_after_crash: bool = True
+    max_backoff: float = 10.0
+    app_name: str = "unilog"
+    redis_timeout: float | None = 10.0
+    _pg: psycopg.AsyncConnection[Any] | None = None
+    _redis: AsyncRedisStreams | None = None
+    _checked: bool = False
+
+    @abc.abstractmethod
+    def check_start(self) -> None:
+        """The threaded worker's start-up checks (raise a one-line-worthy error if work cannot start)."""
+
+    @abc.abstractmethod
+    async def run_once(self) -> Any:
+        """One pass."""
+
+    @abc.abstractmethod
+    async def drain(self) -> int:
+        """Work until nothing is left (burst mode); return the records processed."""
+
+    @property
+    @abc.abstractmethod
+    def label(self) -> dict[str, Any]:
+        """What names this worker in log lines."""
+
+    def on_handler_error(self, exc: Exception) -> bool:
+        """After a pass raised ``exc``: True if it was a handler's failure, rolled back (back off and retry)."""
+        return False
+
+    def forget(self) -> None:  # noqa: B027 (an optional hook)
+        """Drop state cached from the connections (a checkpoint, a pending cursor) when they are closed."""
+
+    async def connect(self) -> None:
+        """Run :meth:`check_start` once (in a thread), then open both asyncio connections."""
+        if not self._checked:
+            await asyncio.to_thread(self.check_start)
+            self._checked = True
+        await self._links()
+
+    async def _links(self) -> tuple[psycopg.AsyncConnection[Any], AsyncRedisStreams]:
+        if self._pg is None or self._pg.closed:
+            self._pg = await store.connect_async(self.settings.conninfo, application_name=self.app_name[:63])
+            self.forget()
+        if self._redis is None:
+            self._redis = AsyncRedisStreams(connect_async(self.settings.redis_url, socket_timeout=self.redis_timeout))
+        return self._pg, self._redis
+
+    async def close(self) -> None:
+        """Close both connections; only committed state carries over."""
+        pg, redis_api = self._pg, self._redis
+        self._pg, self._redis = None, None
+        self.forget()
+        if pg is not None and not pg.closed:
+            await pg.close()
+        if redis_api is not None:
+            await redis_api.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        """Work until ``stop`` is set (forever without one), finishing the pass in progress first; failures follow
+        :func:`~unilog.runtime.failure_action`. Closes the connections when it returns."""
+        stop = stop or asyncio.Event()
+        await self.connect()
+        log.info(f"{self.kind} started", asyncio=True, **self.label)
+        delay = 0.1
+        try:
+            while not stop.is_set():
+                try:
+                    await self.run_once()
+                except BaseException as exc:
+                    action = failure_action(self, exc, delay)
+                    if action != "retry":  # a restart and a reconnect start over from committed state
+                        await self.close()
+                    if action != "restart":
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(stop.wait(), delay)
+                        delay = min(delay * 2, self.max_backoff)
+                    continue
+                delay = 0.1
+        finally:
+            await self.close()
+        log.info(f"{self.kind} stopped", **self.label)
