@@ -16,20 +16,16 @@ from typing import Any
 import psycopg
 import pytest
 import redis
+from clusters import embedded_cluster
 
 from unilog import Settings, emit
-from unilog.harness.embedded import EmbeddedRedisCluster, ServerNotFound
+from unilog.harness.embedded import EmbeddedRedisCluster
 from unilog.wire import attempts_key, dlq_key, hwm_key, meta_key, registry_key, workers_key
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[EmbeddedRedisCluster]:
-    try:
-        server = EmbeddedRedisCluster().start()
-    except ServerNotFound as exc:
-        pytest.skip(f"no redis-server to start: {exc}")
-    yield server
-    server.stop(cleanup=True)
+def cluster() -> Iterator[Any]:
+    yield from embedded_cluster()
 
 
 def test_the_cluster_forms_with_a_replica_per_master(cluster: EmbeddedRedisCluster) -> None:

@@ -19,22 +19,18 @@ from typing import Any
 import psycopg
 import pytest
 import redis
+from clusters import embedded_cluster
 
 from unilog import Settings, emit
 from unilog.cli import ExitCode
-from unilog.harness.embedded import EmbeddedRedis, EmbeddedRedisCluster, ServerNotFound
+from unilog.harness.embedded import EmbeddedRedis, EmbeddedRedisCluster
 
 TESTS = Path(__file__).parent
 
 
 @pytest.fixture
-def cluster() -> Iterator[EmbeddedRedisCluster]:
-    try:
-        server = EmbeddedRedisCluster().start()
-    except ServerNotFound as exc:
-        pytest.skip(f"no redis-server to start: {exc}")
-    yield server
-    server.stop(cleanup=True)
+def cluster() -> Iterator[Any]:
+    yield from embedded_cluster()
 
 
 def replica_of(cluster: EmbeddedRedisCluster, master: EmbeddedRedis) -> EmbeddedRedis:

@@ -20,6 +20,7 @@ import redis
 
 pytest.importorskip("pyspark")
 
+from clusters import embedded_cluster
 from unilog_demo.migrate import prepare
 from unilog_demo.rides import STREAM, canonical_totals, consumer_totals
 from unilog_demo.spark_consumer import start_query, state_effect
@@ -55,14 +56,7 @@ def app(settings: Settings) -> Settings:
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
-    from unilog.harness.embedded import EmbeddedRedisCluster, ServerNotFound
-
-    try:
-        server = EmbeddedRedisCluster().start()
-    except ServerNotFound as exc:
-        pytest.skip(f"no redis-server to start: {exc}")
-    yield server
-    server.stop(cleanup=True)
+    yield from embedded_cluster()
 
 
 @pytest.fixture(params=["redis", "redis-cluster"])
