@@ -124,6 +124,13 @@ class HorizonHeld(UnilogError):
     """
 
 
+class CaptureLost(UnilogError):
+    """WAL capture cannot go on: its replication slot was dropped, or invalidated because the WAL it needed was
+    removed (``max_slot_wal_keep_size``). Nothing is lost (a staged row is deleted only after its record was
+    published); ``unilog capture wal --recreate`` makes a new slot and the streamer publishes the rest from the table.
+    """
+
+
 class PolicyStop(UnilogError):
     """A worker's own policy says stop here (``on_malformed="stop"``, ``on_poison="stop"``): the process loop never
     retries it, and nothing after the entry it names was applied."""

@@ -41,6 +41,7 @@ log = structlog.get_logger(__name__)
 POINTS = (
     "streamer.double_send",
     "streamer.crash_after_publish",
+    "streamer.crash_before_confirm",  # WAL capture: rows deleted, the slot not yet told
     "consumer.crash_mid_batch",
     "consumer.crash_before_commit",
     "consumer.crash_after_dead_letter",

@@ -23,17 +23,21 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 import structlog
 
 from . import engine, metrics, retention, routing, store, tracing
 from .config import Settings, validate_stream_name
-from .errors import ConfigurationError, HorizonHeld, PublishError, UnilogError
+from .errors import ConfigurationError, PublishError, UnilogError
 from .faults import NO_FAULTS, Faults
 from .routing import partition_stream
 from .runtime import TRANSIENT, Links, Worker
+from .waiting import CommitListener, HorizonWatch
+
+if TYPE_CHECKING:
+    from .capture import WalCapture
 
 log = structlog.get_logger(__name__)
 
@@ -143,7 +147,7 @@ class Streamer(Worker):
             redis_timeout=self.config.redis_timeout,
             on_pg_connect=self._on_pg_connect,
         )
-        self._listen: psycopg.Connection[Any] | None = None
+        self._listener = CommitListener(settings.conninfo, f"unilog-{name}-listen")
         self._owned: set[str] = set()
         self._identity: store.ProducerIdentity | None = None
         self._last_seq: dict[str, int] = {}  # valid while we hold the stream's lock and our commits succeed
@@ -153,8 +157,9 @@ class Streamer(Worker):
         self._helper: concurrent.futures.ThreadPoolExecutor | None = None  # Redis, while a backlog drains
         self._packed_fetch = False  # whether Postgres can encode batches for Redis (a UTF8 database)
         self._horizon_delay = self.config.horizon_poll  # between looks while records wait behind the horizon
-        self._held_since: float | None = None  # since when committed records wait behind the horizon, unpublished
-        self._last_held_warning = 0.0
+        self._horizon = HorizonWatch(name, self.config.horizon_warn_interval, self._held_report)
+        self._wal: WalCapture | None = None  # the database is in WAL capture mode (unilog.capture)
+        self._mode_known = False  # the capture mode is read once per Postgres session
         self.published_total = 0
 
     kind = "streamer"
@@ -181,6 +186,7 @@ class Streamer(Worker):
         self._last_seq.clear()
         self._after.clear()
         self._packed_fetch = store.packed_fetch_supported(conn)
+        self._mode_known = False
         self._identity, new_epoch = store.resolve_identity(conn)
         if new_epoch:
             log.warning(
@@ -200,9 +206,9 @@ class Streamer(Worker):
             self._helper.shutdown(wait=True)  # idle here: a pass waits for its sends before it returns or raises
             self._helper = None
         super().close()
-        if self._listen is not None and not self._listen.closed:
-            self._listen.close()
-        self._listen = None
+        if self._wal is not None:
+            self._wal.close()
+        self._listener.close()
         self._release_owned()
 
     def _release_owned(self) -> None:
@@ -220,20 +226,44 @@ class Streamer(Worker):
         pass has published them.
         """
         conn = self._conn()
-        published, waiting, blocked = 0, False, False
         with store.deadline(conn, self.config.pg_timeout):
             self._retention()
-            for source in self._sources(conn):
-                stream = source or self.settings.stream
-                if not self._owns(conn, stream):
-                    blocked = True  # another session publishes it (or is about to release it)
-                    continue
-                n = self._publish_batch(conn, source, stream)
-                published += n
-                if n == 0:
-                    waiting = waiting or store.has_staged(conn, source)
-                    conn.commit()
+            wal = self._capture_mode(conn)
+            return wal.run_once(conn) if wal is not None else self.table_pass(conn)
+
+    def table_pass(self, conn: psycopg.Connection[Any]) -> BatchResult:
+        """Table mode's pass: at most one batch per owned source, read below the visibility horizon."""
+        published, waiting, blocked = 0, False, False
+        for source in self._sources(conn):
+            stream = source or self.settings.stream
+            if not self.owns(conn, stream):
+                blocked = True  # another session publishes it (or is about to release it)
+                continue
+            n = self._publish_batch(conn, source, stream)
+            published += n
+            if n == 0:
+                waiting = waiting or store.has_staged(conn, source)
+                conn.commit()
         return BatchResult(published, waiting, blocked)
+
+    def _capture_mode(self, conn: psycopg.Connection[Any]) -> WalCapture | None:
+        """The WAL pass if the database is in WAL capture mode, else None: read when a Postgres session opens
+        (`unilog capture wal|table` switch only while no streamer runs, see :mod:`unilog.capture`)."""
+        if self._mode_known:
+            return self._wal
+        self._mode_known = True
+        slot = store.capture_slot(conn)
+        conn.commit()
+        if slot == (self._wal.slot if self._wal is not None else None):
+            return self._wal
+        if self._wal is not None:
+            self._wal.close()
+        self._after.clear()  # rows the WAL passes left may sort before the old table-mode cursor
+        from .capture import WalCapture  # imported on use: table-mode streamers never load the WAL reader
+
+        self._wal = WalCapture(self, slot) if slot is not None else None
+        log.info("capture mode", mode="wal" if slot else "table", streamer=self.name)
+        return self._wal
 
     def drain(self, timeout: float | None = None, *, max_wait: float | None = None) -> int:
         """Publish batches until nothing staged is left for this streamer (burst mode); return records published.
@@ -247,17 +277,18 @@ class Streamer(Worker):
         self.connect()
         deadline = None if timeout is None else time.monotonic() + timeout
         total, delay = 0, self.config.horizon_poll
-        self._held_since = None
+        self._horizon.clear()
         while True:
             result = self.run_once()
             total += result.published
             if result.published:
-                delay, self._held_since = self.config.horizon_poll, None
+                delay = self.config.horizon_poll
+                self._horizon.clear()
                 continue
             if not result.waiting and not (result.blocked and self._staged_elsewhere()):
                 return total
             if result.waiting:
-                self._watch_horizon(warn_after=min(5.0, self.config.horizon_warn_after), limit=max_wait)
+                self._horizon.check(warn_after=min(5.0, self.config.horizon_warn_after), limit=max_wait)
             if deadline is not None and time.monotonic() > deadline:
                 raise UnilogError(
                     f"drain timed out after {timeout}s with committed records still staged "
@@ -265,31 +296,6 @@ class Streamer(Worker):
                 )
             time.sleep(delay)
             delay = min(delay * 2, self.config.horizon_poll_max)
-
-    def _watch_horizon(self, *, warn_after: float, limit: float | None = None) -> None:
-        """Committed records wait behind an open transaction: warn (naming it) once they waited ``warn_after``
-        seconds, then every ``horizon_warn_interval``; raise :class:`HorizonHeld` once they waited ``limit``."""
-        now = time.monotonic()
-        if self._held_since is None:
-            self._held_since = now
-        held = now - self._held_since
-        if limit is not None and held >= limit:
-            count, holder = self._held_report()
-            raise HorizonHeld(
-                f"{count} committed records waited {held:.0f}s (--max-wait) behind an open transaction, "
-                f"{store.describe_holder(holder)}; end it, or set idle_in_transaction_session_timeout (README)"
-            )
-        due = now - self._last_held_warning >= min(self.config.horizon_warn_interval, max(warn_after, 1.0))
-        if held >= warn_after and due:
-            self._last_held_warning = now
-            count, holder = self._held_report()
-            log.warning(
-                "records held behind an open transaction",
-                streamer=self.name,
-                records=count,
-                held_seconds=round(held, 1),
-                holder=store.describe_holder(holder),
-            )
 
     def _held_report(self) -> tuple[int, dict[str, Any] | None]:
         """(records of this streamer's streams that are committed but not publishable yet, the session holding
@@ -314,7 +320,7 @@ class Streamer(Worker):
             return
         self._last_retention = now
         for stream in sorted(self._owned):
-            count = self._partitions(stream)
+            count = self.partitions(stream)
             for target in [stream] if count <= 1 else [partition_stream(stream, i) for i in range(count)]:
                 self.trim(target)
 
@@ -331,7 +337,8 @@ class Streamer(Worker):
             return sources
         return [s for s in sources if (s or self.settings.stream) in wanted]
 
-    def _owns(self, conn: psycopg.Connection[Any], stream: str) -> bool:
+    def owns(self, conn: psycopg.Connection[Any], stream: str) -> bool:
+        """Whether this streamer publishes ``stream`` (its lock taken now if free)."""
         if stream in self._owned:
             return True
         got = store.try_stream_lock(conn, stream)
@@ -356,7 +363,7 @@ class Streamer(Worker):
         deleted is re-sent later with the same positions, and the broker drops the ones it already has. Every
         batch published in a pass is deleted (or the pass raises) before it returns.
         """
-        partitions = self._partitions(stream)  # here: the helper thread must be the only user of the Redis client
+        partitions = self.partitions(stream)  # here: the helper thread must be the only user of the Redis client
         batch = self._fetch(conn, source, stream, partitions, self._after.get(source, store.START))
         if batch is None:
             return 0
@@ -371,12 +378,12 @@ class Streamer(Worker):
             for _ in range(self.config.pipeline_batches):
                 started = time.perf_counter()
                 targets = batch.targets
-                first = {t: planned[t] + 1 if t in planned else self._next_seq(conn, t, epoch) for t in targets}
+                first = {t: planned[t] + 1 if t in planned else self.next_seq(conn, t, epoch) for t in targets}
                 last = {t: first[t] + payload.count - 1 for t, payload in targets.items()}
                 planned.update(last)
                 ahead: _Batch | None = None
                 if sent is None and batch.count < self.config.batch_size:  # nothing to overlap: no thread hop
-                    appended = self._send_all(targets, identity, first)
+                    appended = self.send_all(targets, identity, first)
                 else:
                     appended, ahead, done = self._overlapped(
                         conn, source, stream, partitions, batch, identity, first, sent
@@ -390,7 +397,7 @@ class Streamer(Worker):
             assert sent is not None
             published += self._delete_sent(conn, sent)
         except BaseException:
-            self._last_seq.clear()  # positions past the last commit are read from Postgres again
+            self.forget_positions()
             raise
         return published
 
@@ -428,7 +435,7 @@ class Streamer(Worker):
         client is never used by two threads."""
         if self._helper is None:
             self._helper = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"unilog-{self.name}-redis")
-        future = self._helper.submit(self._send_all, batch.targets, identity, first)
+        future = self._helper.submit(self.send_all, batch.targets, identity, first)
         try:
             deleted = self._delete_sent(conn, sent) if sent is not None else 0
             ahead = self._fetch(conn, source, stream, partitions, batch.last)
@@ -437,7 +444,7 @@ class Streamer(Worker):
             raise
         return future.result(), ahead, deleted
 
-    def _send_all(
+    def send_all(
         self, targets: dict[str, engine.Packed], identity: store.ProducerIdentity, first: dict[str, int]
     ) -> int:
         appended = 0
@@ -483,12 +490,26 @@ class Streamer(Worker):
         )
         return batch.count
 
-    def _next_seq(self, conn: psycopg.Connection[Any], target: str, epoch: int) -> int:
+    def identity(self) -> store.ProducerIdentity:
+        """This database's producer identity, as resolved when the Postgres session opened."""
+        assert self._identity is not None, "connect first"
+        return self._identity
+
+    def forget_positions(self) -> None:
+        """Positions past the last commit are read from Postgres again (a pass failed after assigning some)."""
+        self._last_seq.clear()
+
+    def remember_positions(self, last_seqs: dict[str, int]) -> None:
+        """Positions just committed with their batch's delete."""
+        self._last_seq.update(last_seqs)
+
+    def next_seq(self, conn: psycopg.Connection[Any], target: str, epoch: int) -> int:
+        """The position the next record published on ``target`` gets."""
         if target not in self._last_seq:
             self._last_seq[target] = store.last_published_seq(conn, target, epoch)
         return self._last_seq[target] + 1
 
-    def _partitions(self, stream: str) -> int:
+    def partitions(self, stream: str) -> int:
         """The stream's partition count, from Redis (``unilog stream partition``): cached for good once set (it
         cannot change), and re-read every ``PARTITION_RECHECK`` seconds while the stream is unpartitioned."""
         count, checked = self._partition_counts.get(stream, (1, -PARTITION_RECHECK))
@@ -544,43 +565,22 @@ class Streamer(Worker):
         records wait behind an open transaction; else sleep on ``LISTEN`` so a producer's commit wakes the streamer
         within milliseconds, with a poll fallback."""
         if result.published:
-            self._horizon_delay, self._held_since = self.config.horizon_poll, None
+            self._horizon_delay = self.config.horizon_poll
+            self._horizon.clear()
+        elif self._wal is not None:  # the slot's stream is the wake-up: a commit arrives on it
+            deadline = time.monotonic() + (self._horizon_delay if result.waiting else self.config.poll_interval)
+            while not stop_event.is_set() and (remaining := deadline - time.monotonic()) > 0:
+                self._wal.wait(min(remaining, 0.25))
+                if self._wal.has_pending:
+                    return
         elif result.waiting:
-            self._watch_horizon(warn_after=self.config.horizon_warn_after)
+            self._horizon.check(warn_after=self.config.horizon_warn_after)
             stop_event.wait(self._horizon_delay)
             self._horizon_delay = min(self._horizon_delay * 2, self.config.horizon_poll_max)
         else:
-            self._horizon_delay, self._held_since = self.config.horizon_poll, None
-            self._wait_for_notify(stop_event)
-
-    def _wait_for_notify(self, stop_event: threading.Event) -> None:
-        """Sleep until a producer commits (NOTIFY), ``poll_interval`` passes, or a stop is requested."""
-        try:
-            if self._listen is None or self._listen.closed:
-                self._listen = store.connect(
-                    self.settings.conninfo, autocommit=True, application_name=f"unilog-{self.name}-listen"
-                )
-                store.listen(self._listen)
-                return  # notifications sent before LISTEN are lost: check once more before sleeping
-            deadline = time.monotonic() + self.config.poll_interval
-            while not stop_event.is_set():
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return
-                # the generator holds the connection's lock: leave it before draining the rest
-                got = any(True for _ in self._listen.notifies(timeout=min(remaining, 0.25), stop_after=1))
-                if got:
-                    self._drain_notifies()
-                    return
-        except psycopg.OperationalError as exc:
-            log.warning("listen connection lost; polling", error=str(exc))
-            self._listen = None
-            stop_event.wait(self.config.poll_interval)
-
-    def _drain_notifies(self) -> None:
-        assert self._listen is not None
-        for _ in self._listen.notifies(timeout=0, stop_after=1000):
-            pass
+            self._horizon_delay = self.config.horizon_poll
+            self._horizon.clear()
+            self._listener.wait(stop_event, self.config.poll_interval)
 
     def recover(self) -> None:
         """After a failed pass: roll back or drop the Postgres session, and drop the Redis client (it reconnects)."""
@@ -591,3 +591,5 @@ class Streamer(Worker):
         self.links.discard_failed_transaction()
         self.links.drop_redis()
         self._after.clear()
+        if self._wal is not None:
+            self._wal.reset()

@@ -21,6 +21,7 @@ from typing import Any
 
 from .. import __version__
 from ..errors import (
+    CaptureLost,
     ConfigurationError,
     DataLoss,
     HandlerNotFound,
@@ -37,16 +38,17 @@ from ..errors import (
 from ..log import configure_logging
 from ..records import Handler
 from ..runtime import FATAL, fatal
-from . import consume, consumers, dlq, migrate, observe, pipeline, security, streamer, streams
+from . import capture, consume, consumers, dlq, migrate, observe, pipeline, security, streamer, streams
 from .common import ExitCode, common_args
 
 __all__ = ["ExitCode", "consume_main", "main"]
 
 PLUGIN_GROUP = "unilog.commands"
-_COMMANDS = (migrate, streamer, consumers, consume, dlq, streams, pipeline, observe, security)
+_COMMANDS = (migrate, streamer, capture, consumers, consume, dlq, streams, pipeline, observe, security)
 
 _ERROR_CODES: list[tuple[type[BaseException], ExitCode]] = [
     (DataLoss, ExitCode.DATA_LOSS),
+    (CaptureLost, ExitCode.CAPTURE_LOST),
     (HorizonHeld, ExitCode.HORIZON_HELD),
     (MalformedEntry, ExitCode.MALFORMED),
     (PoisonRecord, ExitCode.POISON),

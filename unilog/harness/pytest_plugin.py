@@ -26,6 +26,7 @@ import contextlib
 import itertools
 import os
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -123,6 +124,20 @@ def drop_database(handle: PostgresHandle, url: str) -> None:
     """Drop the database behind ``url``, disconnecting anyone still on it."""
     name = url.partition("?")[0].rpartition("/")[2]
     with psycopg.connect(handle.admin_url, autocommit=True) as admin:
+        # a database with a replication slot (WAL capture) cannot be dropped: end its sessions (a streamer's
+        # walsender among them), then drop its slots
+        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                admin.execute(
+                    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = %s", (name,)
+                )
+                break
+            except psycopg.errors.ObjectInUse:  # its walsender is still exiting
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 

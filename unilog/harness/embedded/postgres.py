@@ -149,7 +149,8 @@ def _guc_quote(value: str) -> str:
 
 
 def _default_pg_settings(fsync: bool) -> dict[str, str]:
-    settings = {"max_connections": "200"}
+    # wal_level=logical: unilog's WAL capture (`unilog capture wal`) can be switched on in any database of it
+    settings = {"max_connections": "200", "wal_level": "logical"}
     if not fsync:
         # Throw-away clusters: surviving an OS crash buys nothing and fsync
         # costs a lot of test time. synchronous_commit deliberately stays on:

@@ -1,0 +1,63 @@
+"""``unilog capture wal|table|status``: how the streamer reads a database's staged records (table or WAL mode)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from .common import ExitCode, connection_args, settings_from
+
+
+def cmd_capture_wal(args: argparse.Namespace) -> int:
+    from ..capture import enable_wal
+
+    slot = enable_wal(settings_from(args), slot=args.slot, recreate=args.recreate)
+    print(f"unilog: WAL capture on: slot {slot.slot}, publication {slot.publication}; running streamers follow")
+    return ExitCode.OK
+
+
+def cmd_capture_table(args: argparse.Namespace) -> int:
+    from ..capture import disable_wal
+
+    disable_wal(settings_from(args))
+    print("unilog: table mode: the slot is dropped; running streamers follow and publish what is still staged")
+    return ExitCode.OK
+
+
+def cmd_capture_status(args: argparse.Namespace) -> int:
+    from ..capture import capture_status
+
+    report = capture_status(settings_from(args))
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return ExitCode.OK
+    print(f"mode: {report['mode']} (wal_level {report['wal_level']})")
+    if report["mode"] == "wal":
+        state = report["slot_state"]
+        if state is None:
+            print(f"slot {report['slot']}: MISSING: run `unilog capture wal --recreate`")
+        else:
+            print(
+                f"slot {report['slot']}: {state['wal_status']}, streamer pid {state['active_pid'] or '-'}, confirmed "
+                f"{state['confirmed_flush_lsn']}, WAL retained {state['retained_bytes'] or 0} bytes"
+            )
+    return ExitCode.OK
+
+
+def add(sub: Any) -> None:
+    """Add this module's commands to the ``unilog`` sub-parsers."""
+    p = sub.add_parser("capture", help="table mode or WAL (commit-order) capture of staged records")
+    capture_sub = p.add_subparsers(dest="capture_command", required=True)
+    w = capture_sub.add_parser("wal", help="read staged records from a logical replication slot, in commit order")
+    w.add_argument("--slot", help="slot name (default: unilog_<database oid>)")
+    w.add_argument("--recreate", action="store_true", help="drop and re-create the slot (after it was lost)")
+    connection_args(w)
+    w.set_defaults(func=cmd_capture_wal)
+    t = capture_sub.add_parser("table", help="back to reading the staging table below the visibility horizon")
+    connection_args(t)
+    t.set_defaults(func=cmd_capture_table)
+    s = capture_sub.add_parser("status", help="the mode, and the slot's state in WAL mode")
+    s.add_argument("--json", action="store_true")
+    connection_args(s)
+    s.set_defaults(func=cmd_capture_status)

@@ -1,0 +1,280 @@
+"""WAL capture's Postgres side: the replication stream of one logical slot, and the SQL that manages capture.
+
+A database is in WAL capture mode when ``unilog_capture`` has its row (``unilog capture wal``): a publication on
+``staged_log_records`` (inserts only) and a logical replication slot with Postgres's own ``pgoutput`` plugin. The
+streamer then reads committed inserts in commit order over the streaming replication protocol (``COPY BOTH`` on a
+``replication=database`` session, driven through psycopg's libpq wrapper) and confirms a transaction's end LSN to
+the slot only after its records are in Redis and their staged rows deleted. A staged row exists exactly until its
+record was published, so a record the WAL delivers again (a crash before the slot's confirmation) or one also
+published by a table-mode pass (a switch of modes) is recognised by its row being gone.
+"""
+
+from __future__ import annotations
+
+import select
+import struct
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import pq, sql
+
+from ..config import redact_url
+from ..errors import CaptureLost, ConfigurationError
+from .connection import connect_options, unreachable
+
+PUBLICATION = "unilog_staged"
+STATUS_INTERVAL = 10.0  # seconds between status updates while idle (the server's wal_sender_timeout is 60 s)
+_PG_EPOCH_US = 946_684_800_000_000  # 2000-01-01 in microseconds since the Unix epoch
+_XLOG_HEADER = struct.Struct("!cQQQ")
+_KEEPALIVE = struct.Struct("!cQQ?")
+_STATUS = struct.Struct("!cQQQQ?")
+
+
+@dataclass(frozen=True)
+class CaptureSlot:
+    """A database's WAL capture: its slot, its publication, and ``from_xid``: rows with a lower xid may have
+    committed before the slot existed, so a table-mode pass publishes those first."""
+
+    slot: str
+    publication: str
+    from_xid: str
+
+
+def capture_slot(conn: psycopg.Connection[Any]) -> CaptureSlot | None:
+    """The database's WAL capture, or None in table mode."""
+    row = conn.execute("SELECT slot_name, publication, from_xid::text FROM unilog_capture").fetchone()
+    return CaptureSlot(*row) if row else None
+
+
+def wal_level(conn: psycopg.Connection[Any]) -> str:
+    row = conn.execute("SELECT current_setting('wal_level')").fetchone()
+    return str(row[0]) if row else ""
+
+
+def default_slot_name(conn: psycopg.Connection[Any]) -> str:
+    """``unilog_<database oid>``: slot names are cluster-wide, so one per database."""
+    row = conn.execute("SELECT oid FROM pg_database WHERE datname = current_database()").fetchone()
+    assert row is not None
+    return f"unilog_{row[0]}"
+
+
+def slot_state(conn: psycopg.Connection[Any], slot: str) -> dict[str, Any] | None:
+    """The slot as ``pg_replication_slots`` shows it, with the WAL it retains, or None if it does not exist."""
+    row = conn.execute(
+        """
+        SELECT active_pid, wal_status, confirmed_flush_lsn::text, restart_lsn::text,
+               pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint
+        FROM pg_replication_slots WHERE slot_name = %s
+        """,
+        (slot,),
+    ).fetchone()
+    if row is None:
+        return None
+    keys = ("active_pid", "wal_status", "confirmed_flush_lsn", "restart_lsn", "retained_bytes")
+    return dict(zip(keys, row, strict=True))
+
+
+def ensure_publication(conn: psycopg.Connection[Any], publication: str) -> None:
+    if conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)).fetchone() is None:
+        conn.execute(
+            sql.SQL("CREATE PUBLICATION {} FOR TABLE staged_log_records WITH (publish = 'insert')").format(
+                sql.Identifier(publication)
+            )
+        )
+
+
+def create_slot(conn: psycopg.Connection[Any], slot: str) -> None:
+    """Create the logical slot (autocommit: Postgres refuses it in a transaction that wrote)."""
+    conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+
+
+def drop_slot(conn: psycopg.Connection[Any], slot: str) -> None:
+    conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+
+
+def record_capture(conn: psycopg.Connection[Any], slot: str, publication: str) -> None:
+    """Put the database in WAL capture mode with ``from_xid`` taken now (after the slot was created): every
+    transaction that takes an xid from here on commits after the slot's consistent point, so it is in the WAL."""
+    conn.execute(
+        """
+        INSERT INTO unilog_capture (slot_name, publication, from_xid)
+        VALUES (%s, %s, pg_snapshot_xmax(pg_current_snapshot()))
+        ON CONFLICT (singleton) DO UPDATE SET slot_name = excluded.slot_name, publication = excluded.publication,
+            from_xid = excluded.from_xid, enabled_at = now()
+        """,
+        (slot, publication),
+    )
+
+
+def forget_capture(conn: psycopg.Connection[Any]) -> None:
+    conn.execute("DELETE FROM unilog_capture")
+
+
+def set_notify_trigger(conn: psycopg.Connection[Any], enabled: bool) -> None:
+    """The commit wake-up for table mode; WAL mode reads the replication stream and producers skip the NOTIFY."""
+    action = "ENABLE" if enabled else "DISABLE"
+    conn.execute(f"ALTER TABLE staged_log_records {action} TRIGGER staged_log_records_notify")
+
+
+def staged_before(conn: psycopg.Connection[Any], from_xid: str) -> bool:
+    """Whether staged rows of transactions that may have committed before the slot existed are left."""
+    row = conn.execute("SELECT EXISTS (SELECT 1 FROM staged_log_records WHERE xid < %s::xid8)", (from_xid,)).fetchone()
+    return bool(row and row[0])
+
+
+def any_staged(conn: psycopg.Connection[Any]) -> bool:
+    row = conn.execute("SELECT EXISTS (SELECT 1 FROM staged_log_records)").fetchone()
+    return bool(row and row[0])
+
+
+def existing_ids(conn: psycopg.Connection[Any], ids: list[int]) -> set[int]:
+    """Which of these staged ids still have their row (not published yet); primary-key look-ups, no scan."""
+    return {r[0] for r in conn.execute("SELECT id FROM staged_log_records WHERE id = ANY(%s)", (ids,))}
+
+
+def delete_ids(conn: psycopg.Connection[Any], ids: list[int], epoch: int, last_seqs: dict[str, int]) -> int:
+    """Delete published rows by id and advance each target stream's position, in the caller's transaction; return
+    the rows deleted (the caller checks it equals ``len(ids)``)."""
+    cur = conn.execute("DELETE FROM staged_log_records WHERE id = ANY(%s)", (ids,))
+    with conn.cursor() as positions:
+        positions.executemany(
+            """
+            INSERT INTO unilog_stream_positions (stream, epoch, last_seq) VALUES (%s, %s, %s)
+            ON CONFLICT (stream) DO UPDATE SET epoch = excluded.epoch, last_seq = excluded.last_seq, updated_at = now()
+            """,
+            [(stream, epoch, seq) for stream, seq in last_seqs.items()],
+        )
+    return cur.rowcount
+
+
+def published_positions(conn: psycopg.Connection[Any]) -> list[tuple[str, int, int]]:
+    """(stream, epoch, last seq) of every stream this database has published to."""
+    return [(r[0], r[1], r[2]) for r in conn.execute("SELECT stream, epoch, last_seq FROM unilog_stream_positions")]
+
+
+def lsn_text(lsn: int) -> str:
+    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
+
+
+class SlotBusy(Exception):
+    """Another session streams from the slot (another streamer owns this database's capture)."""
+
+
+class ReplicationStream:
+    """One logical slot's changes over the streaming replication protocol, as raw pgoutput messages.
+
+    :meth:`read` returns what has arrived (waiting up to ``wait`` seconds for the first message), answering the
+    server's keep-alives; :meth:`confirm` reports an LSN as flushed, which lets the slot drop everything before it.
+    A broken stream raises ``psycopg.OperationalError`` (retried by the worker loop, which restarts from the slot's
+    confirmed position); a slot that is gone or invalidated raises :class:`CaptureLost`.
+    """
+
+    def __init__(self, conninfo: str, slot: CaptureSlot, *, application_name: str, timeout: float | None) -> None:
+        options = connect_options(application_name, timeout)
+        options["options"] = "-c datestyle=ISO -c timezone=UTC"  # how created_at's text is parsed
+        try:
+            self.conn = psycopg.connect(conninfo, autocommit=True, replication="database", **options)
+        except psycopg.OperationalError as exc:
+            raise unreachable(conninfo, exc) from None
+        self.conninfo, self.slot = conninfo, slot
+        self.flushed = 0  # the last LSN confirmed to the server
+        self._received_end = 0  # the server's WAL end as last reported
+        self._last_status = 0.0
+        self._start()
+
+    def _start(self) -> None:
+        pgconn = self.conn.pgconn
+        query = sql.SQL("START_REPLICATION SLOT {} LOGICAL 0/0 (proto_version '1', publication_names {})").format(
+            sql.Identifier(self.slot.slot), sql.Literal(sql.Identifier(self.slot.publication).as_string(self.conn))
+        )
+        pgconn.send_query(query.as_bytes(self.conn))
+        result = pgconn.get_result()
+        if result is None or result.status != pq.ExecStatus.COPY_BOTH:
+            self._refused(result)
+
+    def _refused(self, result: pq.abc.PGresult | None) -> None:
+        state = (result.error_field(pq.DiagnosticField.SQLSTATE) or b"").decode() if result else ""
+        message = (result.error_message if result else self.conn.pgconn.error_message).decode().strip()
+        self.close()
+        if state == "55006":
+            raise SlotBusy(message)
+        if state in ("42704", "55000"):  # no such slot; the slot was invalidated (its WAL was removed)
+            raise CaptureLost(
+                f"WAL capture slot {self.slot.slot!r} at {redact_url(self.conninfo)} is unusable ({message}); "
+                "nothing is lost, the unpublished records are still staged: run `unilog capture wal --recreate` "
+                "(or `unilog capture table`) and restart the streamer (README, WAL capture)"
+            )
+        raise psycopg.OperationalError(f"START_REPLICATION refused: {message}")
+
+    def socket(self) -> int:
+        return int(self.conn.pgconn.socket)
+
+    def read(self, max_messages: int, wait: float) -> list[bytes]:
+        """Up to ``max_messages`` pgoutput messages that have arrived; if none, wait up to ``wait`` seconds."""
+        messages = self._drain(max_messages)
+        if not messages and wait > 0:
+            select.select([self.socket()], [], [], wait)
+            messages = self._drain(max_messages)
+        if time.monotonic() - self._last_status > STATUS_INTERVAL:
+            self._status(False)
+        return messages
+
+    def _drain(self, limit: int) -> list[bytes]:
+        pgconn = self.conn.pgconn
+        pgconn.consume_input()
+        out: list[bytes] = []
+        while len(out) < limit:
+            size, data = pgconn.get_copy_data(1)
+            if size == 0:
+                break
+            if size < 0:
+                self._ended()
+            kind = data[:1]
+            if kind == b"w":
+                _w, _start, end, _clock = _XLOG_HEADER.unpack_from(data)
+                self._received_end = max(self._received_end, end)
+                out.append(bytes(data[_XLOG_HEADER.size :]))
+            elif kind == b"k":
+                _k, end, _clock, reply = _KEEPALIVE.unpack_from(data)
+                self._received_end = max(self._received_end, end)
+                if reply:
+                    self._status(False)
+        return out
+
+    def _ended(self) -> None:
+        result = self.conn.pgconn.get_result()
+        if result is not None and result.status == pq.ExecStatus.FATAL_ERROR:
+            self._refused(result)
+        raise psycopg.OperationalError("the replication stream ended")
+
+    @property
+    def received_end(self) -> int:
+        """The server's WAL position as of the last message: all changes before it have been read."""
+        return self._received_end
+
+    def confirm(self, lsn: int) -> None:
+        """Report everything before ``lsn`` as flushed: the slot may forget it, and never sends it again."""
+        if lsn > self.flushed:
+            self.flushed = lsn
+            self._status(False)
+
+    def _status(self, reply: bool) -> None:
+        clock = int(time.time() * 1_000_000) - _PG_EPOCH_US
+        message = _STATUS.pack(b"r", self.flushed, self.flushed, self.flushed, clock, reply)
+        pgconn = self.conn.pgconn
+        if pgconn.put_copy_data(message) != 1 or pgconn.flush() < 0:
+            raise psycopg.OperationalError(f"sending replication status failed: {pgconn.error_message.decode()}")
+        self._last_status = time.monotonic()
+
+    def close(self) -> None:
+        if not self.conn.closed:
+            self.conn.close()
+
+
+def wal_capture_unavailable(level: str) -> ConfigurationError:
+    return ConfigurationError(
+        f"WAL capture needs wal_level = logical; this server has {level!r}: ALTER SYSTEM SET wal_level = logical and "
+        "restart Postgres, or stay in table mode"
+    )

@@ -1,0 +1,89 @@
+"""How a table-mode streamer waits: for a commit (``LISTEN`` on the staging trigger's channel, with a poll), and
+behind the visibility horizon (warnings that name the session holding it, and burst mode's limit)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import structlog
+
+from . import store
+from .errors import HorizonHeld
+
+log = structlog.get_logger(__name__)
+
+
+class CommitListener:
+    """A ``LISTEN`` session of its own, opened on first use; :meth:`wait` sleeps until a producer's commit notifies,
+    ``timeout`` passes, or ``stop_event`` is set. Not thread-safe."""
+
+    def __init__(self, conninfo: str, application_name: str) -> None:
+        self.conninfo, self.application_name = conninfo, application_name
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def wait(self, stop_event: threading.Event, timeout: float) -> None:
+        try:
+            if self._conn is None or self._conn.closed:
+                self._conn = store.connect(self.conninfo, autocommit=True, application_name=self.application_name)
+                store.listen(self._conn)
+                return  # notifications sent before LISTEN are lost: check once more before sleeping
+            deadline = time.monotonic() + timeout
+            while not stop_event.is_set():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                # the generator holds the connection's lock: leave it before draining the rest
+                if any(True for _ in self._conn.notifies(timeout=min(remaining, 0.25), stop_after=1)):
+                    for _ in self._conn.notifies(timeout=0, stop_after=1000):
+                        pass
+                    return
+        except psycopg.OperationalError as exc:
+            log.warning("listen connection lost; polling", error=str(exc))
+            self._conn = None
+            stop_event.wait(timeout)
+
+    def close(self) -> None:
+        if self._conn is not None and not self._conn.closed:
+            self._conn.close()
+        self._conn = None
+
+
+class HorizonWatch:
+    """Tracks how long committed records have waited behind an open transaction: warns, naming the session, once
+    they waited ``warn_after`` seconds and then every ``interval``; raises :class:`HorizonHeld` past ``limit``.
+    ``report()`` returns (records held back, the holding session)."""
+
+    def __init__(self, name: str, interval: float, report: Callable[[], tuple[int, dict[str, Any] | None]]) -> None:
+        self.name, self.interval, self.report = name, interval, report
+        self.held_since: float | None = None
+        self._last_warning = 0.0
+
+    def clear(self) -> None:
+        """Records were published (or none wait): the clock starts again."""
+        self.held_since = None
+
+    def check(self, *, warn_after: float, limit: float | None = None) -> None:
+        now = time.monotonic()
+        if self.held_since is None:
+            self.held_since = now
+        held = now - self.held_since
+        if limit is not None and held >= limit:
+            count, holder = self.report()
+            raise HorizonHeld(
+                f"{count} committed records waited {held:.0f}s (--max-wait) behind an open transaction, "
+                f"{store.describe_holder(holder)}; end it, or set idle_in_transaction_session_timeout (README)"
+            )
+        if held >= warn_after and now - self._last_warning >= min(self.interval, max(warn_after, 1.0)):
+            self._last_warning = now
+            count, holder = self.report()
+            log.warning(
+                "records held behind an open transaction",
+                streamer=self.name,
+                records=count,
+                held_seconds=round(held, 1),
+                holder=store.describe_holder(holder),
+            )
