@@ -32,6 +32,7 @@ __all__ = ["ValidationError", "create_app", "create_ride", "parse_distance"]
 
 log = structlog.get_logger(__name__)
 
+
 def create_ride(sessions: sessionmaker[Session], distance: Decimal) -> Ride:
     """Insert the ride and stage its record in one SERIALIZABLE transaction, retrying serialization failures."""
     for attempt in range(1, MAX_ATTEMPTS + 1):

@@ -125,6 +125,12 @@ def add_chaos(sub: Any) -> None:
         action="store_true",
         help="run on an embedded Redis Cluster (3 masters, 3 replicas) whose masters the schedule kills",
     )
+    p.add_argument(
+        "--capture",
+        choices=("table", "wal"),
+        default="table",
+        help="how the streamers read staged records: the table below the horizon, or a logical slot in commit order",
+    )
     p.add_argument("--schedule-only", action="store_true", help="print the seed's fault schedule and exit")
     p.set_defaults(func=run_chaos_command)
 
@@ -200,6 +206,7 @@ def run_chaos_command(args: argparse.Namespace) -> int:
         spark=args.spark,
         redis_cluster=args.redis_cluster,
         api=args.api,
+        capture=args.capture,
     )
     result = run_chaos(APP, config, stop=stop)
     return ExitCode.OK if result.verdict.ok else ExitCode.FAILURE  # 1: the checker found a violation

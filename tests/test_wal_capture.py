@@ -77,9 +77,8 @@ def test_commit_order_with_no_wait_behind_an_open_transaction(wal: Settings, pg:
 
 def test_a_crash_after_the_append_resends_the_same_positions(wal: Settings, pg: Any, rds: redis.Redis) -> None:
     emit_n(wal, 5)
-    with streamer(wal, Faults.scripted(streamer__crash_after_publish=[True])) as s:
-        with pytest.raises(InjectedCrash):
-            s.drain(timeout=10)
+    with streamer(wal, Faults.scripted(streamer__crash_after_publish=[True])) as s, pytest.raises(InjectedCrash):
+        s.drain(timeout=10)
     assert published(rds) == [(i + 1, i) for i in range(5)], "appended before the crash"
     assert staged(pg) == 5, "nothing deleted: the crash came before the delete committed"
     emit_n(wal, 2, start=5)
@@ -89,13 +88,10 @@ def test_a_crash_after_the_append_resends_the_same_positions(wal: Settings, pg: 
     assert staged(pg) == 0
 
 
-def test_a_crash_before_the_slot_confirmation_skips_what_was_deleted(
-    wal: Settings, pg: Any, rds: redis.Redis
-) -> None:
+def test_a_crash_before_the_slot_confirmation_skips_what_was_deleted(wal: Settings, pg: Any, rds: redis.Redis) -> None:
     emit_n(wal, 4)
-    with streamer(wal, Faults.scripted(streamer__crash_before_confirm=[True])) as s:
-        with pytest.raises(InjectedCrash):
-            s.drain(timeout=10)
+    with streamer(wal, Faults.scripted(streamer__crash_before_confirm=[True])) as s, pytest.raises(InjectedCrash):
+        s.drain(timeout=10)
     assert staged(pg) == 0, "deleted and positions committed; the slot was not told"
     emit_n(wal, 1, start=4)
     with streamer(wal) as s:
@@ -148,7 +144,9 @@ def test_a_dropped_slot_stops_the_streamer_in_one_line_and_recreate_recovers(
     assert published(rds) == [(i + 1, i) for i in range(5)], "published once each after the new slot"
 
 
-def test_switching_modes_back_and_forth_loses_and_repeats_nothing(settings: Settings, pg: Any, rds: redis.Redis) -> None:
+def test_switching_modes_back_and_forth_loses_and_repeats_nothing(
+    settings: Settings, pg: Any, rds: redis.Redis
+) -> None:
     level = pg.execute("SHOW wal_level").fetchone()[0]
     if level != "logical":
         pytest.skip(f"wal_level={level}")
@@ -198,3 +196,98 @@ def test_capture_wal_needs_wal_level_logical_in_one_line(settings: Settings, pg:
         result = unilog(settings, "capture", "wal")
     assert result.returncode == 3
     assert "needs wal_level = logical" in one_line(result)
+
+
+# -- on a server of its own: restarts and removed WAL ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def own_server() -> Iterator[Any]:
+    from unilog.harness.embedded import EmbeddedPostgres
+
+    server = EmbeddedPostgres(settings={"max_slot_wal_keep_size": "32MB"}).start()
+    try:
+        yield server
+    finally:
+        server.stop(mode="immediate", cleanup=True)
+
+
+@pytest.fixture
+def own(own_server: Any, settings: Settings, request: pytest.FixtureRequest) -> Iterator[Settings]:
+    """A migrated database in WAL mode on the module's own server, with the suite's Redis."""
+    from unilog.schema import migrate
+
+    name = f"own_{request.node.name[:40]}"
+    with psycopg.connect(own_server.url, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    url = own_server.url_for(name)
+    migrate(url)
+    own = Settings.from_dsn(url, settings.redis_url, settings.stream)
+    enable_wal(own)
+    yield own
+
+
+def test_server_restarts_and_streamer_kills_publish_each_record_once(
+    own: Settings, own_server: Any, rds: redis.Redis
+) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    from cli import TESTS
+
+    env = {"DATABASE_URL": own.database_url, "REDIS_URL": own.redis_url, "UNILOG_STREAM": STREAM}
+    argv = [sys.executable, "-m", "unilog", "streamer", "--batch-size", "7"]
+    import os
+
+    def start() -> subprocess.Popen[str]:
+        return subprocess.Popen(argv, cwd=TESTS, env={**os.environ, **env}, stdout=subprocess.DEVNULL, text=True)
+
+    proc = start()
+    try:
+        for round_ in range(4):
+            emit_n(own, 50, start=round_ * 50)
+            time.sleep(0.3)  # mid-stream
+            if round_ % 2 == 0:
+                own_server.restart("immediate")  # the streamer's replication stream and session break
+            else:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait(10)
+                proc = start()
+        deadline = time.monotonic() + 60
+        while rds.xlen(STREAM) < 200 or count_staged(own):
+            assert time.monotonic() < deadline, (rds.xlen(STREAM), count_staged(own))
+            time.sleep(0.1)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    seen = published(rds)
+    assert sorted(n for _s, n in seen) == list(range(200)), "every record once"
+    assert [s for s, _n in seen] == list(range(1, 201)), "dense positions"
+    assert proc.returncode == 0, "SIGTERM: the streamer finished its batch and exited cleanly"
+
+
+def count_staged(settings: Settings) -> int:
+    with psycopg.connect(settings.conninfo, autocommit=True) as conn:
+        return staged(conn)
+
+
+def test_a_slot_whose_wal_was_removed_is_detected_and_recreated(own: Settings, rds: redis.Redis) -> None:
+    emit_n(own, 3)
+    assert unilog(own, "streamer", "--once").returncode == 0
+    emit_n(own, 4, start=3)  # staged, then the slot falls behind past max_slot_wal_keep_size
+    with psycopg.connect(own.conninfo, autocommit=True) as conn:
+        conn.execute("CREATE TABLE ballast (x text)")
+        for _ in range(6):
+            conn.execute("INSERT INTO ballast SELECT repeat('x', 2000) FROM generate_series(1, 10000)")
+            conn.execute("SELECT pg_switch_wal()")
+        conn.execute("CHECKPOINT")
+        conn.execute("CHECKPOINT")
+    status = capture_status(own)
+    assert status["slot_state"]["wal_status"] == "lost", status
+    result = unilog(own, "streamer", "--once")
+    assert result.returncode == 12, result.stderr
+    assert "nothing is lost" in one_line(result)
+    assert unilog(own, "capture", "wal").returncode == 0, "a lost slot is re-created by capture wal"
+    assert unilog(own, "streamer", "--once").returncode == 0
+    assert published(rds) == [(i + 1, i) for i in range(7)], "the rest from the table, each once"

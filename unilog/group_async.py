@@ -212,4 +212,3 @@ class AsyncGroupConsumer(AsyncWorker):
             pruned = await store.prune_group(conn, self.config.group, self.stream)
         if pruned:
             log.info("processed records pruned", group=self.config.group, rows=pruned)
-

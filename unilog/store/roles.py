@@ -25,6 +25,7 @@ GRANTS: dict[str, list[tuple[str, str]]] = {
         ("SELECT, UPDATE, DELETE", "staged_log_records"),
         ("SELECT, UPDATE", "unilog_producer"),
         ("SELECT, INSERT, UPDATE", "unilog_stream_positions"),
+        ("SELECT", "unilog_capture"),  # the mode; WAL mode also needs the role attribute REPLICATION (README)
         ("SELECT", "unilog_alembic_version"),
         ("EXECUTE", "FUNCTION pg_control_system()"),
     ],
@@ -39,6 +40,7 @@ GRANTS: dict[str, list[tuple[str, str]]] = {
         ("SELECT", "staged_log_records"),
         ("SELECT", "unilog_producer"),
         ("SELECT", "unilog_stream_positions"),
+        ("SELECT", "unilog_capture"),
         ("SELECT, INSERT, UPDATE, DELETE", "unilog_checkpoints"),
         ("SELECT, INSERT, DELETE", "unilog_held_letters"),
         ("SELECT, INSERT, UPDATE, DELETE", "unilog_processed"),

@@ -196,7 +196,8 @@ class ReplicationStream:
 
     def _refused(self, result: pq.abc.PGresult | None) -> None:
         state = (result.error_field(pq.DiagnosticField.SQLSTATE) or b"").decode() if result else ""
-        message = (result.error_message if result else self.conn.pgconn.error_message).decode().strip()
+        raw = (result.error_message if result else self.conn.pgconn.error_message).decode()
+        message = "; ".join(line.strip().removeprefix("ERROR:").strip() for line in raw.splitlines() if line.strip())
         self.close()
         if state == "55006":
             raise SlotBusy(message)

@@ -19,6 +19,7 @@ from typing import Any, TextIO
 from urllib.parse import urlsplit
 
 from unilog import admin
+from unilog.capture import enable_wal
 from unilog.config import Settings
 from unilog.errors import ConfigurationError, UnilogError
 from unilog.records import load_handler
@@ -84,6 +85,7 @@ class ChaosConfig:
     spark: bool | None = None  # None: when pyspark and Java are installed
     redis_cluster: bool = False
     api: str = "flask"  # or "fastapi": the app's ASGI API under uvicorn (App.api_argv)
+    capture: str = "table"  # or "wal": the streamers read the staged records from a logical slot (unilog.capture)
 
     def use_spark(self, app: App) -> bool:
         if app.spark_consumer is None:
@@ -215,6 +217,8 @@ def _prepare(app: App, config: ChaosConfig, servers: _Servers) -> None:
             + ", ".join(f"{k} ({v})" for k, v in found.items())
         )
     admin.declare(settings, app.stream, consumers=consumers, groups=[app.group])
+    if config.capture == "wal":
+        enable_wal(settings)
 
 
 def _run(
