@@ -282,6 +282,27 @@ def test_a_chaos_run_on_a_redis_cluster_with_master_kills_passes(tmp_path: Path)
     assert all(a["records"] == a["applications"] for a in counts["applied"].values())
 
 
+@pytest.mark.slow
+def test_a_chaos_run_in_wal_capture_mode_passes(tmp_path: Path) -> None:
+    """The streamers read a logical slot (issue 18): SIGKILLs, pauses, Postgres immediate restarts, network faults
+    and crashes between the append and the delete, and every committed record applied once."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UNILOG_", "DATABASE_URL", "REDIS_URL"))}
+    report_path = tmp_path / "report.json"
+    argv = [sys.executable, "-m", "unilog", "chaos", "--capture", "wal", "--duration", "45", "--seed", "18"]
+    argv += ["--no-spark", "--report", str(report_path), "--log-dir", str(tmp_path)]
+    result = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    report = json.loads(report_path.read_text())
+    assert report["verdict"]["ok"] and report["quiesced"]
+    injected = report["faults"]["injected"]
+    assert injected["postgres_restart"]["done"] >= 1 and injected["kill"]["done"] >= 5
+    streamer_logs = "".join(p.read_text() for p in tmp_path.glob("streamer*.log"))
+    assert "streaming from the WAL" in streamer_logs and "batch streamed" in streamer_logs
+    counts = report["verdict"]["counts"]
+    assert counts["committed"] > 300
+    assert all(a["records"] == a["applications"] for a in counts["applied"].values())
+
+
 BUGGY_HANDLER = '''
     """A distance consumer with a classic bug: it commits its state itself, so the state and unilog's checkpoint
     commit in separate transactions; a crash between them replays the batch onto state already committed."""

@@ -99,6 +99,21 @@ def test_a_crash_before_the_slot_confirmation_skips_what_was_deleted(wal: Settin
     assert published(rds) == [(i + 1, i) for i in range(5)]
 
 
+def test_a_large_transaction_is_split_across_batches_and_confirmed_once_whole(
+    wal: Settings, pg: Any, rds: redis.Redis
+) -> None:
+    with psycopg.connect(wal.conninfo) as conn:  # one transaction of 25 records
+        for i in range(25):
+            emit(conn, action="create", object="ride", data={"n": i})
+    faults = Faults.scripted(streamer__crash_before_confirm=[False, True])
+    with streamer(wal, faults, batch_size=10) as s, pytest.raises(InjectedCrash):
+        s.drain(timeout=10)  # two batches of 10 deleted; the slot never confirmed (the transaction is unfinished)
+    assert staged(pg) == 5
+    with streamer(wal, batch_size=10) as s:
+        assert s.drain(timeout=10) == 5, "the transaction again from the slot; its first 20 rows are gone: skipped"
+    assert published(rds) == [(i + 1, i) for i in range(25)]
+
+
 def until_published(s: Streamer) -> int:
     """Passes until one publishes (what a commit sends reaches the slot's stream within milliseconds)."""
     deadline = time.monotonic() + 10

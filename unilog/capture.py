@@ -35,7 +35,7 @@ import structlog
 from . import metrics, routing, store
 from .config import Settings
 from .errors import ConfigurationError, PublishError
-from .store.pgoutput import Decoder, WalTransaction
+from .store.pgoutput import Decoder, WalRow, WalTransaction
 from .store.wal import CaptureSlot, ReplicationStream, SlotBusy
 
 if TYPE_CHECKING:
@@ -60,6 +60,7 @@ class WalCapture:
         self._decoder = Decoder()
         self._pending: deque[WalTransaction] = deque()  # received whole, not yet published
         self._pending_rows = 0
+        self._head_offset = 0  # rows of the first pending transaction already published (a split transaction)
         self._predrained = False
 
     # -- one pass ----------------------------------------------------------------------------------------------------
@@ -118,15 +119,24 @@ class WalCapture:
         if not self._decoder.in_transaction:
             reader.confirm(reader.received_end)
 
-    def _take_batch(self) -> list[WalTransaction]:
-        batch: list[WalTransaction] = []
-        rows = 0
-        while self._pending and (not batch or rows + len(self._pending[0].rows) <= self.streamer.config.batch_size):
-            tx = self._pending.popleft()
-            batch.append(tx)
-            rows += len(tx.rows)
-        self._pending_rows -= rows
-        return batch
+    def _take_batch(self) -> tuple[list[WalRow], int | None, int]:
+        """Up to ``batch_size`` rows in commit order, a large transaction split across batches; returns (rows, the
+        end LSN of the last transaction finished by them or None, transactions finished)."""
+        rows: list[WalRow] = []
+        confirm, finished = None, 0
+        room = self.streamer.config.batch_size
+        while self._pending and room > 0:
+            head = self._pending[0]
+            part = head.rows[self._head_offset : self._head_offset + room]
+            rows.extend(part)
+            room -= len(part)
+            self._head_offset += len(part)
+            if self._head_offset >= len(head.rows):  # the whole transaction is in this batch or was before
+                self._pending.popleft()
+                self._head_offset = 0
+                confirm, finished = head.end_lsn, finished + 1
+        self._pending_rows -= len(rows)
+        return rows, confirm, finished
 
     def _publish(self, conn: psycopg.Connection[Any], reader: ReplicationStream) -> BatchResult:
         """Publish the next whole transactions' records whose rows exist, delete those rows, confirm the slot."""
@@ -134,8 +144,7 @@ class WalCapture:
 
         streamer = self.streamer
         started = time.perf_counter()
-        txs = self._take_batch()
-        rows = [r for tx in txs for r in tx.rows]
+        rows, confirm, finished = self._take_batch()
         existing = store.existing_ids(conn, [r.row[0] for r in rows]) if rows else set()
         fresh = [r for r in rows if r.row[0] in existing]
         by_stream: dict[str, list[store.StagedRow]] = {}
@@ -152,7 +161,8 @@ class WalCapture:
             self.reset()
             raise
         streamer.faults.crash("streamer.crash_before_confirm")
-        reader.confirm(txs[-1].end_lsn)
+        if confirm is not None:  # a transaction split across batches is confirmed once its last part is deleted
+            reader.confirm(confirm)
         for stream, stream_rows in by_stream.items():
             metrics.batch_published(stream, len(stream_rows), time.perf_counter() - started, stream_rows[0][5])
         streamer.published_total += len(fresh)
@@ -161,11 +171,12 @@ class WalCapture:
             source="wal",
             records=len(fresh),
             skipped=len(rows) - len(fresh),
-            transactions=len(txs),
+            transactions=finished,
             streams=len(by_stream),
             ms=round((time.perf_counter() - started) * 1000, 2),
         )
-        return BatchResult(published=len(fresh))
+        # a batch of records published before (their rows gone) made progress too: the caller goes on at once
+        return BatchResult(published=len(fresh), waiting=not fresh)
 
     def _send(self, conn: psycopg.Connection[Any], by_stream: dict[str, list[store.StagedRow]]) -> dict[str, int]:
         streamer = self.streamer
@@ -213,7 +224,7 @@ class WalCapture:
         self._reader = None
         self._decoder = Decoder()
         self._pending.clear()
-        self._pending_rows = 0
+        self._pending_rows = self._head_offset = 0
 
     def close(self) -> None:
         self.reset()
