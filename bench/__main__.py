@@ -16,6 +16,7 @@ from .consume import run_consume
 from .core import FULL, QUICK, Profile, Results, log, worker_init
 from .drain import run_drain, run_drain_streams
 from .env import BenchEnv
+from .horizon import run_horizon
 from .latency import run_latency
 from .memory import run_memory
 from .observe import run_observe
@@ -30,6 +31,7 @@ WORKLOADS: dict[str, Workload] = {
     "drain": run_drain,
     "drain_streams": run_drain_streams,
     "latency": run_latency,
+    "horizon": run_horizon,
     "produce": run_produce,
     "consume": run_consume,
     "memory": run_memory,

@@ -4,6 +4,8 @@ Each trial starts from empty tables and an empty Redis, stages the backlog in on
 CHECKPOINTs, then times the drain alone (connections are opened before the clock starts) in a fresh process.
 
 * ``unilog``: the streamer as configured by default; ``unilog-b1000``: with the reference's batch of 1000;
+* ``unilog-wal``: the streamer in WAL capture mode (``unilog capture wal`` before the backlog is staged): the backlog
+  is read from the logical slot, its rows deleted by id;
 * ``reference``: the reference streamer's algorithm (bench/reference.py), its backlog bug fixed;
 * ``pg_only``: the reference's select and delete alone (no Redis): what Postgres does per session;
 * ``redis_only``: pipelined ``XADD stream * data <json>`` of the same payloads from memory (no Postgres);
@@ -19,12 +21,13 @@ from typing import Any
 import redis
 
 from unilog import Streamer, StreamerConfig, engine
+from unilog.capture import disable_wal, enable_wal
 
 from .core import SPAWN, Profile, Results, in_fresh_process, interleaved, log, worker_init
 from .env import BenchEnv, Urls, payload
 from .reference import PgOnlyDrainer, ReferenceStreamer
 
-DRAIN_VARIANTS = ("unilog", "unilog-b1000", "reference", "pg_only", "redis_only", "redis_script")
+DRAIN_VARIANTS = ("unilog", "unilog-wal", "unilog-b1000", "reference", "pg_only", "redis_only", "redis_script")
 REF_STREAM = "ref-rides"
 REDIS_ONLY_STREAM = "redis-only"
 REDIS_SCRIPT_STREAM = "redis-script"
@@ -99,7 +102,7 @@ def _redis_script(urls: Urls, size: int) -> tuple[int, float]:
 
 
 def _run_variant(urls: Urls, variant: str, size: int) -> tuple[int, float]:
-    if variant == "unilog":
+    if variant in ("unilog", "unilog-wal"):
         return _unilog(urls, None)
     if variant == "unilog-b1000":
         return _unilog(urls, 1000)
@@ -121,9 +124,15 @@ def _expected_stream(env: BenchEnv, variant: str) -> str | None:
 
 def drain_trial(env: BenchEnv, variant: str, size: int) -> tuple[dict[str, float], dict[str, Any]]:
     env.reset()
+    if variant == "unilog-wal":
+        enable_wal(env.urls.settings())
     if not variant.startswith("redis_"):
         env.stage(size)
-    count, elapsed = in_fresh_process(_run_variant, env.urls, variant, size)
+    try:
+        count, elapsed = in_fresh_process(_run_variant, env.urls, variant, size)
+    finally:
+        if variant == "unilog-wal":
+            disable_wal(env.urls.settings())
     stream = _expected_stream(env, variant)
     notes = {"count": count, "staged_after": env.staged(), "xlen": env.xlen(stream) if stream else 0}
     ok = count == size and notes["staged_after"] == 0 and (stream is None or notes["xlen"] == size)

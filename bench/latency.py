@@ -177,9 +177,16 @@ def _wait_settled(env: BenchEnv, variant: str, seen: Any, n: int) -> None:
 
 
 def latency_trial(
-    env: BenchEnv, variant: str, rate: int, seconds: float, *, consumer_main: Any = None
+    env: BenchEnv,
+    variant: str,
+    rate: int,
+    seconds: float,
+    *,
+    consumer_main: Any = None,
+    before_producer: Any = None,
 ) -> tuple[dict[str, float], dict[str, Any]]:
-    """One trial; ``consumer_main(urls, probes, ready, stop)`` replaces unilog's consumer process (the Spark one)."""
+    """One trial; ``consumer_main(urls, probes, ready, stop)`` replaces unilog's consumer process (the Spark one);
+    ``before_producer()`` runs once the pipeline is up, just before the producer starts."""
     env.reset()
     n = int(rate * seconds)
     probes, behind = Probes.create(n), SPAWN.Value("d", 0.0, lock=False)
@@ -195,6 +202,8 @@ def latency_trial(
     if not (ready_s.wait(60) and ready_c.wait(180)):
         raise RuntimeError("latency: streamer or consumer did not start")
     producer = SPAWN.Process(target=_producer_main, args=(env.urls, variant, rate, n, probes, behind))
+    if before_producer is not None:
+        before_producer()
     producer.start()
     producer.join()
     _wait_settled(env, variant, probes.seen, n)

@@ -45,6 +45,7 @@ def targets(results: Results, profile: Profile) -> list[Target]:
         *_latency_targets(results),
         *_produce_targets(results),
         *_consume_targets(results),
+        *_horizon_targets(results),
         _memory_target(results, profile),
     ]
 
@@ -75,6 +76,20 @@ def _produce_targets(results: Results) -> list[Target]:
     return out
 
 
+def _horizon_targets(results: Results) -> list[Target]:
+    """WAL capture's point: an idle-in-transaction session does not delay other records."""
+    return [
+        Target(
+            f"horizon {case}: WAL mode p99 with an idle transaction held 2 s",
+            results.median("horizon", case, "wal, idle 2s", "p99 ms"),
+            "<=",
+            50.0,
+            " ms",
+        )
+        for case in _cases(results, "horizon")
+    ]
+
+
 def _consume_targets(results: Results) -> list[Target]:
     return [
         Target(
@@ -103,6 +118,8 @@ def ratios(results: Results) -> list[str]:
         ("drain", "records/s", "unilog", "redis_only", ""),
         ("drain", "records/s", "unilog", "redis_script", " (unilog against its own Redis half alone)"),
         ("drain", "records/s", "redis_script", "pg_only", " (the Redis half against the Postgres half)"),
+        ("drain", "records/s", "unilog-wal", "pg_only", " (WAL capture against Postgres's select-and-delete)"),
+        ("drain", "records/s", "unilog-wal", "unilog", " (WAL capture against table mode)"),
         ("drain_streams", "records/s", "2 streams", "1 stream", ""),
         ("drain_streams", "records/s", "4 streams", "1 stream", ""),
         ("produce", "tx/s", "emit, no NOTIFY", "without emit", " (diagnostic: unilog's NOTIFY trigger disabled)"),

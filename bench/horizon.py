@@ -1,0 +1,61 @@
+"""``horizon``: commit-to-handler latency while an idle-in-transaction session holds the visibility horizon, in table
+mode and in WAL capture mode (issue 18).
+
+The latency workload's pipeline (a producer at a steady rate, ``Streamer.run``, ``Consumer.run``), with a session
+that takes a transaction id and sits idle in transaction for ``HOLD`` seconds from the moment the producer starts
+(a forgotten ``BEGIN``, a slow job). In table mode every record committed meanwhile waits for that session to end;
+in WAL mode (``unilog capture wal`` before the trial) records are read from the slot in commit order and only the
+idle session's own records (none here) would wait. ``no idle`` variants are the same pipelines without it.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import psycopg
+
+from unilog.capture import disable_wal, enable_wal
+
+from .core import Profile, Results, interleaved, log
+from .env import BenchEnv
+from .latency import latency_trial
+
+HOLD = 2.0  # seconds the idle-in-transaction session stays open
+RATE = 500
+VARIANTS = ("table, no idle", "table, idle 2s", "wal, no idle", "wal, idle 2s")
+
+
+def horizon_trial(env: BenchEnv, variant: str, seconds: float) -> tuple[dict[str, float], dict[str, Any]]:
+    settings = env.urls.settings()
+    wal = variant.startswith("wal")
+    holders: list[psycopg.Connection[Any]] = []
+
+    def hold() -> None:
+        conn = psycopg.connect(env.urls.database, application_name="bench-idle-in-transaction")
+        conn.execute("SELECT pg_current_xact_id()")  # takes an xid: holds the horizon until it ends
+        holders.append(conn)
+        threading.Timer(HOLD, conn.rollback).start()
+
+    if wal:
+        enable_wal(settings)
+    try:
+        return latency_trial(env, "unilog", RATE, seconds, before_producer=hold if "idle" in variant else None)
+    finally:
+        for conn in holders:
+            conn.close()
+        if wal:
+            disable_wal(settings)
+
+
+def run_horizon(env: BenchEnv, profile: Profile, results: Results) -> None:
+    seconds = max(4.0, profile.latency_seconds / 3)
+    log(f"horizon: {RATE}/s for {seconds:g} s, an idle transaction held {HOLD:g} s, {', '.join(VARIANTS)}")
+    interleaved(
+        results,
+        "horizon",
+        f"{RATE}/s x {seconds:g}s",
+        VARIANTS,
+        profile.latency_reps,
+        lambda v: horizon_trial(env, v, seconds),
+    )
