@@ -20,7 +20,7 @@ from .horizon import run_horizon
 from .latency import run_latency
 from .memory import run_memory
 from .observe import run_observe
-from .produce import run_produce
+from .produce import run_produce, run_produce_clients
 from .report import render, targets, write_json
 from .shards import run_shards
 from .spark import run_spark
@@ -33,6 +33,7 @@ WORKLOADS: dict[str, Workload] = {
     "latency": run_latency,
     "horizon": run_horizon,
     "produce": run_produce,
+    "produce_clients": run_produce_clients,
     "consume": run_consume,
     "memory": run_memory,
     "spark": run_spark,

@@ -86,7 +86,9 @@ def _async_client_main(urls: Urls, stage: str, seconds: float, barrier: Any, out
     out.put(asyncio.run(_async_client(urls, stage, seconds, barrier)))
 
 
-def produce_trial(env: BenchEnv, variant: str, seconds: float) -> tuple[dict[str, float], dict[str, Any]]:
+def produce_trial(
+    env: BenchEnv, variant: str, seconds: float, clients: int = CLIENTS
+) -> tuple[dict[str, float], dict[str, Any]]:
     env.reset(keep_redis=True)
     env.settle()
     stage = {"without emit": "", "plain INSERT": "plain", "async, without emit": ""}.get(variant, "emit")
@@ -94,9 +96,9 @@ def produce_trial(env: BenchEnv, variant: str, seconds: float) -> tuple[dict[str
     if variant == "emit, no NOTIFY":
         env.admin.execute(f"ALTER TABLE staged_log_records DISABLE TRIGGER {TRIGGER}")
     try:
-        barrier, out = SPAWN.Barrier(CLIENTS), SPAWN.Queue()
+        barrier, out = SPAWN.Barrier(clients), SPAWN.Queue()
         args = (env.urls, stage, seconds, barrier, out)
-        procs = [SPAWN.Process(target=target, args=args) for _ in range(CLIENTS)]
+        procs = [SPAWN.Process(target=target, args=args) for _ in range(clients)]
         for p in procs:
             p.start()
         counts = [out.get(timeout=seconds + 120) for _ in procs]
@@ -121,3 +123,22 @@ def run_produce(env: BenchEnv, profile: Profile, results: Results) -> None:
         profile.produce_reps,
         lambda v: produce_trial(env, v, profile.produce_seconds),
     )
+
+
+SCALING_CLIENTS = (1, 8, 32)
+SCALING_VARIANTS = ("without emit", "plain INSERT", "with emit", "emit, no NOTIFY")
+
+
+def run_produce_clients(env: BenchEnv, profile: Profile, results: Results) -> None:
+    """emit against the second-INSERT floor as clients grow (issue 18): ``emit, no NOTIFY`` is what a producer pays
+    in WAL capture mode, where the staging trigger is disabled."""
+    for clients in SCALING_CLIENTS:
+        log(f"produce_clients: {clients} clients x {profile.produce_seconds:g} s, {SCALING_VARIANTS}")
+        interleaved(
+            results,
+            "produce_clients",
+            f"{clients} clients",
+            SCALING_VARIANTS,
+            max(2, profile.produce_reps // 2),
+            lambda v, c=clients: produce_trial(env, v, profile.produce_seconds, c),  # type: ignore[misc]
+        )
