@@ -56,4 +56,3 @@ def spans() -> Iterator[Any]:
         # OpenTelemetry sets its global provider once per process; its own test helpers reset it the same way
         trace._TRACER_PROVIDER_SET_ONCE = Once()  # type: ignore[attr-defined]
         trace._TRACER_PROVIDER = None  # type: ignore[attr-defined]
-

@@ -106,8 +106,9 @@ def test_concurrent_posts_retry_serialization_failures_and_nothing_doubles(api: 
 def test_demo_with_the_fastapi_api_agrees(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("UNILOG_", "DATABASE_URL", "REDIS_URL"))}
     argv = [sys.executable, "-m", "unilog", "demo", "--duration", "8", "--seed", "3", "--no-spark", "--api", "fastapi"]
-    result = subprocess.run([*argv, "--log-dir", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True,
-                            timeout=300)
+    result = subprocess.run(
+        [*argv, "--log-dir", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     verdict = result.stdout.strip().splitlines()[-1]
     assert verdict.startswith("unilog demo verdict: AGREE"), verdict

@@ -143,22 +143,39 @@ async def test_a_poison_record_stops_the_consumer_or_is_dead_lettered(settings: 
     async with AsyncConsumer(settings, config, picky) as letter:
         assert await letter.drain() == 2
     assert applied(pg) == [0, 1, 3, 4]
-    (_letter_id, fields), = rds.xrange("unilog:dlq:{test-stream}")
+    ((_letter_id, fields),) = rds.xrange("unilog:dlq:{test-stream}")
     assert "cannot apply n=2" in fields["dlq_error"]
 
 
 def test_the_command_line_runs_an_async_handler_and_sigterm_finishes_the_batch(settings: Settings, pg: Any) -> None:
     produce(settings, 30)
     Streamer(settings).drain()
-    env = {**os.environ, "DATABASE_URL": settings.database_url, "REDIS_URL": settings.redis_url,
-           "UNILOG_STREAM": "test-stream", "SLOW_HANDLER": "1.0"}
-    argv = [sys.executable, "-m", "unilog", "consume", "handlers:async_cli_handler", "--name", "cli", "--batch-size", "10"]
+    env = {
+        **os.environ,
+        "DATABASE_URL": settings.database_url,
+        "REDIS_URL": settings.redis_url,
+        "UNILOG_STREAM": "test-stream",
+        "SLOW_HANDLER": "1.0",
+    }
+    argv = [
+        sys.executable,
+        "-m",
+        "unilog",
+        "consume",
+        "handlers:async_cli_handler",
+        "--name",
+        "cli",
+        "--batch-size",
+        "10",
+    ]
     proc = subprocess.Popen(argv, cwd=TESTS, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 30
     # Idle in transaction after the handler's INSERT: the batch is inside the handler. (The brief idle moment between
     # BEGIN and the checkpoint's SELECT, which an earlier version of this test waited for, comes before any batch.)
-    while not pg.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'unilog-consumer-cli' "
-                         "AND state = 'idle in transaction' AND query LIKE 'INSERT INTO applied%%'").fetchone()[0]:
+    while not pg.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'unilog-consumer-cli' "
+        "AND state = 'idle in transaction' AND query LIKE 'INSERT INTO applied%%'"
+    ).fetchone()[0]:
         assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.stderr else ""
         time.sleep(0.02)
     proc.send_signal(signal.SIGTERM)  # mid-batch: the handler sleeps inside the transaction
@@ -166,8 +183,9 @@ def test_the_command_line_runs_an_async_handler_and_sigterm_finishes_the_batch(s
     assert proc.returncode == 0, err
     done = applied(pg, "cli")
     assert done == list(range(10)), "the batch in progress (the first) finished and committed, and no other began"
-    once = subprocess.run([*argv, "--once"], cwd=TESTS, env={**env, "SLOW_HANDLER": "0"}, capture_output=True,
-                          text=True, timeout=60)
+    once = subprocess.run(
+        [*argv, "--once"], cwd=TESTS, env={**env, "SLOW_HANDLER": "0"}, capture_output=True, text=True, timeout=60
+    )
     assert once.returncode == 0, once.stderr
     assert f"handled {30 - len(done)} records" in once.stdout
     assert applied(pg, "cli") == list(range(30))

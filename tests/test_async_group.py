@@ -40,8 +40,9 @@ async def handler(conn: psycopg.AsyncConnection[Any], records: Sequence[Record])
 
 
 def worker(settings: Settings, name: str, faults: Faults | None = None, **kw: Any) -> AsyncGroupConsumer:
-    config = GroupConfig(group="g", worker=name, batch_size=4, block_ms=50, claim_idle_ms=100, claim_interval=0.1,
-                         max_deliveries=2, **kw)
+    config = GroupConfig(
+        group="g", worker=name, batch_size=4, block_ms=50, claim_idle_ms=100, claim_interval=0.1, max_deliveries=2, **kw
+    )
     return AsyncGroupConsumer(settings, config, handler, faults=faults or Faults())
 
 
@@ -68,7 +69,9 @@ async def test_two_workers_apply_every_record_once_and_dead_letter_the_poison(
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize("point", ["group.crash_before_ack", "consumer.crash_before_commit", "consumer.crash_mid_batch"])
+@pytest.mark.parametrize(
+    "point", ["group.crash_before_ack", "consumer.crash_before_commit", "consumer.crash_mid_batch"]
+)
 async def test_a_crash_at_each_point_applies_nothing_twice(settings: Settings, pg: Any, point: str) -> None:
     produce(settings, 8)
     Streamer(settings).drain()
@@ -88,8 +91,12 @@ async def test_a_crash_at_each_point_applies_nothing_twice(settings: Settings, p
 def test_the_command_line_runs_an_async_group_worker(settings: Settings, pg: Any) -> None:
     produce(settings, 12)
     Streamer(settings).drain()
-    env = {**os.environ, "DATABASE_URL": settings.database_url, "REDIS_URL": settings.redis_url,
-           "UNILOG_STREAM": "test-stream"}
+    env = {
+        **os.environ,
+        "DATABASE_URL": settings.database_url,
+        "REDIS_URL": settings.redis_url,
+        "UNILOG_STREAM": "test-stream",
+    }
     argv = [sys.executable, "-m", "unilog", "consume", "handlers:async_group_handler", "--group", "g", "--once"]
     result = subprocess.run(argv, cwd=TESTS, env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr

@@ -83,7 +83,17 @@ def health_test(service: dict[str, Any]) -> str:
 
 def test_every_procfile_process_has_a_compose_service(services: dict[str, dict[str, Any]]) -> None:
     expected = procfile_services()
-    assert set(expected) == {"api", "streamer", "streamer2", "consumer0", "consumer1", "group0a", "group0b", "spark", "simulator"}, "the Procfile changed"
+    assert set(expected) == {
+        "api",
+        "streamer",
+        "streamer2",
+        "consumer0",
+        "consumer1",
+        "group0a",
+        "group0b",
+        "spark",
+        "simulator",
+    }, "the Procfile changed"
     missing = [name for name in expected if name not in services]
     assert not missing, f"Procfile processes without a compose service: {missing}"
 

@@ -148,8 +148,19 @@ def test_demo_command_agrees_under_faults(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("UNILOG_", "DATABASE_URL", "REDIS_URL"))}
     result = subprocess.run(
         # without the Spark consumer (a JVM per run): tests/test_spark.py covers it, the closing note a run with it
-        [sys.executable, "-m", "unilog", "demo", "--duration", "8", "--seed", "11", "--no-spark", "--log-dir",
-         str(tmp_path)],
+        [
+            sys.executable,
+            "-m",
+            "unilog",
+            "demo",
+            "--duration",
+            "8",
+            "--seed",
+            "11",
+            "--no-spark",
+            "--log-dir",
+            str(tmp_path),
+        ],
         env=env,
         capture_output=True,
         text=True,

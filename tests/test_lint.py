@@ -17,5 +17,7 @@ def test_ruff_clean() -> None:
 
 
 def test_mypy_clean() -> None:
-    result = subprocess.run([sys.executable, "-m", "mypy", "unilog", "services"], cwd=ROOT, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "mypy", "unilog", "services"], cwd=ROOT, capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stdout + result.stderr

@@ -46,8 +46,7 @@ def stage_keyed(settings: Settings, keys: int, per_key: int, stream: str) -> Non
     with psycopg.connect(settings.conninfo) as conn:
         for n in range(per_key):
             for k in range(keys):
-                emit(conn, action="update", object="account", data={"key": f"k{k}", "n": n}, key=f"k{k}",
-                     stream=stream)
+                emit(conn, action="update", object="account", data={"key": f"k{k}", "n": n}, key=f"k{k}", stream=stream)
         conn.commit()
 
 
@@ -62,13 +61,31 @@ def test_per_key_order_under_four_workers_with_one_killed(settings: Settings, pg
         assert streamer.drain() == 1200
     assert rds.exists("orders") == 0 and rds.xlen("orders.p0") > 0, "published to partition streams only"
     env = {k: v for k, v in os.environ.items() if not k.startswith("UNILOG_")}
-    env.update(DATABASE_URL=settings.database_url, REDIS_URL=settings.redis_url, UNILOG_STREAM="orders",
-               SLOW_HANDLER="0.02")
+    env.update(
+        DATABASE_URL=settings.database_url, REDIS_URL=settings.redis_url, UNILOG_STREAM="orders", SLOW_HANDLER="0.02"
+    )
     procs = {
         name: subprocess.Popen(
-            [sys.executable, "-m", "unilog", "consume", "handlers:ordered_handler", "--name", "ordered",
-             "--partitioned", "--worker", name, "--batch-size", "5", "--block-ms", "100"],
-            cwd=TESTS, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                sys.executable,
+                "-m",
+                "unilog",
+                "consume",
+                "handlers:ordered_handler",
+                "--name",
+                "ordered",
+                "--partitioned",
+                "--worker",
+                name,
+                "--batch-size",
+                "5",
+                "--block-ms",
+                "100",
+            ],
+            cwd=TESTS,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         for name in ("w1", "w2", "w3", "w4")
     }
@@ -113,12 +130,29 @@ def test_reset_and_rebuild_give_the_live_consumers_state(settings: Settings, pg:
 
     with Consumer(own, ConsumerConfig(name="live"), live_handler) as live:
         live.drain()
-    env = {**os.environ, "DATABASE_URL": settings.database_url, "REDIS_URL": settings.redis_url,
-           "UNILOG_STREAM": STREAM, "PYTHONPATH": str(ROOT)}
+    env = {
+        **os.environ,
+        "DATABASE_URL": settings.database_url,
+        "REDIS_URL": settings.redis_url,
+        "UNILOG_STREAM": STREAM,
+        "PYTHONPATH": str(ROOT),
+    }
     rebuild = subprocess.run(
-        [sys.executable, "-m", "unilog", "consumer", "rebuild", "live", "unilog_demo.consumer:handle",
-         "--reset-state", "unilog_demo.consumer:reset_state"],
-        env=env, capture_output=True, text=True, cwd=ROOT,
+        [
+            sys.executable,
+            "-m",
+            "unilog",
+            "consumer",
+            "rebuild",
+            "live",
+            "unilog_demo.consumer:handle",
+            "--reset-state",
+            "unilog_demo.consumer:reset_state",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
     )
     assert rebuild.returncode == 0, rebuild.stderr
     assert "50 records applied" in rebuild.stdout

@@ -89,7 +89,15 @@ def test_restore_into_a_new_cluster_starts_a_new_epoch(settings: Settings, tmp_p
             assert s.drain() == 2
         entries = [f for _, f in rds.xrange("shared")]
         assert [(f["epoch"], f["seq"]) for f in entries] == [
-            ("1", "1"), ("1", "2"), ("1", "3"), ("1", "4"), ("2", "1"), ("2", "2"), ("2", "3"), ("2", "4"), ("2", "5"),
+            ("1", "1"),
+            ("1", "2"),
+            ("1", "3"),
+            ("1", "4"),
+            ("2", "1"),
+            ("2", "2"),
+            ("2", "3"),
+            ("2", "4"),
+            ("2", "5"),
         ]
         consumer = Consumer(settings.with_(stream="shared"), ConsumerConfig(name="c"), handler)
         with consumer:

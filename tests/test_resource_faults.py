@@ -145,6 +145,7 @@ def test_consumer_survives_postgres_reset_and_blackhole(pg_proxy: Any, settings:
         time.sleep(1.5)
         proxy.pass_through()
         with psycopg.connect(settings.conninfo) as conn:
+
             def done() -> bool:
                 exists = conn.execute("SELECT to_regclass('seen') IS NOT NULL").fetchone()[0]
                 rows = conn.execute("SELECT n FROM seen ORDER BY n").fetchall() if exists else []

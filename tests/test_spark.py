@@ -43,8 +43,7 @@ def rides(settings: Settings, n: int) -> None:
         for i in range(n):
             distance = Decimal(i % 1000) / 8
             ride = conn.execute("INSERT INTO rides (distance) VALUES (%s) RETURNING id", (distance,)).fetchone()
-            emit(conn, action="create", object="ride", data={"id": ride[0], "distance": float(distance)},
-                 stream=STREAM)
+            emit(conn, action="create", object="ride", data={"id": ride[0], "distance": float(distance)}, stream=STREAM)
         conn.commit()
 
 
@@ -74,8 +73,13 @@ def on(request: pytest.FixtureRequest, app: Settings, rds: Any) -> tuple[Setting
 def test_batch_read_is_split_by_entry_count(spark: Any, app: Settings) -> None:
     rides(app, 2500)
     Streamer(app).drain()
-    df = (spark.read.format("unilog").option("redisUrl", app.redis_url).option("stream", STREAM)
-          .option("entriesPerPartition", "1000").load())
+    df = (
+        spark.read.format("unilog")
+        .option("redisUrl", app.redis_url)
+        .option("stream", STREAM)
+        .option("entriesPerPartition", "1000")
+        .load()
+    )
     assert df.rdd.getNumPartitions() == 3, "1000 + 1000 + 500 entries: cut by count, not by time"
     rows = df.orderBy("seq").collect()
     assert [r["seq"] for r in rows] == list(range(1, 2501))
@@ -101,19 +105,34 @@ def test_sink_skips_by_position_when_the_spark_checkpoint_is_lost(spark: Any, ap
     Streamer(app).drain()
     start_query(spark, "spark-lost", app.database_url, app.redis_url, str(tmp_path / "a"), once=True).awaitTermination()
     # a fresh checkpoint folder and an explicit start at the beginning: every entry comes again, none is applied twice
-    df = (spark.readStream.format("unilog").option("redisUrl", app.redis_url).option("stream", STREAM)
-          .option("startingId", "beginning").load())
+    df = (
+        spark.readStream.format("unilog")
+        .option("redisUrl", app.redis_url)
+        .option("stream", STREAM)
+        .option("startingId", "beginning")
+        .load()
+    )
     sink = TransactionalSink(app.database_url, "spark-lost", STREAM, state_effect("spark-lost"))
-    (df.writeStream.foreachBatch(sink).option("checkpointLocation", str(tmp_path / "b")).trigger(availableNow=True)
-     .start().awaitTermination())
+    (
+        df.writeStream.foreachBatch(sink)
+        .option("checkpointLocation", str(tmp_path / "b"))
+        .trigger(availableNow=True)
+        .start()
+        .awaitTermination()
+    )
     with psycopg.connect(app.conninfo) as conn:
         assert consumer_totals(conn)["spark-lost"] == canonical_totals(conn)
 
 
 def run_sink_once(spark: Any, app: Settings, sink: Any, checkpoint: Path) -> None:
     df = spark.readStream.format("unilog").option("redisUrl", app.redis_url).option("stream", STREAM).load()
-    (df.writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint)).trigger(availableNow=True)
-     .start().awaitTermination())
+    (
+        df.writeStream.foreachBatch(sink)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+        .awaitTermination()
+    )
 
 
 def test_the_sinks_spark_work_does_not_hold_back_the_streamer(
@@ -200,12 +219,17 @@ def test_spark_consumer_killed_mid_batch_and_restarted(app: Settings, pg: Any, t
     def start() -> subprocess.Popen[bytes]:
         return subprocess.Popen(
             [sys.executable, "-m", "unilog_demo.spark_consumer", "spark0", "--checkpoint", str(checkpoint)],
-            env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
 
     def in_batch() -> bool:
-        row = pg.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'unilog-spark-spark0' "
-                         "AND state IN ('idle in transaction', 'active')").fetchone()
+        row = pg.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'unilog-spark-spark0' "
+            "AND state IN ('idle in transaction', 'active')"
+        ).fetchone()
         return bool(row[0])
 
     streamer = Streamer(app)
@@ -232,8 +256,11 @@ def test_spark_consumer_killed_mid_batch_and_restarted(app: Settings, pg: Any, t
         proc = start()
         try:
             with psycopg.connect(app.conninfo, autocommit=True) as conn:
-                wait_for(lambda: consumer_totals(conn).get("spark0") == canonical_totals(conn), 120,
-                         f"the restarted Spark consumer ({round_}) to catch up")
+                wait_for(
+                    lambda: consumer_totals(conn).get("spark0") == canonical_totals(conn),
+                    120,
+                    f"the restarted Spark consumer ({round_}) to catch up",
+                )
         finally:
             proc.send_signal(signal.SIGTERM)
             try:
@@ -260,8 +287,10 @@ def test_reconcile_detects_a_planted_discrepancy_and_repair_fixes_it(
         with Consumer(app, ConsumerConfig(name=name, batch_size=50), lambda c, r, n=name: apply_rides(n, c, r)) as c:
             c.run_once(block_ms=-1)  # 50 of 120: behind the stream end, still comparable at its checkpoint
     rides(app, 30)  # staged, not streamed: reconciliation must not count them for anyone
-    pg.execute("UPDATE consumer_states SET ride_count = ride_count + 1, total_distance = total_distance + 7 "
-               "WHERE name = 'broken'")
+    pg.execute(
+        "UPDATE consumer_states SET ride_count = ride_count + 1, total_distance = total_distance + 7 "
+        "WHERE name = 'broken'"
+    )
     report = reconcile(spark, app, model, slices=3)
     verdicts = {c.name: c.agree for c in report.consumers}
     assert verdicts == {"honest": True, "broken": False}
@@ -296,8 +325,9 @@ def test_archive_plus_live_stream_rebuilds_a_consumer_exactly(
     rides(app, 200)
     streamer.drain()
     # retention drops the archived history from Redis (here, by hand, up to the archiver's checkpoint)
-    archived_until = pg.execute("SELECT last_id FROM unilog_checkpoints WHERE name = %s",
-                                (archiver_name(STREAM),)).fetchone()[0]
+    archived_until = pg.execute(
+        "SELECT last_id FROM unilog_checkpoints WHERE name = %s", (archiver_name(STREAM),)
+    ).fetchone()[0]
     rds.xtrim(STREAM, minid=archived_until, approximate=False)  # "~" (the default) keeps whole nodes
     assert rds.xlen(STREAM) == 201, "the first 299 entries exist only in the archive now"
     assert read_archive(spark, path).count() == 300

@@ -32,8 +32,13 @@ def produce_rides(settings: Settings, stop: threading.Event, rate: float = 200.0
             with conn.transaction():
                 distance = Decimal(rng.randint(1, 10_000_000)) / 1000
                 ride_id = conn.execute("INSERT INTO rides (distance) VALUES (%s) RETURNING id", (distance,)).fetchone()
-                emit(conn, action="create", object="ride", data={"id": ride_id[0], "distance": float(distance)},
-                     stream=STREAM)
+                emit(
+                    conn,
+                    action="create",
+                    object="ride",
+                    data={"id": ride_id[0], "distance": float(distance)},
+                    stream=STREAM,
+                )
             time.sleep(1 / rate)
 
 
@@ -49,10 +54,12 @@ def lock_holder(pg: psycopg.Connection[Any]) -> str | None:
 
 def spawn(settings: Settings, *argv: str) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("UNILOG_")}
-    env.update(DATABASE_URL=settings.database_url, REDIS_URL=settings.redis_url, UNILOG_STREAM=STREAM,
-               PYTHONPATH=str(ROOT))
-    return subprocess.Popen([sys.executable, *argv], env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    env.update(
+        DATABASE_URL=settings.database_url, REDIS_URL=settings.redis_url, UNILOG_STREAM=STREAM, PYTHONPATH=str(ROOT)
+    )
+    return subprocess.Popen(
+        [sys.executable, *argv], env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
 
 
 @pytest.mark.slow
@@ -62,10 +69,13 @@ def test_two_streamers_two_consumers_survive_sigkill_of_the_active_streamer(
     prepare(settings.database_url)
     for name in ("consumer0", "consumer1"):  # declared before traffic, as a deploy would: retention waits for them
         rds.hset(registry_key(STREAM), name, "0-0")
-    streamers = {name: spawn(settings, "-m", "unilog", "streamer", "--name", name, "--poll-interval", "0.5")
-                 for name in ("sA", "sB")}
-    consumers = [spawn(settings, "-m", "unilog_demo.consumer", name, "--block-ms", "200")
-                 for name in ("consumer0", "consumer1")]
+    streamers = {
+        name: spawn(settings, "-m", "unilog", "streamer", "--name", name, "--poll-interval", "0.5")
+        for name in ("sA", "sB")
+    }
+    consumers = [
+        spawn(settings, "-m", "unilog_demo.consumer", name, "--block-ms", "200") for name in ("consumer0", "consumer1")
+    ]
     stop = threading.Event()
     producer = threading.Thread(target=produce_rides, args=(settings, stop))
     producer.start()
@@ -91,7 +101,9 @@ def test_two_streamers_two_consumers_survive_sigkill_of_the_active_streamer(
     deadline = time.monotonic() + 30
     with psycopg.connect(settings.conninfo, autocommit=True) as conn:
         canonical = canonical_totals(conn)
-        while consumer_totals(conn).get("consumer0") != canonical or consumer_totals(conn).get("consumer1") != canonical:
+        while (
+            consumer_totals(conn).get("consumer0") != canonical or consumer_totals(conn).get("consumer1") != canonical
+        ):
             assert time.monotonic() < deadline, (consumer_totals(conn), canonical)
             time.sleep(0.1)
     for proc in [*streamers.values(), *consumers]:
@@ -133,7 +145,9 @@ def test_serialization_failure_in_the_delete_is_retried(settings: Settings, pg: 
         END $$
         """
     )
-    pg.execute("CREATE TRIGGER fail_once AFTER DELETE ON staged_log_records FOR EACH STATEMENT EXECUTE FUNCTION fail_once()")
+    pg.execute(
+        "CREATE TRIGGER fail_once AFTER DELETE ON staged_log_records FOR EACH STATEMENT EXECUTE FUNCTION fail_once()"
+    )
     with psycopg.connect(settings.conninfo) as conn:
         for i in range(5):
             emit(conn, action="a", object="o", data={"n": i})

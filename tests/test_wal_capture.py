@@ -269,16 +269,17 @@ def test_server_restarts_and_streamer_kills_publish_each_record_once(
                 proc.send_signal(signal.SIGKILL)
                 proc.wait(10)
                 proc = start()
+        emit_n(own, 10, start=200)  # published by the last streamer started: it is up when SIGTERM comes
         deadline = time.monotonic() + 60
-        while rds.xlen(STREAM) < 200 or count_staged(own):
+        while rds.xlen(STREAM) < 210 or count_staged(own):
             assert time.monotonic() < deadline, (rds.xlen(STREAM), count_staged(own))
             time.sleep(0.1)
     finally:
         proc.terminate()
         proc.wait(30)
     seen = published(rds)
-    assert sorted(n for _s, n in seen) == list(range(200)), "every record once"
-    assert [s for s, _n in seen] == list(range(1, 201)), "dense positions"
+    assert sorted(n for _s, n in seen) == list(range(210)), "every record once"
+    assert [s for s, _n in seen] == list(range(1, 211)), "dense positions"
     assert proc.returncode == 0, "SIGTERM: the streamer finished its batch and exited cleanly"
 
 
@@ -306,3 +307,35 @@ def test_a_slot_whose_wal_was_removed_is_detected_and_recreated(own: Settings, r
     assert unilog(own, "capture", "wal").returncode == 0, "a lost slot is re-created by capture wal"
     assert unilog(own, "streamer", "--once").returncode == 0
     assert published(rds) == [(i + 1, i) for i in range(7)], "the rest from the table, each once"
+
+
+def test_a_commit_the_wal_sent_before_it_became_visible_is_published_not_skipped(
+    own: Settings, own_server: Any, rds: redis.Redis
+) -> None:
+    """A commit record is in the WAL (and on the slot's stream) a moment before the transaction stops counting as
+    running: here that moment is stretched by synchronous replication to a standby that does not exist, which holds
+    the producer after its commit record was flushed. A missing row then means "not visible yet", not "published"."""
+    with psycopg.connect(own_server.url, autocommit=True) as admin:
+        dbname = own.database_url.rpartition("/")[2]
+        admin.execute(f'ALTER DATABASE "{dbname}" SET synchronous_commit = local')  # everyone but the producer
+        admin.execute("ALTER SYSTEM SET synchronous_standby_names = 'nobody'")
+        admin.execute("SELECT pg_reload_conf()")
+    producer = psycopg.connect(own.conninfo, options="-c synchronous_commit=on")
+    try:
+        emit(producer, action="create", object="ride", data={"n": 0})
+        pid = producer.info.backend_pid
+        committing = threading.Thread(target=producer.commit)  # flushed, then waits for the standby
+        committing.start()
+        with psycopg.connect(own_server.url, autocommit=True) as admin:
+            admin.execute("SELECT pg_sleep(1)")  # the slot has sent the commit meanwhile
+            threading.Timer(1.0, admin.execute, ("SELECT pg_cancel_backend(%s)", (pid,))).start()
+            with streamer(own) as s:
+                assert until_published(s) == 1, "waited until the transaction was visible, then published it"
+        committing.join(10)
+    finally:
+        producer.close()
+        with psycopg.connect(own_server.url, autocommit=True) as admin:
+            admin.execute("ALTER SYSTEM RESET synchronous_standby_names")
+            admin.execute("SELECT pg_reload_conf()")
+    assert published(rds) == [(1, 0)]
+    assert count_staged(own) == 0

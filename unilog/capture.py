@@ -119,14 +119,16 @@ class WalCapture:
         if not self._decoder.in_transaction:
             reader.confirm(reader.received_end)
 
-    def _take_batch(self) -> tuple[list[WalRow], int | None, int]:
+    def _take_batch(self) -> tuple[list[WalRow], int | None, int, list[int]]:
         """Up to ``batch_size`` rows in commit order, a large transaction split across batches; returns (rows, the
-        end LSN of the last transaction finished by them or None, transactions finished)."""
+        end LSN of the last transaction finished by them or None, transactions finished, their transactions' xids)."""
         rows: list[WalRow] = []
+        xids: list[int] = []
         confirm, finished = None, 0
         room = self.streamer.config.batch_size
         while self._pending and room > 0:
             head = self._pending[0]
+            xids.append(head.xid)
             part = head.rows[self._head_offset : self._head_offset + room]
             rows.extend(part)
             room -= len(part)
@@ -136,7 +138,7 @@ class WalCapture:
                 self._head_offset = 0
                 confirm, finished = head.end_lsn, finished + 1
         self._pending_rows -= len(rows)
-        return rows, confirm, finished
+        return rows, confirm, finished, xids
 
     def _publish(self, conn: psycopg.Connection[Any], reader: ReplicationStream) -> BatchResult:
         """Publish the next whole transactions' records whose rows exist, delete those rows, confirm the slot."""
@@ -144,8 +146,8 @@ class WalCapture:
 
         streamer = self.streamer
         started = time.perf_counter()
-        rows, confirm, finished = self._take_batch()
-        existing = store.existing_ids(conn, [r.row[0] for r in rows]) if rows else set()
+        rows, confirm, finished, xids = self._take_batch()
+        existing = store.existing_ids(conn, [r.row[0] for r in rows], xids) if rows else set()
         fresh = [r for r in rows if r.row[0] in existing]
         by_stream: dict[str, list[store.StagedRow]] = {}
         for r in fresh:

@@ -129,9 +129,37 @@ def any_staged(conn: psycopg.Connection[Any]) -> bool:
     return bool(row and row[0])
 
 
-def existing_ids(conn: psycopg.Connection[Any], ids: list[int]) -> set[int]:
-    """Which of these staged ids still have their row (not published yet); primary-key look-ups, no scan."""
+def existing_ids(conn: psycopg.Connection[Any], ids: list[int], xids: list[int], timeout: float = 10.0) -> set[int]:
+    """Which of these staged ids still have their row (not published yet); primary-key look-ups, no scan.
+
+    A transaction's commit record reaches the WAL (and the slot's stream) a moment before the transaction stops
+    counting as running for new snapshots, so a row missing from a snapshot taken in that moment is not gone but not
+    yet visible. The look-up therefore waits until a snapshot sees every transaction of the batch (``xids``, the
+    32-bit ids of pgoutput's begin messages) as ended: only then is a missing row a published one.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        row = conn.execute(_SEES_ALL, (xids,)).fetchone()
+        if row and row[0]:
+            break
+        conn.commit()  # a new snapshot for the next look
+        if time.monotonic() > deadline:
+            raise psycopg.OperationalError("transactions the WAL reported committed stayed running: retrying")
+        time.sleep(0.001)
     return {r[0] for r in conn.execute("SELECT id FROM staged_log_records WHERE id = ANY(%s)", (ids,))}
+
+
+# Whether the current snapshot sees these transactions as ended. A 32-bit xid from the WAL is widened to the xid8 of
+# the snapshot's epoch (an xid just above the snapshot's xmax is one not completed yet: same epoch, not visible), or
+# of the epoch before when it lies more than 2^31 above (the counter wrapped since): they are all recent.
+_SEES_ALL = """
+    WITH now AS (SELECT pg_current_snapshot() AS snap,
+                        pg_snapshot_xmax(pg_current_snapshot())::text::numeric AS top)
+    SELECT coalesce(bool_and(pg_visible_in_snapshot(
+        (CASE WHEN x - top %% 4294967296 > 2147483648 THEN top - top %% 4294967296 - 4294967296 + x
+              ELSE top - top %% 4294967296 + x END)::text::xid8, snap)), true)
+    FROM now, unnest(%s::bigint[]) AS x
+"""
 
 
 def delete_ids(conn: psycopg.Connection[Any], ids: list[int], epoch: int, last_seqs: dict[str, int]) -> int:
