@@ -339,3 +339,22 @@ def test_a_commit_the_wal_sent_before_it_became_visible_is_published_not_skipped
             admin.execute("SELECT pg_reload_conf()")
     assert published(rds) == [(1, 0)]
     assert count_staged(own) == 0
+
+
+def test_a_dropped_streamer_releases_its_locks_and_slot_without_close(wal: Settings, pg: Any) -> None:
+    """No reference cycle keeps a streamer alive: ``Streamer(settings).drain()`` without ``with`` lets the next one
+    publish (the test suite and users write it that way)."""
+    import gc
+
+    gc.disable()  # only reference counting may free it
+    try:
+        emit_n(wal, 2)
+        assert Streamer(wal).drain(timeout=10) == 2
+        emit_n(wal, 2, start=2)
+        assert Streamer(wal).drain(timeout=10) == 2, "the first one's slot session and stream lock are gone"
+        emit_n(settings := wal, 1, start=4)
+        disable_wal(settings)
+        assert Streamer(settings).drain(timeout=10) == 1, "and in table mode"
+        assert Streamer(settings).drain(timeout=10) == 0
+    finally:
+        gc.enable()

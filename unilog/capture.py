@@ -26,6 +26,7 @@ transaction delays only its own records. Guarantees, as in table mode:
 from __future__ import annotations
 
 import time
+import weakref
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -55,7 +56,10 @@ class WalCapture:
                 "this database is in WAL capture mode, where one streamer publishes every stream of the database "
                 "from its slot: drop --streams (or switch back with `unilog capture table`)"
             )
-        self.streamer, self.slot = streamer, slot
+        # a proxy: the streamer owns this pass, and a strong reference back would make a cycle that keeps a dropped
+        # streamer's sessions (its stream locks, its slot) until the garbage collector ran
+        self.streamer: Streamer = weakref.proxy(streamer)
+        self.slot = slot
         self._reader: ReplicationStream | None = None
         self._decoder = Decoder()
         self._pending: deque[WalTransaction] = deque()  # received whole, not yet published

@@ -157,7 +157,7 @@ class Streamer(Worker):
         self._helper: concurrent.futures.ThreadPoolExecutor | None = None  # Redis, while a backlog drains
         self._packed_fetch = False  # whether Postgres can encode batches for Redis (a UTF8 database)
         self._horizon_delay = self.config.horizon_poll  # between looks while records wait behind the horizon
-        self._horizon = HorizonWatch(name, self.config.horizon_warn_interval, self._held_report)
+        self._horizon = HorizonWatch(name, self.config.horizon_warn_interval)
         self._wal: WalCapture | None = None  # the database is in WAL capture mode (unilog.capture)
         self._mode_known = False  # the capture mode is read once per Postgres session
         self.published_total = 0
@@ -288,7 +288,9 @@ class Streamer(Worker):
             if not result.waiting and not (result.blocked and self._staged_elsewhere()):
                 return total
             if result.waiting:
-                self._horizon.check(warn_after=min(5.0, self.config.horizon_warn_after), limit=max_wait)
+                self._horizon.check(
+                    self._held_report, warn_after=min(5.0, self.config.horizon_warn_after), limit=max_wait
+                )
             if deadline is not None and time.monotonic() > deadline:
                 raise UnilogError(
                     f"drain timed out after {timeout}s with committed records still staged "
@@ -574,7 +576,7 @@ class Streamer(Worker):
                 if self._wal.has_pending:
                     return
         elif result.waiting:
-            self._horizon.check(warn_after=self.config.horizon_warn_after)
+            self._horizon.check(self._held_report, warn_after=self.config.horizon_warn_after)
             stop_event.wait(self._horizon_delay)
             self._horizon_delay = min(self._horizon_delay * 2, self.config.horizon_poll_max)
         else:
