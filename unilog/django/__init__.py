@@ -64,6 +64,14 @@ def emit(
     return int(row[0])
 
 
+def migrate_schema(apps: Any, schema_editor: Any) -> None:
+    """What each of this app's Django migrations runs: unilog's own migrations up to the installed head, on a
+    connection of their own (idempotent, so a failure before Django records the migration is repaired by re-running)."""
+    from ..schema import migrate
+
+    migrate(database_url(schema_editor.connection.alias))
+
+
 def database_url(using: str = DEFAULT_DB_ALIAS) -> str:
     """A ``postgresql://`` URL for Django database ``using`` (for ``unilog`` commands and :class:`Settings`)."""
     params = connections[using].settings_dict

@@ -7,20 +7,13 @@ run the same command, so ``manage.py migrate`` keeps the schema at the installed
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.db import migrations
 
-
-def upgrade(apps: Any, schema_editor: Any) -> None:
-    from unilog.django import database_url
-    from unilog.schema import migrate
-
-    migrate(database_url(schema_editor.connection.alias))
+from unilog.django import migrate_schema
 
 
 class Migration(migrations.Migration):
     initial = True
     atomic = False  # unilog's migrations take their own lock and transaction
     dependencies: list[tuple[str, str]] = []
-    operations = [migrations.RunPython(upgrade, migrations.RunPython.noop, elidable=False)]
+    operations = [migrations.RunPython(migrate_schema, migrations.RunPython.noop, elidable=False)]
