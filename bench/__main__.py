@@ -14,6 +14,7 @@ from typing import Any
 from . import sysinfo
 from .consume import run_consume
 from .core import FULL, QUICK, Profile, Results, log, worker_init
+from .curves import run_curves
 from .drain import run_drain, run_drain_streams
 from .env import BenchEnv
 from .horizon import run_horizon
@@ -39,6 +40,7 @@ WORKLOADS: dict[str, Workload] = {
     "spark": run_spark,
     "observe": run_observe,
     "shards": run_shards,
+    "curves": run_curves,
 }
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 SETUP = [

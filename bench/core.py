@@ -39,6 +39,8 @@ class Profile:
     spark_size: int
     spark_reps: int
     spark_latency_seconds: float
+    curve_rates: tuple[int, ...] = (100, 1_000, 5_000, 10_000, 20_000)
+    curve_seconds: float = 6.0
 
 
 QUICK = Profile(
@@ -55,9 +57,11 @@ QUICK = Profile(
     consume_size=100_000,
     consume_reps=3,
     memory_size=200_000,
-    spark_size=100_000,
+    spark_size=200_000,
     spark_reps=1,
     spark_latency_seconds=10.0,
+    curve_rates=(100, 1_000, 5_000, 10_000),
+    curve_seconds=4.0,
 )
 
 FULL = Profile(

@@ -127,14 +127,16 @@ def _produce(conn: psycopg.Connection[Any], variant: str, i: int, probes: Probes
     probes.committed[i] = time.monotonic()
 
 
-def _producer_main(urls: Urls, variant: str, rate: float, n: int, probes: Probes, behind_out: Any) -> None:
+def _producer_main(
+    urls: Urls, variant: str, rate: float, n: int, probes: Probes, behind_out: Any, threads: int = PRODUCER_THREADS
+) -> None:
     worker_init()
-    conns = [psycopg.connect(urls.database) for _ in range(PRODUCER_THREADS)]
+    conns = [psycopg.connect(urls.database) for _ in range(threads)]
     start = time.monotonic() + 0.2
-    behind = [0.0] * PRODUCER_THREADS
+    behind = [0.0] * threads
 
     def loop(k: int) -> None:
-        for i in range(k, n, PRODUCER_THREADS):
+        for i in range(k, n, threads):
             delay = start + i / rate - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
@@ -142,10 +144,10 @@ def _producer_main(urls: Urls, variant: str, rate: float, n: int, probes: Probes
                 behind[k] = max(behind[k], -delay)
             _produce(conns[k], variant, i, probes)
 
-    threads = [threading.Thread(target=loop, args=(k,)) for k in range(PRODUCER_THREADS)]
-    for t in threads:
+    workers = [threading.Thread(target=loop, args=(k,)) for k in range(threads)]
+    for t in workers:
         t.start()
-    for t in threads:
+    for t in workers:
         t.join()
     for c in conns:
         c.close()
@@ -184,14 +186,19 @@ def latency_trial(
     *,
     consumer_main: Any = None,
     before_producer: Any = None,
+    threads: int = PRODUCER_THREADS,
+    extra: tuple[Any, ...] = (),
 ) -> tuple[dict[str, float], dict[str, Any]]:
     """One trial; ``consumer_main(urls, probes, ready, stop)`` replaces unilog's consumer process (the Spark one);
-    ``before_producer()`` runs once the pipeline is up, just before the producer starts."""
+    ``before_producer()`` runs once the pipeline is up, just before the producer starts; ``threads`` producer
+    connections; each of ``extra`` is a ``main(urls, ready, stop)`` run beside the pipeline (another consumer)."""
     env.reset()
     n = int(rate * seconds)
     probes, behind = Probes.create(n), SPAWN.Value("d", 0.0, lock=False)
     stop, ready_s, ready_c = SPAWN.Event(), SPAWN.Event(), SPAWN.Event()
+    ready_x = [SPAWN.Event() for _ in extra]
     pipeline = [
+        *(SPAWN.Process(target=main, args=(env.urls, ready, stop)) for main, ready in zip(extra, ready_x, strict=True)),
         SPAWN.Process(target=_streamer_main, args=(env.urls, variant, ready_s, stop)),
         SPAWN.Process(target=_consumer_main, args=(env.urls, variant, probes, ready_c, stop))
         if consumer_main is None
@@ -199,20 +206,23 @@ def latency_trial(
     ]
     for p in pipeline:
         p.start()
-    if not (ready_s.wait(60) and ready_c.wait(180)):
+    if not (ready_s.wait(60) and ready_c.wait(180) and all(r.wait(60) for r in ready_x)):
         raise RuntimeError("latency: streamer or consumer did not start")
-    producer = SPAWN.Process(target=_producer_main, args=(env.urls, variant, rate, n, probes, behind))
+    producer = SPAWN.Process(target=_producer_main, args=(env.urls, variant, rate, n, probes, behind, threads))
     if before_producer is not None:
         before_producer()
+    started = time.monotonic()
     producer.start()
     producer.join()
+    producing = time.monotonic() - started - 0.2  # the producer's schedule starts 0.2 s after it does
     _wait_settled(env, variant, probes.seen, n)
     stop.set()
     for p in pipeline:
         p.join(30)
         if p.is_alive():
             p.kill()
-    return _metrics(probes, n), {"records": n, "producer_max_behind_s": round(behind.value, 4)}
+    notes = {"records": n, "producer_max_behind_s": round(behind.value, 4), "producer_seconds": round(producing, 3)}
+    return _metrics(probes, n), notes
 
 
 def _metrics(p: Probes, n: int) -> dict[str, float]:

@@ -19,6 +19,7 @@ from typing import Any
 import psycopg
 
 import unilog
+from unilog import store
 
 from .core import SPAWN, Profile, Results, interleaved, log, worker_init
 from .env import BenchEnv, Urls
@@ -95,6 +96,9 @@ def produce_trial(
     target = _async_client_main if variant.startswith("async") else _client_main
     if variant == "emit, no NOTIFY":
         env.admin.execute(f"ALTER TABLE staged_log_records DISABLE TRIGGER {TRIGGER}")
+    sleeper = psycopg.connect(env.urls.database, autocommit=True)
+    if variant == "emit, streamer asleep":  # every commit notifies, as before the quiet wake-up (unilog_0007)
+        assert store.try_sleep(sleeper)
     try:
         barrier, out = SPAWN.Barrier(clients), SPAWN.Queue()
         args = (env.urls, stage, seconds, barrier, out)
@@ -105,6 +109,7 @@ def produce_trial(
         for p in procs:
             p.join()
     finally:
+        sleeper.close()
         env.admin.execute(f"ALTER TABLE staged_log_records ENABLE TRIGGER {TRIGGER}")
     total = sum(counts)
     staged = env.staged()
@@ -126,12 +131,14 @@ def run_produce(env: BenchEnv, profile: Profile, results: Results) -> None:
 
 
 SCALING_CLIENTS = (1, 8, 32)
-SCALING_VARIANTS = ("without emit", "plain INSERT", "with emit", "emit, no NOTIFY")
+SCALING_VARIANTS = ("without emit", "plain INSERT", "with emit", "emit, no NOTIFY", "emit, streamer asleep")
 
 
 def run_produce_clients(env: BenchEnv, profile: Profile, results: Results) -> None:
-    """emit against the second-INSERT floor as clients grow (issue 18): ``emit, no NOTIFY`` is what a producer pays
-    in WAL capture mode, where the staging trigger is disabled."""
+    """emit against the second-INSERT floor as clients grow (issue 18). ``with emit``: table mode while the streamer
+    is busy (no streamer sleeps, so no commit notifies); ``emit, no NOTIFY``: WAL capture mode, where the staging
+    trigger is disabled; ``emit, streamer asleep``: a session holds the wake-up lock for the whole trial, so every
+    commit notifies (a real streamer wakes at the first one and stays awake while commits keep coming)."""
     for clients in SCALING_CLIENTS:
         log(f"produce_clients: {clients} clients x {profile.produce_seconds:g} s, {SCALING_VARIANTS}")
         interleaved(

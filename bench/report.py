@@ -46,6 +46,7 @@ def targets(results: Results, profile: Profile) -> list[Target]:
         *_produce_targets(results),
         *_consume_targets(results),
         *_horizon_targets(results),
+        *_spark_targets(results),
         _memory_target(results, profile),
     ]
 
@@ -73,6 +74,10 @@ def _produce_targets(results: Results) -> list[Target]:
     for case in _cases(results, "produce"):
         ratio = results.paired_ratio("produce", case, "with emit", "without emit", "tx/s")
         out.append(Target(f"produce {case}: with emit / without", ratio, ">=", 0.85, "x"))
+    for case in _cases(results, "produce_clients"):
+        for variant, mode in (("with emit", "table mode"), ("emit, no NOTIFY", "WAL mode")):
+            ratio = results.paired_ratio("produce_clients", case, variant, "plain INSERT", "tx/s")
+            out.append(Target(f"produce {case}: emit / second-INSERT floor, {mode}", ratio, ">=", 0.95, "x"))
     return out
 
 
@@ -87,6 +92,21 @@ def _horizon_targets(results: Results) -> list[Target]:
             " ms",
         )
         for case in _cases(results, "horizon")
+    ]
+
+
+def _spark_targets(results: Results) -> list[Target]:
+    """Issue 18: the Spark consumer at least half the Python checkpoint consumer with large batches."""
+    return [
+        Target(
+            f"spark {case}: spark (maxEntriesPerBatch 100,000) / python",
+            results.paired_ratio("spark", case, "spark b100k", "python", "entries/s"),
+            ">=",
+            0.5,
+            "x",
+        )
+        for case in _cases(results, "spark")
+        if case.startswith("throughput")
     ]
 
 
@@ -135,13 +155,24 @@ def ratios(results: Results) -> list[str]:
         ("produce_clients", "tx/s", "with emit", "plain INSERT", " (emit / the second-INSERT floor, table mode)"),
         ("produce_clients", "tx/s", "emit, no NOTIFY", "plain INSERT", " (emit / the floor, WAL mode: no NOTIFY)"),
         ("produce_clients", "tx/s", "plain INSERT", "without emit", " (the floor / the bare business transaction)"),
+        (
+            "produce_clients",
+            "tx/s",
+            "emit, streamer asleep",
+            "plain INSERT",
+            " (every commit notifies, as before the quiet wake-up)",
+        ),
         ("horizon", "p99 ms", "table, idle 2s", "wal, idle 2s", " (p99: table mode / WAL mode, idle transaction)"),
         ("consume", "records/s", "unilog", "reference", ""),
         ("consume", "records/s", "unilog-distance", "reference", " (same work as the reference)"),
         ("consume", "records/s", "unilog-group", "reference", ""),
         ("consume", "records/s", "unilog-async", "unilog", " (asyncio consumer / threaded, trivial handler)"),
         ("consume", "records/s", "unilog-async-distance", "unilog-distance", " (asyncio / threaded, distance work)"),
-        ("spark", "entries/s", "spark", "python", " (the same work, state and checkpoint in one transaction)"),
+        *(
+            ("spark", "entries/s", f"spark b{b}k", "python", " (same work; state and checkpoint in one transaction)")
+            for b in (20, 50, 100)
+        ),
+        ("curves", "records/s", "wal", "table", " (the knee: WAL mode / table mode)"),
         ("observe-drain", "records/s", "default", "no-metrics", " (the cost of metrics)"),
         ("observe-drain", "records/s", "traced", "default", " (the cost of tracing: SDK on, every record traced)"),
         ("observe-consume", "records/s", "default", "no-metrics", " (the cost of metrics)"),

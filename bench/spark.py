@@ -34,6 +34,8 @@ from .latency import CHECKPOINT_UNILOG, Probes, latency_trial
 
 CONF = {"spark.sql.shuffle.partitions": "1"}
 TRIGGER = "200 milliseconds"
+BATCH = 20_000  # the demo's maxEntriesPerBatch
+BATCHES = (20_000, 50_000, 100_000)  # the throughput trials' maxEntriesPerBatch: the latency-throughput trade-off
 LATENCY_NAME = "bench-latency"  # the name latency.py's "caught up" check reads (CHECKPOINT_UNILOG)
 assert LATENCY_NAME in CHECKPOINT_UNILOG
 
@@ -52,14 +54,14 @@ def _state_update(conn: psycopg.Connection[Any], name: str, total: float, n: int
     )
 
 
-def _start(spark: Any, urls: Urls, name: str, sink: Any, checkpoint: str) -> Any:
+def _start(spark: Any, urls: Urls, name: str, sink: Any, checkpoint: str, max_entries: int = BATCH) -> Any:
     stream = (
         spark.readStream.format("unilog")
         .option("redisUrl", urls.redis)
         .option("stream", urls.stream)
         .option("databaseUrl", urls.database)
         .option("consumer", name)
-        .option("maxEntriesPerBatch", "20000")
+        .option("maxEntriesPerBatch", str(max_entries))
         .load()
     )
     writer = stream.writeStream.foreachBatch(sink).option("checkpointLocation", checkpoint)
@@ -86,7 +88,7 @@ def _aggregate_effect(name: str) -> Any:
     return effect
 
 
-def _spark_drain(urls: Urls, size: int) -> tuple[int, float, float]:
+def _spark_drain(urls: Urls, size: int, batch: int) -> tuple[int, float, float]:
     """(entries applied, seconds from the query's start, entries/s after the first batch). The first micro-batch
     carries the query's warm-up (Python workers start, code is compiled: about 8 s here), so the steady rate is the
     one a long-running consumer sees."""
@@ -95,7 +97,7 @@ def _spark_drain(urls: Urls, size: int) -> tuple[int, float, float]:
     try:
         sink = TransactionalSink(urls.database, CONSUME_NAME, urls.stream, _aggregate_effect(CONSUME_NAME))
         started = time.perf_counter()
-        query = _start(spark, urls, CONSUME_NAME, sink, checkpoint)
+        query = _start(spark, urls, CONSUME_NAME, sink, checkpoint, batch)
         deadline = time.monotonic() + 900
         first: tuple[int, float] | None = None
         while (count := _count(urls, CONSUME_NAME)) < size and time.monotonic() < deadline and query.isActive:
@@ -112,16 +114,21 @@ def _spark_drain(urls: Urls, size: int) -> tuple[int, float, float]:
 
 
 def throughput_trial(env: BenchEnv, variant: str, size: int) -> tuple[dict[str, float], dict[str, Any]]:
+    """``python`` or ``spark b<N>`` (``maxEntriesPerBatch`` N)."""
     env.reset(keep_redis=True)
     env.rds.delete(registry_key(env.urls.stream))
-    if variant == "spark":
-        count, elapsed, steady = in_fresh_process(_spark_drain, env.urls, size)
+    metrics: dict[str, float] = {}
+    if variant.startswith("spark"):
+        batch = int(variant.removeprefix("spark b").removesuffix("k")) * 1000
+        count, elapsed, steady = in_fresh_process(_spark_drain, env.urls, size, batch)
+        # when the consumer is behind, a record waits up to one micro-batch: the latency side of the trade-off
+        metrics["s per batch"] = batch / steady if steady else float("nan")
     else:
         count, elapsed = in_fresh_process(_unilog, env.urls, True)
         steady = count / elapsed
     if count != size:
         log(f"  WARNING spark throughput {variant}: applied {count} of {size}")
-    metrics = {"entries/s": steady, "entries/s with warm-up": count / elapsed, "seconds": elapsed}
+    metrics.update({"entries/s": steady, "entries/s with warm-up": count / elapsed, "seconds": elapsed})
     return metrics, {"count": count}
 
 
@@ -185,12 +192,13 @@ def run_spark(env: BenchEnv, profile: Profile, results: Results) -> None:
     env.stage(size)
     in_fresh_process(_prefill, env.urls)
     env.compact_aof()
-    log(f"spark throughput: {profile.spark_reps} rounds of spark, python")
+    variants = ("python", *(f"spark b{b // 1000}k" for b in BATCHES))
+    log(f"spark throughput: {profile.spark_reps} rounds of {', '.join(variants)}")
     interleaved(
         results,
         "spark",
         f"throughput {size:,} entries",
-        ("spark", "python"),
+        variants,
         profile.spark_reps,
         lambda v: throughput_trial(env, v, size),
     )

@@ -7,7 +7,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
 import unilog
@@ -151,15 +151,3 @@ def test_emit_without_migrations_says_so(unilog_postgres: Any) -> None:
     del drop_database
 
 
-def test_notify_is_sent_only_on_commit(settings: Settings) -> None:
-    with psycopg.connect(settings.conninfo, autocommit=True) as listener, psycopg.connect(settings.conninfo) as conn:
-        listener.execute("LISTEN unilog_staged")
-        emit(conn, action="a", object="o", data={})
-        assert list(listener.notifies(timeout=0.2, stop_after=1)) == []
-        conn.commit()
-        assert len(list(listener.notifies(timeout=2, stop_after=1))) == 1
-        with conn.transaction():
-            conn.execute(text("SELECT 1").text)  # an unrelated statement
-        emit(conn, action="a", object="o", data={})
-        conn.rollback()
-        assert list(listener.notifies(timeout=0.2, stop_after=1)) == []

@@ -211,7 +211,7 @@ def _loading_redis(server: EmbeddedRedis) -> subprocess.Popen[bytes]:
         time.sleep(0.05)
     time.sleep(0.2)
     server.stop()
-    server.conf_path.write_text(server.conf_path.read_text() + "\nkey-load-delay 40\n")
+    server.conf_path.write_text(server.conf_path.read_text() + "\nkey-load-delay 150\n")
     proc = subprocess.Popen(
         [str(server.binary.path), str(server.conf_path)],
         cwd=server.base_dir,

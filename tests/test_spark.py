@@ -232,41 +232,42 @@ def test_spark_consumer_killed_mid_batch_and_restarted(app: Settings, pg: Any, t
         ).fetchone()
         return bool(row[0])
 
+    def kill_mid_batch(proc: subprocess.Popen[bytes]) -> None:
+        for _ in range(20):  # keep producing until we catch the consumer inside a batch transaction
+            rides(app, 200)
+            streamer.drain()
+            deadline = time.monotonic() + 60
+            while not in_batch() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if in_batch():
+                break
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+
+    def caught_up(what: str) -> None:
+        with psycopg.connect(app.conninfo, autocommit=True) as conn:
+            wait_for(lambda: consumer_totals(conn).get("spark0") == canonical_totals(conn), 120, what)
+
     streamer = Streamer(app)
-    for round_ in ("with its checkpoint folder", "without its checkpoint folder"):
-        proc = start()
-        try:
-            for _ in range(20):  # keep producing until we catch the consumer inside a batch transaction
-                rides(app, 200)
-                streamer.drain()
-                deadline = time.monotonic() + 60
-                while not in_batch() and time.monotonic() < deadline:
-                    time.sleep(0.01)
-                if in_batch():
-                    break
-            proc.send_signal(signal.SIGKILL)
-            proc.wait(10)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-        if round_ == "without its checkpoint folder":
-            shutil.rmtree(checkpoint, ignore_errors=True)
+    proc = start()
+    try:
+        kill_mid_batch(proc)
+        rides(app, 100)
+        streamer.drain()
+        proc = start()  # with its checkpoint folder
+        caught_up("the restarted Spark consumer (with its checkpoint folder) to catch up")
+        kill_mid_batch(proc)
+        shutil.rmtree(checkpoint, ignore_errors=True)
         rides(app, 100)
         streamer.drain()
         proc = start()
+        caught_up("the restarted Spark consumer (without its checkpoint folder) to catch up")
+    finally:
+        proc.send_signal(signal.SIGTERM)
         try:
-            with psycopg.connect(app.conninfo, autocommit=True) as conn:
-                wait_for(
-                    lambda: consumer_totals(conn).get("spark0") == canonical_totals(conn),
-                    120,
-                    f"the restarted Spark consumer ({round_}) to catch up",
-                )
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
     streamer.close()
 
 

@@ -93,5 +93,9 @@ def rebuild_from_archive(
     stream = stream or settings.stream
     df = read_archive(spark, path).drop("date")
     count = int(df.count())
-    TransactionalSink(settings.database_url, consumer, stream, effect, strict_start=True)(df, 0)
+    sink = TransactionalSink(settings.database_url, consumer, stream, effect, strict_start=True)
+    try:
+        sink(df, 0)
+    finally:
+        sink.close()
     return count

@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import itertools
 import json
+import operator
 import os
 import sys
 import time
@@ -107,12 +108,13 @@ class EntryRange(InputPartition):
         self.redis_url, self.stream, self.after, self.until = redis_url, stream, after, until
 
 
-def _ids_after(api: engine.RedisStreams, stream: str, after: str, limit: int | None, until: str = "+") -> list[str]:
-    """Ids of up to ``limit`` entries after ``after`` (and at most ``until``), in order."""
+def _ids_after(redis_url: str, stream: str, after: str, limit: int | None, until: str = "+") -> list[str]:
+    """Ids of up to ``limit`` entries after ``after`` (and at most ``until``), in order. Read from Redis's raw reply
+    (no dict per entry): the planner reads a whole batch just to cut it, so this is on every micro-batch's path."""
     ids: list[str] = []
     page = engine.PAGE if limit is None else max(1, min(engine.PAGE, limit))
-    for chunk in api.pages(stream, "(" + after, until, page=page):
-        ids += [engine.to_str(entry_id) for entry_id, _ in chunk]
+    for chunk in engine.raw_pages(redis_url, stream, after, until, page):
+        ids += [entry_id.decode() if isinstance(entry_id, bytes) else entry_id for entry_id, _ in chunk]
         if limit is not None and len(ids) >= limit:
             return ids[:limit]
     return ids
@@ -136,52 +138,86 @@ def read_range(partition: EntryRange) -> Iterator[Any]:
         yield _record_batch(partition.stream, chunk)
 
 
+_FIELDS = (b"producer", b"epoch", b"seq", b"action", b"object", b"key", b"data", b"created", b"traceparent")
+
+
+def _positions(names: tuple[bytes, ...], size: int) -> list[int | None]:
+    """Where each of ``_FIELDS``'s values is in a flat ``[field, value, ...]`` list of ``size`` items laid out as
+    ``names`` (None: missing). A field given twice keeps its last value; a dangling name has none."""
+    where = {name: 2 * i + 1 for i, name in enumerate(names) if 2 * i + 1 < size}
+    return [where.get(name) for name in _FIELDS]
+
+
+def _field_columns(chunk: list[Any]) -> list[Any]:
+    """The values of ``_FIELDS`` as columns. Entries that all share one field layout (the usual chunk: one
+    publisher) are sliced column by column in C; mixed layouts are picked entry by entry."""
+    flats = [flat for _, flat in chunk]
+    layouts = {(tuple(flat[0::2]), len(flat)) for flat in flats}
+    if len(layouts) == 1:
+        at = _positions(*layouts.pop())
+        return [[None] * len(flats) if i is None else list(map(operator.itemgetter(i), flats)) for i in at]
+    rows = []
+    for flat in flats:
+        at = _positions(tuple(flat[0::2]), len(flat))
+        rows.append([None if i is None else flat[i] for i in at])
+    return [list(column) for column in zip(*rows, strict=True)] if rows else [[] for _ in _FIELDS]
+
+
 def _record_batch(stream: str, chunk: list[Any]) -> Any:
     """An Arrow record batch of ``SCHEMA`` from raw ``XRANGE`` entries ``[id, [field, value, ...]]``."""
     import pyarrow as pa
 
-    def number(value: bytes | None) -> int | None:
-        try:
-            return None if value is None else int(value)
-        except ValueError:  # another writer's or a damaged entry: no position (never a crashed read)
-            return None
-
-    ids, ms, id_seq = [], [], []
-    names = (b"producer", b"action", b"object", b"key", b"data", b"traceparent")
-    text: dict[bytes, list[Any]] = {name: [] for name in names}
-    ints: dict[bytes, list[Any]] = {name: [] for name in (b"epoch", b"seq", b"created")}
-    for entry_id, flat in chunk:
-        fields = dict(zip(flat[::2], flat[1::2], strict=True))
-        ids.append(entry_id)
-        high, _, low = entry_id.partition(b"-")
-        ms.append(int(high))
-        id_seq.append(int(low))
-        for name, column in text.items():
-            column.append(fields.get(name))
-        for name, column in ints.items():
-            column.append(number(fields.get(name)))
-    text[b"producer"] = [p or b"" for p in text[b"producer"]]
+    producer, epoch, seq, action, obj, key, data, created, trace = _field_columns(chunk)
+    ids = [entry_id for entry_id, _ in chunk]
+    parts = [entry_id.partition(b"-") for entry_id in ids]
+    schema = _arrow_schema()
     columns = [
         [stream] * len(ids),
         ids,
-        ms,
-        id_seq,
-        text[b"producer"],
-        ints[b"epoch"],
-        ints[b"seq"],
-        text[b"action"],
-        text[b"object"],
-        text[b"key"],
-        text[b"data"],
-        ints[b"created"],
-        text[b"traceparent"],
+        [int(p[0]) for p in parts],
+        [int(p[2]) for p in parts],
+        [p or b"" for p in producer],
+        epoch,
+        seq,
+        action,
+        obj,
+        key,
+        data,
+        created,
+        trace,
     ]
-    schema = _arrow_schema()
-    try:
-        arrays = [pa.array(col, type=f.type) for col, f in zip(columns, schema, strict=True)]
-    except (pa.ArrowInvalid, UnicodeDecodeError):  # text that is not UTF-8 (a foreign entry): replace, don't crash
-        arrays = [pa.array(_utf8(col), type=f.type) for col, f in zip(columns, schema, strict=True)]
+    arrays = [_ints(col) if f.type == pa.int64() else _texts(col) for col, f in zip(columns, schema, strict=True)]
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _texts(column: Any) -> Any:
+    import pyarrow as pa
+
+    try:
+        return pa.array(column, type=pa.string())
+    except (pa.ArrowInvalid, UnicodeDecodeError):  # text that is not UTF-8 (a foreign entry): replace, don't crash
+        return pa.array(_utf8(column), type=pa.string())
+
+
+def _ints(column: Any) -> Any:
+    """Numbers sent as text: parsed by Arrow; any that is not one (another writer's or a damaged entry) is null,
+    never a crashed read."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if column and isinstance(column[0], int):
+        return pa.array(column, type=pa.int64())
+    try:
+        return pc.cast(pa.array(column, type=pa.string()), pa.int64())
+    except (pa.ArrowInvalid, UnicodeDecodeError):
+        return pa.array([_number(v) for v in column], type=pa.int64())
+
+
+def _number(value: bytes | None) -> int | None:
+    try:
+        return None if value is None else int(value)
+    except ValueError:
+        return None
 
 
 class _Traced:
@@ -235,9 +271,6 @@ class UnilogStreamReader(DataSourceStreamReader):
         self.options = options
         self._planned: dict[tuple[str, str], list[str]] = {}
 
-    def _api(self) -> engine.RedisStreams:
-        return engine.RedisStreams(engine.connect(self.options.redis_url))
-
     def initialOffset(self) -> dict[str, str]:
         """After the consumer's checkpoint in Postgres, else ``startingId``; registers the consumer for retention."""
         start = self.options.starting_id
@@ -262,11 +295,7 @@ class UnilogStreamReader(DataSourceStreamReader):
         cap = getattr(limit, "max_rows", None)
         if limit is None:
             cap = self.options.max_entries_per_batch
-        api = self._api()
-        try:
-            ids = _ids_after(api, self.options.stream, after, cap)
-        finally:
-            api.close()
+        ids = _ids_after(self.options.redis_url, self.options.stream, after, cap)
         if not ids:
             return {"id": after}
         self._planned = {(after, ids[-1]): ids}  # partitions() for this batch needs no second scan
@@ -276,11 +305,7 @@ class UnilogStreamReader(DataSourceStreamReader):
         key = (start["id"], end["id"])
         ids = self._planned.pop(key, None)
         if ids is None:  # a replayed batch (restart): list its ids again
-            api = self._api()
-            try:
-                ids = _ids_after(api, self.options.stream, start["id"], None, until=end["id"])
-            finally:
-                api.close()
+            ids = _ids_after(self.options.redis_url, self.options.stream, start["id"], None, until=end["id"])
         return _split(self.options, start["id"], ids)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
@@ -298,11 +323,8 @@ class UnilogBatchReader(DataSourceReader):
         self.options = options
 
     def partitions(self) -> list[EntryRange]:
-        api = engine.RedisStreams(engine.connect(self.options.redis_url))
-        try:
-            ids = _ids_after(api, self.options.stream, self.options.starting_id, None, self.options.ending_id or "+")
-        finally:
-            api.close()
+        options = self.options
+        ids = _ids_after(options.redis_url, options.stream, options.starting_id, None, options.ending_id or "+")
         return _split(self.options, self.options.starting_id, ids) or [
             EntryRange(self.options.redis_url, self.options.stream, "0-0", "0-0")
         ]
@@ -365,23 +387,37 @@ class TransactionalSink:
         self.stream = stream
         self.effect = effect
         self.strict_start = strict_start  # a producer never seen before must start at position 1 (rebuilds)
+        self._conn: psycopg.Connection[Any] | None = None  # kept between micro-batches; dropped after any error
+        self._phases: dict[str, float] = {}
 
     def __call__(self, batch: Any, batch_id: int) -> None:
         batch = batch.persist()  # read from Redis once, whatever the checks and the effect ask of it
         try:
             self._call(batch, batch_id)
+        except BaseException:
+            self.close()  # the session may be mid-transaction or broken: the next micro-batch opens a new one
+            raise
         finally:
             batch.unpersist()
 
+    def close(self) -> None:
+        """Close the sink's Postgres session (a later micro-batch opens a new one)."""
+        if self._conn is not None:
+            self._conn.close()
+        self._conn = None
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed:
+            self._conn = store.connect(self.conninfo, application_name=f"unilog-spark-{self.consumer}"[:63])
+        return self._conn
+
     def _call(self, batch: Any, batch_id: int) -> None:
         started = time.perf_counter()
-        with (
-            tracing.process_span(
-                self.stream, self.consumer, _traced(batch), kind="spark" if tracing.recording() else None
-            ),
-            store.connect(self.conninfo, application_name=f"unilog-spark-{self.consumer}"[:63]) as conn,
+        self._phases.clear()
+        with tracing.process_span(
+            self.stream, self.consumer, _traced(batch), kind="spark" if tracing.recording() else None
         ):
-            done = self._commit(conn, batch)
+            done = self._commit(self._connection(), batch)
         if done is None:
             return  # an empty micro-batch
         plan, checkpoint = done
@@ -392,7 +428,13 @@ class TransactionalSink:
         if self.redis_url:
             _register(self.redis_url, self.stream, self.consumer, checkpoint.last_id)
         log.info(
-            "spark batch committed", consumer=self.consumer, batch=batch_id, entries=plan.entries, last_id=plan.last_id
+            "spark batch committed",
+            consumer=self.consumer,
+            batch=batch_id,
+            entries=plan.entries,
+            last_id=plan.last_id,
+            ms=round(seconds * 1000, 1),
+            **{k: round(v * 1000, 1) for k, v in self._phases.items()},
         )
 
     def _commit(self, conn: psycopg.Connection[Any], batch: Any) -> tuple[_Plan, store.Checkpoint] | None:
@@ -400,7 +442,9 @@ class TransactionalSink:
         with conn.transaction():
             seen = store.ensure_checkpoint(conn, self.consumer, self.stream).positions
         for attempt in itertools.count(1):
-            plan = self._plan(batch, seen)
+            started = time.perf_counter()
+            plan = self._plan(batch, seen)  # the first Spark job: it reads the batch from Redis, too
+            self._phases["plan_ms"] = time.perf_counter() - started
             if plan is None:
                 return None
             applied, seen = self._apply(conn, batch, plan, seen)
@@ -430,11 +474,14 @@ class TransactionalSink:
             assert checkpoint is not None
             if checkpoint.positions != seen:
                 raise psycopg.Rollback(tx)  # planned against positions that are no longer the checkpoint's
-            fresh = self._fresh(batch, seen).cache()
+            fresh = batch if plan.clean else self._fresh(batch, seen).cache()
+            started = time.perf_counter()
             try:
                 self.effect(conn, fresh)
+                self._phases["effect_ms"] = time.perf_counter() - started
             finally:
-                fresh.unpersist()
+                if fresh is not batch:
+                    fresh.unpersist()
             now = store.lock_checkpoint(conn, self.consumer)
             if now is None or (now.last_id, now.positions) != (checkpoint.last_id, checkpoint.positions):
                 checkpoint = now or checkpoint
@@ -494,16 +541,22 @@ class TransactionalSink:
                     " entries): trimmed or lost; repair with `unilog reconcile --repair`"
                 )
             updated[row["producer"]] = (int(row["epoch"]), int(row["hi"]))
-        return _Plan(sum(int(r["entries"]) for r in stats), f"{last[0]}-{last[1]}", updated)
+        entries = sum(int(r["entries"]) for r in stats)
+        # every entry has a position above the checkpoint and no position is there twice (the usual batch): the
+        # effect gets the batch as it is, without the filter and the de-duplication's shuffle
+        clean = entries == sum(int(r["n"]) for r in stats)
+        return _Plan(entries, f"{last[0]}-{last[1]}", updated, clean)
 
 
 @dataclass(frozen=True)
 class _Plan:
-    """What a micro-batch will do to the checkpoint: entries in it, its last stream id, the positions after it."""
+    """What a micro-batch will do to the checkpoint: entries in it, its last stream id, the positions after it, and
+    whether every entry is new and there once (``clean``)."""
 
     entries: int
     last_id: str
     positions: dict[str, tuple[int, int]]
+    clean: bool = False
 
 
 def spark_session(app: str = "unilog", master: str | None = None, conf: Mapping[str, str] | None = None) -> Any:

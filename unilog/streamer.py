@@ -147,7 +147,8 @@ class Streamer(Worker):
             redis_timeout=self.config.redis_timeout,
             on_pg_connect=self._on_pg_connect,
         )
-        self._listener = CommitListener(settings.conninfo, f"unilog-{name}-listen")
+        poll = (self.config.horizon_poll, self.config.horizon_poll_max)  # also while it may not sleep yet
+        self._listener = CommitListener(settings.conninfo, f"unilog-{name}-listen", *poll)
         self._owned: set[str] = set()
         self._identity: store.ProducerIdentity | None = None
         self._last_seq: dict[str, int] = {}  # valid while we hold the stream's lock and our commits succeed
@@ -566,6 +567,12 @@ class Streamer(Worker):
         """Between passes of :meth:`run`: go on at once after publishing; poll with a growing delay while committed
         records wait behind an open transaction; else sleep on ``LISTEN`` so a producer's commit wakes the streamer
         within milliseconds, with a poll fallback."""
+        if not (result.published or result.waiting or self._wal is not None):
+            self._horizon_delay = self.config.horizon_poll
+            self._horizon.clear()
+            self._listener.wait(stop_event, self.config.poll_interval)
+            return
+        self._listener.wake()  # busy again: producers need not notify
         if result.published:
             self._horizon_delay = self.config.horizon_poll
             self._horizon.clear()
@@ -579,10 +586,6 @@ class Streamer(Worker):
             self._horizon.check(self._held_report, warn_after=self.config.horizon_warn_after)
             stop_event.wait(self._horizon_delay)
             self._horizon_delay = min(self._horizon_delay * 2, self.config.horizon_poll_max)
-        else:
-            self._horizon_delay = self.config.horizon_poll
-            self._horizon.clear()
-            self._listener.wait(stop_event, self.config.poll_interval)
 
     def recover(self) -> None:
         """After a failed pass: roll back or drop the Postgres session, and drop the Redis client (it reconnects)."""

@@ -18,35 +18,71 @@ log = structlog.get_logger(__name__)
 
 
 class CommitListener:
-    """A ``LISTEN`` session of its own, opened on first use; :meth:`wait` sleeps until a producer's commit notifies,
-    ``timeout`` passes, or ``stop_event`` is set. Not thread-safe."""
+    """A ``LISTEN`` session of its own, opened on first use, for a streamer with nothing to publish.
 
-    def __init__(self, conninfo: str, application_name: str) -> None:
+    Producers notify only while a streamer sleeps (NOTIFY serializes their commits): :meth:`wait` first takes the
+    wake-up lock (:func:`unilog.store.try_sleep`) and returns at once, so the caller looks once more; the next call,
+    still holding it, sleeps until a producer's commit notifies, ``timeout`` passes, or ``stop_event`` is set, and
+    gives the lock back. While the lock cannot be taken (a transaction that staged has not ended, or another
+    streamer sleeps) it waits ``retry`` seconds, doubling up to ``retry_max``, and returns. :meth:`wake` gives the
+    lock back when the caller found work without sleeping. Not thread-safe.
+    """
+
+    def __init__(self, conninfo: str, application_name: str, retry: float = 0.005, retry_max: float = 0.1) -> None:
         self.conninfo, self.application_name = conninfo, application_name
+        self.retry_min, self.retry_max = retry, retry_max
+        self._retry = retry
         self._conn: psycopg.Connection[Any] | None = None
+        self.asleep = False  # this session holds the wake-up lock: producers notify
 
     def wait(self, stop_event: threading.Event, timeout: float) -> None:
         try:
             if self._conn is None or self._conn.closed:
+                self.asleep = False
                 self._conn = store.connect(self.conninfo, autocommit=True, application_name=self.application_name)
                 store.listen(self._conn)
                 return  # notifications sent before LISTEN are lost: check once more before sleeping
-            deadline = time.monotonic() + timeout
-            while not stop_event.is_set():
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return
-                # the generator holds the connection's lock: leave it before draining the rest
-                if any(True for _ in self._conn.notifies(timeout=min(remaining, 0.25), stop_after=1)):
-                    for _ in self._conn.notifies(timeout=0, stop_after=1000):
-                        pass
-                    return
+            if self.asleep:
+                self._notified(stop_event, timeout)
+                self.asleep = False
+                store.wake(self._conn)
+            elif store.try_sleep(self._conn):
+                self.asleep, self._retry = True, self.retry_min
+            else:
+                self._notified(stop_event, self._retry)  # another sleeper's producers notify us too
+                self._retry = min(self._retry * 2, self.retry_max)
         except psycopg.OperationalError as exc:
             log.warning("listen connection lost; polling", error=str(exc))
-            self._conn = None
+            self.close()
             stop_event.wait(timeout)
 
+    def _notified(self, stop_event: threading.Event, timeout: float) -> bool:
+        """Block until a notification, ``timeout`` or ``stop_event``; drain what arrived."""
+        assert self._conn is not None
+        deadline = time.monotonic() + timeout
+        while not stop_event.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            # the generator holds the connection's lock: leave it before draining the rest
+            if any(True for _ in self._conn.notifies(timeout=min(remaining, 0.25), stop_after=1)):
+                for _ in self._conn.notifies(timeout=0, stop_after=1000):
+                    pass
+                return True
+        return False
+
+    def wake(self) -> None:
+        """Give the wake-up lock back (the caller is busy: producers need not notify)."""
+        if self.asleep and self._conn is not None and not self._conn.closed:
+            self.asleep = False
+            try:
+                store.wake(self._conn)
+            except psycopg.OperationalError as exc:  # the lock went with the session
+                log.warning("listen connection lost", error=str(exc))
+                self.close()
+
     def close(self) -> None:
+        self.asleep = False
         if self._conn is not None and not self._conn.closed:
             self._conn.close()
         self._conn = None

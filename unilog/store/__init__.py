@@ -85,6 +85,8 @@ from .staging import (
     staged_backlog,
     staged_by_stream,
     staged_sources,
+    try_sleep,
+    wake,
 )
 from .wal import (
     PUBLICATION,
@@ -189,7 +191,9 @@ __all__ = [
     "take_migration_lock",
     "try_partition_lock",
     "try_prune_lock",
+    "try_sleep",
     "try_stream_lock",
+    "wake",
     "wal_capture_unavailable",
     "wal_level",
 ]

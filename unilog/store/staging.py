@@ -235,5 +235,19 @@ def describe_holder(holder: dict[str, Any] | None) -> str:
 
 
 def listen(conn: psycopg.Connection[Any]) -> None:
-    """Subscribe ``conn`` (autocommit) to the staging trigger's NOTIFY, sent when a transaction that staged commits."""
+    """Subscribe ``conn`` (autocommit) to the staging trigger's NOTIFY, sent when a transaction that staged commits
+    while a streamer sleeps (see :func:`try_sleep`)."""
     conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+
+
+def try_sleep(conn: psycopg.Connection[Any]) -> bool:
+    """Take the wake-up lock exclusively on ``conn`` (a ``LISTEN`` session): from then on every transaction that
+    stages notifies at commit. False while another streamer sleeps or a transaction that staged without notifying
+    has not ended (it holds the lock shared until then): the caller must look again rather than sleep."""
+    row = conn.execute("SELECT pg_try_advisory_lock(hashtextextended('unilog.wakeup', 0))").fetchone()
+    return bool(row and row[0])
+
+
+def wake(conn: psycopg.Connection[Any]) -> None:
+    """Give the wake-up lock back: producers stop notifying (this streamer is busy, it will look anyway)."""
+    conn.execute("SELECT pg_advisory_unlock(hashtextextended('unilog.wakeup', 0))")

@@ -1,4 +1,5 @@
-"""unilog's migrations up to unilog_0006 (WAL capture's ``unilog_capture``), for projects that applied 0001 before."""
+"""unilog's migrations up to unilog_0007 (WAL capture's ``unilog_capture``, the quiet wake-up), for projects that
+applied 0001 before."""
 
 from __future__ import annotations
 

@@ -1,0 +1,109 @@
+"""The commit wake-up (migration unilog_0007): producers notify only while a streamer sleeps, and a streamer never
+falls asleep while a transaction that staged without notifying is still open (it would sleep through its commit)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import psycopg
+import redis
+
+from unilog import Settings, Streamer, StreamerConfig, emit, store
+from unilog.harness.pytest_plugin import running
+
+
+def notified(listener: psycopg.Connection[Any], timeout: float) -> int:
+    return len(list(listener.notifies(timeout=timeout, stop_after=1)))
+
+
+def test_producers_notify_at_commit_only_while_a_streamer_sleeps(settings: Settings) -> None:
+    with psycopg.connect(settings.conninfo, autocommit=True) as listener, psycopg.connect(settings.conninfo) as conn:
+        store.listen(listener)
+        emit(conn, action="a", object="o", data={})
+        conn.commit()
+        assert notified(listener, 0.2) == 0, "no streamer sleeps: the commit must not take NOTIFY's lock"
+        assert store.try_sleep(listener)
+        emit(conn, action="a", object="o", data={})
+        assert notified(listener, 0.2) == 0, "NOTIFY is sent at commit, not before"
+        conn.commit()
+        assert notified(listener, 2) == 1
+        emit(conn, action="a", object="o", data={})
+        conn.rollback()
+        assert notified(listener, 0.2) == 0, "a rolled-back transaction wakes nobody"
+        store.wake(listener)
+        emit(conn, action="a", object="o", data={})
+        conn.commit()
+        assert notified(listener, 0.2) == 0
+
+
+def test_a_streamer_cannot_fall_asleep_while_a_transaction_that_staged_is_open(settings: Settings) -> None:
+    with (
+        psycopg.connect(settings.conninfo, autocommit=True) as listener,
+        psycopg.connect(settings.conninfo) as producer,
+        psycopg.connect(settings.conninfo) as bystander,
+    ):
+        bystander.execute("SELECT txid_current()")  # an open transaction that staged nothing does not count
+        emit(producer, action="a", object="o", data={})
+        assert not store.try_sleep(listener), "the producer's commit would come with no NOTIFY"
+        producer.execute("SAVEPOINT s")
+        producer.execute("SELECT 1")
+        producer.execute("ROLLBACK TO SAVEPOINT s")
+        assert not store.try_sleep(listener), "the staged row is still in the transaction"
+        producer.commit()
+        assert store.try_sleep(listener)
+        store.wake(listener)
+        producer.execute("SAVEPOINT s")
+        emit(producer, action="a", object="o", data={})
+        producer.execute("ROLLBACK TO SAVEPOINT s")  # the staged row is gone with the savepoint: so is the mark
+        assert store.try_sleep(listener)
+        producer.rollback()
+        bystander.rollback()
+
+
+def published(rds: redis.Redis, stream: str, n: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while rds.xlen(stream) < n:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def test_a_sleeping_streamer_is_woken_by_a_commit(settings: Settings, rds: Any) -> None:
+    streamer = Streamer(settings, StreamerConfig(poll_interval=30.0))
+    with psycopg.connect(settings.conninfo) as producer, running(streamer.run):
+        for n in range(1, 4):
+            time.sleep(0.3)  # the streamer found nothing and sleeps
+            emit(producer, action="a", object="o", data={"n": n})
+            producer.commit()
+            assert published(rds, settings.stream, n, 10), "a commit while the streamer slept waited for the poll"
+    streamer.close()
+
+
+def test_a_commit_racing_the_streamer_falling_asleep_is_published_at_once(settings: Settings, rds: Any) -> None:
+    """The producer stages while the streamer is awake (no NOTIFY then) and commits after the streamer's last look:
+    without the mark its commit would wait for the 30-second poll."""
+    streamer = Streamer(settings, StreamerConfig(poll_interval=30.0))
+    with psycopg.connect(settings.conninfo) as producer:
+        emit(producer, action="a", object="o", data={"n": 1})
+        with running(streamer.run):
+            time.sleep(0.5)  # the streamer looked, found nothing committed, and tries to fall asleep meanwhile
+            producer.commit()
+            assert published(rds, settings.stream, 1, 10), "the streamer slept through a commit that sent no NOTIFY"
+    streamer.close()
+
+
+def test_two_idle_streamers_both_publish_a_commit_on_their_streams_at_once(settings: Settings, rds: Any) -> None:
+    """Only one streamer can hold the wake-up lock; the other looks every 100 ms at most and hears its NOTIFYs."""
+    first = Streamer(settings, StreamerConfig(poll_interval=30.0, streams=("s1",)), name="first")
+    second = Streamer(settings, StreamerConfig(poll_interval=30.0, streams=("s2",)), name="second")
+    with psycopg.connect(settings.conninfo) as producer, running(first.run), running(second.run):
+        for n in range(1, 4):
+            time.sleep(0.3)  # both idle
+            for stream in ("s1", "s2"):
+                emit(producer, action="a", object="o", data={}, stream=stream)
+                producer.commit()
+                assert published(rds, stream, n, 10), f"{stream}: a commit waited for the 30-second poll"
+    first.close()
+    second.close()
