@@ -74,7 +74,7 @@ def curve_point(env: BenchEnv, variant: str, rate: int, seconds: float) -> tuple
             conn.close()
         if wal:
             disable_wal(settings)
-    metrics["achieved/s"] = notes["records"] / max(notes["producer_seconds"], 1e-9)
+    metrics["achieved/s"] = (notes["records"] - 1) / max(notes["producer_seconds"], 1e-9)
     return metrics, notes
 
 

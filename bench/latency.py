@@ -24,8 +24,7 @@ from typing import Any
 
 import psycopg
 
-import unilog
-from unilog import Consumer, ConsumerConfig, Streamer
+from unilog import Consumer, ConsumerConfig, Streamer, emit
 
 from .core import SPAWN, Profile, Results, interleaved, log, percentile, worker_init
 from .env import BenchEnv, Urls
@@ -118,7 +117,7 @@ def _consumer_main(urls: Urls, variant: str, probes: Probes, ready: Any, stop: A
 def _produce(conn: psycopg.Connection[Any], variant: str, i: int, probes: Probes) -> None:
     data = _payload(i)
     if variant == "unilog":
-        unilog.emit(conn, action="create", object="ride", data=data, key=f"ride-{i + 1}")
+        emit(conn, action="create", object="ride", data=data, key=f"ride-{i + 1}")
     else:
         conn.execute(RAW_INSERT, (psycopg.types.json.Jsonb(data),))
     probes.wall[i] = time.time()
@@ -211,10 +210,9 @@ def latency_trial(
     producer = SPAWN.Process(target=_producer_main, args=(env.urls, variant, rate, n, probes, behind, threads))
     if before_producer is not None:
         before_producer()
-    started = time.monotonic()
     producer.start()
     producer.join()
-    producing = time.monotonic() - started - 0.2  # the producer's schedule starts 0.2 s after it does
+    producing = max(probes.committed) - min(t for t in probes.t0 if t > 0) if n else 0.0  # first to last commit
     _wait_settled(env, variant, probes.seen, n)
     stop.set()
     for p in pipeline:

@@ -18,8 +18,7 @@ from typing import Any
 
 import psycopg
 
-import unilog
-from unilog import store
+from unilog import emit, emit_async, store
 
 from .core import SPAWN, Profile, Results, interleaved, log, worker_init
 from .env import BenchEnv, Urls
@@ -31,23 +30,22 @@ INSERT_PLAIN = "INSERT INTO bench_outbox (data) VALUES (%s::jsonb) RETURNING id"
 TRIGGER = "staged_log_records_notify"
 
 
-def _business_tx(conn: psycopg.Connection[Any], stage: str, n: int) -> None:
+def _business_tx(conn: psycopg.Connection[Any], stage: str, n: int, commit: bool = True) -> None:
     distance = 1.0 + (n % 1000) / 10
     row = conn.execute(INSERT_RIDE, (distance,)).fetchone()
     assert row is not None
     data = {"id": row[0], "distance": distance}
     if stage == "emit":
-        unilog.emit(conn, action="create", object="ride", data=data, key=f"ride-{row[0]}")
+        emit(conn, action="create", object="ride", data=data, key=f"ride-{row[0]}")
     elif stage == "plain":
         conn.execute(INSERT_PLAIN, (json.dumps(data, separators=(",", ":")),)).fetchone()
-    conn.commit()
+    conn.commit() if commit else conn.rollback()
 
 
 def _client_main(urls: Urls, stage: str, seconds: float, barrier: Any, out: Any) -> None:
     worker_init()
     with psycopg.connect(urls.database) as conn:
-        conn.execute("SELECT 1")
-        conn.rollback()
+        _business_tx(conn, stage, 0, commit=False)  # warm up (imports, prepared statements) outside the clock
         barrier.wait()
         end = time.monotonic() + seconds
         n = 0
@@ -63,7 +61,7 @@ async def _async_business_tx(conn: psycopg.AsyncConnection[Any], stage: str, n: 
     assert row is not None
     if stage == "emit":
         data = {"id": row[0], "distance": distance}
-        await unilog.emit_async(conn, action="create", object="ride", data=data, key=f"ride-{row[0]}")
+        await emit_async(conn, action="create", object="ride", data=data, key=f"ride-{row[0]}")
     await conn.commit()
 
 

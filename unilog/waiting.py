@@ -23,9 +23,10 @@ class CommitListener:
     Producers notify only while a streamer sleeps (NOTIFY serializes their commits): :meth:`wait` first takes the
     wake-up lock (:func:`unilog.store.try_sleep`) and returns at once, so the caller looks once more; the next call,
     still holding it, sleeps until a producer's commit notifies, ``timeout`` passes, or ``stop_event`` is set, and
-    gives the lock back. While the lock cannot be taken (a transaction that staged has not ended, or another
-    streamer sleeps) it waits ``retry`` seconds, doubling up to ``retry_max``, and returns. :meth:`wake` gives the
-    lock back when the caller found work without sleeping. Not thread-safe.
+    gives the lock back. Taking the lock waits up to ``retry`` seconds for transactions that staged without
+    notifying to end (their commits are then visible to the caller's next look); if one stays open, or another
+    streamer sleeps, the call returns and the next waits twice as long, up to ``retry_max``. :meth:`wake` gives
+    the lock back when the caller found work without sleeping. Not thread-safe.
     """
 
     def __init__(self, conninfo: str, application_name: str, retry: float = 0.005, retry_max: float = 0.1) -> None:
@@ -46,10 +47,9 @@ class CommitListener:
                 self._notified(stop_event, timeout)
                 self.asleep = False
                 store.wake(self._conn)
-            elif store.try_sleep(self._conn):
+            elif store.try_sleep(self._conn, self._retry):  # waits for producers in flight to commit
                 self.asleep, self._retry = True, self.retry_min
-            else:
-                self._notified(stop_event, self._retry)  # another sleeper's producers notify us too
+            else:  # one stays open, or another streamer sleeps: look again, wait longer next time
                 self._retry = min(self._retry * 2, self.retry_max)
         except psycopg.OperationalError as exc:
             log.warning("listen connection lost; polling", error=str(exc))
@@ -73,6 +73,7 @@ class CommitListener:
 
     def wake(self) -> None:
         """Give the wake-up lock back (the caller is busy: producers need not notify)."""
+        self._retry = self.retry_min
         if self.asleep and self._conn is not None and not self._conn.closed:
             self.asleep = False
             try:

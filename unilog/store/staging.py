@@ -240,12 +240,22 @@ def listen(conn: psycopg.Connection[Any]) -> None:
     conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
 
 
-def try_sleep(conn: psycopg.Connection[Any]) -> bool:
-    """Take the wake-up lock exclusively on ``conn`` (a ``LISTEN`` session): from then on every transaction that
-    stages notifies at commit. False while another streamer sleeps or a transaction that staged without notifying
-    has not ended (it holds the lock shared until then): the caller must look again rather than sleep."""
-    row = conn.execute("SELECT pg_try_advisory_lock(hashtextextended('unilog.wakeup', 0))").fetchone()
-    return bool(row and row[0])
+def try_sleep(conn: psycopg.Connection[Any], wait: float = 0.0) -> bool:
+    """Take the wake-up lock exclusively on ``conn`` (an autocommit ``LISTEN`` session): from then on every
+    transaction that stages notifies at commit. A transaction that staged without notifying holds the lock shared
+    until it ends: wait up to ``wait`` seconds for those to end (meanwhile the waiting request makes new ones
+    notify). False if they did not, or another streamer sleeps: the caller must look again rather than sleep."""
+    if wait <= 0:
+        row = conn.execute("SELECT pg_try_advisory_lock(hashtextextended('unilog.wakeup', 0))").fetchone()
+        return bool(row and row[0])
+    conn.execute(f"SET lock_timeout = {max(1, round(wait * 1000))}")
+    try:
+        conn.execute("SELECT pg_advisory_lock(hashtextextended('unilog.wakeup', 0))")
+        return True
+    except psycopg.errors.LockNotAvailable:
+        return False
+    finally:
+        conn.execute("SET lock_timeout = 0")
 
 
 def wake(conn: psycopg.Connection[Any]) -> None:
