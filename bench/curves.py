@@ -104,8 +104,11 @@ def run_curves(env: BenchEnv, profile: Profile, results: Results) -> None:
         found = knee(pts, "p50 ms" if "idle" in variant else "p99 ms")
         log(f"curves: {variant}: knee at {found:,} records/s offered" if found else f"curves: {variant}: no knee")
         results.add(Measurement("curves", "knee", variant, 0, {"records/s": float(found or 0)}, {}))
-    plot(points, PLOT)
-    log(f"curves: plot written to {PLOT}")
+    try:
+        plot(points, PLOT)
+        log(f"curves: plot written to {PLOT}")
+    except ImportError:
+        log("curves: no plot (matplotlib is not installed: pip install -e '.[dev]')")
 
 
 def plot(points: dict[str, list[tuple[int, dict[str, float]]]], path: Path) -> None:
