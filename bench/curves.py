@@ -16,22 +16,17 @@ rate's (p99 of the idle variants is the hold itself in table mode, so their knee
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import Any
 
-import psycopg
-
 from unilog import GroupConsumer
-from unilog.capture import disable_wal, enable_wal
 from unilog.group import GroupConfig
 
 from .core import Measurement, Profile, Results, log, worker_init
 from .env import BenchEnv, Urls
 from .handlers import count_records
-from .latency import latency_trial
+from .horizon import HOLD, horizon_trial
 
-HOLD = 2.0
 THREADS = 8
 VARIANTS = ("table", "table, idle 2s", "wal", "wal, idle 2s")
 PLOT = Path(__file__).resolve().parent / "load-curves.png"
@@ -47,33 +42,7 @@ def _group_main(urls: Urls, ready: Any, stop: Any) -> None:
 
 
 def curve_point(env: BenchEnv, variant: str, rate: int, seconds: float) -> tuple[dict[str, float], dict[str, Any]]:
-    settings = env.urls.settings()
-    wal = variant.startswith("wal")
-    holders: list[psycopg.Connection[Any]] = []
-
-    def hold() -> None:
-        conn = psycopg.connect(env.urls.database, application_name="bench-idle-in-transaction")
-        conn.execute("SELECT pg_current_xact_id()")  # takes an xid: holds the horizon until it ends
-        holders.append(conn)
-        threading.Timer(HOLD, conn.rollback).start()
-
-    if wal:
-        enable_wal(settings)
-    try:
-        metrics, notes = latency_trial(
-            env,
-            "unilog",
-            rate,
-            seconds,
-            before_producer=hold if "idle" in variant else None,
-            threads=THREADS,
-            extra=(_group_main,),
-        )
-    finally:
-        for conn in holders:
-            conn.close()
-        if wal:
-            disable_wal(settings)
+    metrics, notes = horizon_trial(env, variant, seconds, rate, threads=THREADS, extra=(_group_main,))
     metrics["achieved/s"] = (notes["records"] - 1) / max(notes["producer_seconds"], 1e-9)
     return metrics, notes
 

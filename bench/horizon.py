@@ -26,7 +26,11 @@ RATE = 500
 VARIANTS = ("table, no idle", "table, idle 2s", "wal, no idle", "wal, idle 2s")
 
 
-def horizon_trial(env: BenchEnv, variant: str, seconds: float) -> tuple[dict[str, float], dict[str, Any]]:
+def horizon_trial(
+    env: BenchEnv, variant: str, seconds: float, rate: int = RATE, **trial: Any
+) -> tuple[dict[str, float], dict[str, Any]]:
+    """A latency trial in the variant's mode (``table...`` or ``wal...``), with the idle session if the variant ends
+    with ``idle 2s``; ``trial`` goes to :func:`bench.latency.latency_trial`."""
     settings = env.urls.settings()
     wal = variant.startswith("wal")
     holders: list[psycopg.Connection[Any]] = []
@@ -40,7 +44,8 @@ def horizon_trial(env: BenchEnv, variant: str, seconds: float) -> tuple[dict[str
     if wal:
         enable_wal(settings)
     try:
-        return latency_trial(env, "unilog", RATE, seconds, before_producer=hold if "idle" in variant else None)
+        idle = variant.endswith("idle 2s")  # not "no idle": that variant held the session too until 2026-11-25
+        return latency_trial(env, "unilog", rate, seconds, before_producer=hold if idle else None, **trial)
     finally:
         for conn in holders:
             conn.close()

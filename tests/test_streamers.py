@@ -47,6 +47,7 @@ def lock_holder(pg: psycopg.Connection[Any]) -> str | None:
         """
         SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
         WHERE l.locktype = 'advisory' AND l.granted
+          AND ((l.classid::bigint << 32) | l.objid::bigint) <> hashtextextended('unilog.wakeup', 0)
         """
     ).fetchone()
     return row[0] if row else None

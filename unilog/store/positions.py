@@ -81,3 +81,16 @@ def last_published_seq(conn: psycopg.Connection[Any], stream: str, epoch: int) -
     if row is None or row[0] != epoch:
         return 0
     return int(row[1])
+
+
+def save_positions(conn: psycopg.Connection[Any], epoch: int, last_seqs: dict[str, int]) -> None:
+    """Record each target stream's last published position (in the caller's transaction, with the delete of the
+    rows it published: both modes)."""
+    with conn.cursor() as positions:
+        positions.executemany(
+            """
+            INSERT INTO unilog_stream_positions (stream, epoch, last_seq) VALUES (%s, %s, %s)
+            ON CONFLICT (stream) DO UPDATE SET epoch = excluded.epoch, last_seq = excluded.last_seq, updated_at = now()
+            """,
+            [(stream, epoch, seq) for stream, seq in last_seqs.items()],
+        )

@@ -10,6 +10,8 @@ from typing import Any
 
 import psycopg
 
+from .positions import save_positions
+
 NOTIFY_CHANNEL = "unilog_staged"
 
 INSERT_STAGED = (
@@ -164,14 +166,7 @@ def delete_published(
         """,
         (source, after[0], after[1], last[0], last[1], count),
     )
-    with conn.cursor() as positions:
-        positions.executemany(
-            """
-            INSERT INTO unilog_stream_positions (stream, epoch, last_seq) VALUES (%s, %s, %s)
-            ON CONFLICT (stream) DO UPDATE SET epoch = excluded.epoch, last_seq = excluded.last_seq, updated_at = now()
-            """,
-            [(stream, epoch, seq) for stream, seq in last_seqs.items()],
-        )
+    save_positions(conn, epoch, last_seqs)
     return cur.rowcount
 
 

@@ -23,6 +23,7 @@ from psycopg import pq, sql
 from ..config import redact_url
 from ..errors import CaptureLost, ConfigurationError
 from .connection import connect_options, unreachable
+from .positions import save_positions
 
 PUBLICATION = "unilog_staged"
 STATUS_INTERVAL = 10.0  # seconds between status updates while idle (the server's wal_sender_timeout is 60 s)
@@ -166,14 +167,7 @@ def delete_ids(conn: psycopg.Connection[Any], ids: list[int], epoch: int, last_s
     """Delete published rows by id and advance each target stream's position, in the caller's transaction; return
     the rows deleted (the caller checks it equals ``len(ids)``)."""
     cur = conn.execute("DELETE FROM staged_log_records WHERE id = ANY(%s)", (ids,))
-    with conn.cursor() as positions:
-        positions.executemany(
-            """
-            INSERT INTO unilog_stream_positions (stream, epoch, last_seq) VALUES (%s, %s, %s)
-            ON CONFLICT (stream) DO UPDATE SET epoch = excluded.epoch, last_seq = excluded.last_seq, updated_at = now()
-            """,
-            [(stream, epoch, seq) for stream, seq in last_seqs.items()],
-        )
+    save_positions(conn, epoch, last_seqs)
     return cur.rowcount
 
 
