@@ -41,6 +41,8 @@ class Profile:
     spark_latency_seconds: float
     curve_rates: tuple[int, ...] = (100, 1_000, 5_000, 10_000, 20_000)
     curve_seconds: float = 6.0
+    slice_seconds: float = 0.5  # produce_clients: one variant's slice of a round
+    slice_rounds: int = 40
 
 
 QUICK = Profile(
@@ -62,6 +64,7 @@ QUICK = Profile(
     spark_latency_seconds=10.0,
     curve_rates=(100, 1_000, 5_000, 10_000),
     curve_seconds=4.0,
+    slice_rounds=16,
 )
 
 FULL = Profile(
@@ -137,12 +140,16 @@ class Results:
     def paired_ratio(self, workload: str, case: str, a: str, b: str, metric: str) -> float | None:
         """Median over rounds of ``a / b`` within the same round: variants of a round ran back to back, so drift in
         the machine's load cancels better than in a ratio of medians."""
+        ratios = self.paired_ratios(workload, case, a, b, metric)
+        return statistics.median(ratios) if ratios else None
+
+    def paired_ratios(self, workload: str, case: str, a: str, b: str, metric: str) -> list[float]:
+        """``a / b`` of every round that measured both."""
         by_rep: dict[int, dict[str, float]] = {}
         for m in self.measurements:
             if (m.workload, m.case) == (workload, case) and m.variant in (a, b) and metric in m.metrics:
                 by_rep.setdefault(m.rep, {})[m.variant] = m.metrics[metric]
-        ratios = [r[a] / r[b] for r in by_rep.values() if a in r and r.get(b)]
-        return statistics.median(ratios) if ratios else None
+        return [r[a] / r[b] for r in by_rep.values() if a in r and r.get(b)]
 
     def as_json(self) -> list[dict[str, Any]]:
         return [asdict(m) for m in self.measurements]
@@ -172,6 +179,16 @@ def in_fresh_process(fn: Callable[..., T], *args: Any) -> T:
     """Run ``fn(*args)`` in a new interpreter (spawned), so no trial inherits another's heap, GC state or caches."""
     with ProcessPoolExecutor(max_workers=1, mp_context=SPAWN, initializer=worker_init) as pool:
         return pool.submit(fn, *args).result()
+
+
+def median_interval(values: Sequence[float]) -> tuple[float, float]:
+    """A distribution-free 95 % confidence interval of the median: the order statistics n/2 -+ 0.98 sqrt(n) (the
+    normal approximation of the binomial; conservative for the few rounds a quick run has)."""
+    ordered = sorted(values)
+    n = len(ordered)
+    half = 0.98 * math.sqrt(n)
+    low, high = max(0, math.floor(n / 2 - half)), min(n - 1, math.ceil(n / 2 + half) - 1)
+    return ordered[low], ordered[high]
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:

@@ -20,7 +20,7 @@ import psycopg
 
 from unilog import emit, emit_async, store
 
-from .core import SPAWN, Profile, Results, interleaved, log, worker_init
+from .core import SPAWN, Measurement, Profile, Results, interleaved, log, worker_init
 from .env import BenchEnv, Urls
 
 CLIENTS = 2
@@ -129,21 +129,83 @@ def run_produce(env: BenchEnv, profile: Profile, results: Results) -> None:
 
 
 SCALING_CLIENTS = (1, 8, 32)
-SCALING_VARIANTS = ("without emit", "plain INSERT", "with emit", "emit, no NOTIFY", "emit, streamer asleep")
+SCALING_VARIANTS = ("plain INSERT", "with emit", "emit, WAL mode", "without emit", "emit, streamer asleep")
 
 
 def run_produce_clients(env: BenchEnv, profile: Profile, results: Results) -> None:
-    """emit against the second-INSERT floor as clients grow (issue 18). ``with emit``: table mode while the streamer
-    is busy (no streamer sleeps, so no commit notifies); ``emit, no NOTIFY``: WAL capture mode, where the staging
-    trigger is disabled; ``emit, streamer asleep``: a session holds the wake-up lock for the whole trial, so every
-    commit notifies (a real streamer wakes at the first one and stays awake while commits keep coming)."""
+    """emit against the second-INSERT floor as clients grow (issue 18), in lockstep slices: every client runs one
+    variant for ``slice_seconds``, then all switch to the next, round after round. Variants of a round run within a
+    few seconds of each other, so the per-round ratio cancels the machine's drift (trials of seconds apart differed
+    by 10-40 % here), and the median over many rounds is the figure.
+
+    ``with emit``: table mode while the streamer is busy (no streamer sleeps, so no commit notifies); ``emit, WAL
+    mode``: the staging table as WAL capture leaves it (trigger disabled, table mode's read index dropped; the
+    slot's reader is not on the producer's path); ``emit, streamer asleep``: a session holds the wake-up lock, so
+    every commit notifies (a real streamer wakes at the first one and stays awake while commits keep coming)."""
     for clients in SCALING_CLIENTS:
-        log(f"produce_clients: {clients} clients x {profile.produce_seconds:g} s, {SCALING_VARIANTS}")
-        interleaved(
-            results,
-            "produce_clients",
-            f"{clients} clients",
-            SCALING_VARIANTS,
-            max(2, profile.produce_reps // 2),
-            lambda v, c=clients: produce_trial(env, v, profile.produce_seconds, c),  # type: ignore[misc]
+        log(
+            f"produce_clients: {clients} clients, {profile.slice_rounds} rounds of {SCALING_VARIANTS} x "
+            f"{profile.slice_seconds:g} s"
         )
+        lockstep(env, results, clients, profile.slice_rounds, profile.slice_seconds)
+
+
+def lockstep(env: BenchEnv, results: Results, clients: int, rounds: int, seconds: float) -> None:
+    env.reset(keep_redis=True)
+    env.settle()
+    barrier, out = SPAWN.Barrier(clients + 1), SPAWN.Queue()
+    args = (env.urls, rounds, seconds, barrier, out)
+    procs = [SPAWN.Process(target=_lockstep_client, args=args) for _ in range(clients)]
+    for p in procs:
+        p.start()
+    sleeper = psycopg.connect(env.urls.database, autocommit=True)
+    try:
+        for _ in range(rounds):
+            env.admin.execute("TRUNCATE bench_rides, bench_outbox, staged_log_records")
+            for variant in SCALING_VARIANTS:
+                barrier.wait()  # every client is between slices: the table can change
+                _layout(env.admin, wal=variant == "emit, WAL mode")
+                asleep = variant == "emit, streamer asleep" and store.try_sleep(sleeper)
+                barrier.wait()  # go
+                barrier.wait()  # the slice ended
+                if asleep:
+                    store.wake(sleeper)
+        counts: dict[tuple[int, str], int] = {}
+        for _ in procs:
+            for key, n in out.get(timeout=120).items():
+                counts[key] = counts.get(key, 0) + n
+        for p in procs:
+            p.join()
+    finally:
+        sleeper.close()
+        _layout(env.admin, wal=False)
+    for (rnd, variant), n in sorted(counts.items()):
+        results.add(Measurement("produce_clients", f"{clients} clients", variant, rnd, {"tx/s": n / seconds}))
+
+
+def _layout(admin: psycopg.Connection[Any], *, wal: bool) -> None:
+    """The staging table as table mode (trigger on, read index) or WAL capture (neither) leaves it."""
+    store.set_notify_trigger(admin, not wal)
+    store.set_read_index(admin, not wal)
+
+
+def _lockstep_client(urls: Urls, rounds: int, seconds: float, barrier: Any, out: Any) -> None:
+    worker_init()
+    stages = {"plain INSERT": "plain", "without emit": ""}
+    counts: dict[tuple[int, str], int] = {}
+    with psycopg.connect(urls.database) as conn:
+        for stage in ("", "plain", "emit"):
+            for n in range(20):
+                _business_tx(conn, stage, n, commit=False)  # warm up outside the clock
+        for rnd in range(rounds):
+            for variant in SCALING_VARIANTS:
+                stage = stages.get(variant, "emit")
+                barrier.wait()
+                barrier.wait()
+                end, n = time.monotonic() + seconds, 0
+                while time.monotonic() < end:
+                    _business_tx(conn, stage, n)
+                    n += 1
+                counts[(rnd, variant)] = n
+                barrier.wait()
+    out.put(counts)

@@ -193,6 +193,62 @@ def test_switching_modes_back_and_forth_loses_and_repeats_nothing(
     open_tx.close()
 
 
+def read_index(pg: Any) -> bool:
+    return bool(pg.execute("SELECT to_regclass('staged_log_records_stream_xid_id') IS NOT NULL").fetchone()[0])
+
+
+def test_wal_mode_drops_the_table_mode_index_once_nothing_predates_the_slot(
+    settings: Settings, pg: Any, rds: redis.Redis
+) -> None:
+    if pg.execute("SHOW wal_level").fetchone()[0] != "logical":
+        pytest.skip("wal_level is not logical")
+    emit_n(settings, 2)  # staged before the slot: a table-mode pass publishes them, reading by the index
+    enable_wal(settings)
+    assert read_index(pg) and capture_status(settings)["read_index"], "kept while rows predate the slot"
+    with streamer(settings) as s:
+        assert s.drain(timeout=10) == 2
+    enable_wal(settings)  # again, once they are published
+    assert not read_index(pg), "producers in WAL mode update only the primary key"
+    emit_n(settings, 2, start=2)
+    with streamer(settings) as s:
+        assert s.drain(timeout=10) == 2
+    disable_wal(settings)
+    assert read_index(pg), "rebuilt for table mode"
+    emit_n(settings, 1, start=4)
+    with streamer(settings) as s:
+        assert s.drain(timeout=10) == 1
+    assert [n for _seq, n in published(rds)] == [0, 1, 2, 3, 4]
+
+
+def test_a_switch_behind_a_long_transaction_gives_up_on_its_lock_in_one_line(
+    settings: Settings, pg: Any, rds: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if pg.execute("SHOW wal_level").fetchone()[0] != "logical":
+        pytest.skip("wal_level is not logical")
+    monkeypatch.setattr("unilog.store.wal.DDL_LOCK_TIMEOUT", 0.3)
+    reader = psycopg.connect(settings.conninfo)  # idle in transaction after reading the table: it holds a lock
+    reader.execute("SELECT count(*) FROM staged_log_records").fetchone()
+    enable_wal(settings)  # on, but the index cannot be dropped under that lock: kept, not an error
+    assert capture_status(settings)["mode"] == "wal" and read_index(pg)
+    reader.rollback()
+    enable_wal(settings)
+    assert not read_index(pg)
+    writer = psycopg.connect(settings.conninfo)  # idle in transaction after staging: rebuilding the index waits on it
+    emit(writer, action="create", object="ride", data={"n": 0})
+    started = time.monotonic()
+    result = unilog(settings, "capture", "table")
+    assert result.returncode == 3 and "could not lock staged_log_records" in one_line(result)
+    assert time.monotonic() - started < 30, "gave up instead of queueing every producer behind the lock"
+    assert capture_status(settings)["mode"] == "wal", "the mode did not change"
+    writer.commit()
+    assert unilog(settings, "capture", "table").returncode == 0
+    with streamer(settings) as s:
+        s.drain(timeout=10)
+    assert [n for _seq, n in published(rds)] == [0] and staged(pg) == 0
+    reader.close()
+    writer.close()
+
+
 def test_capture_wal_needs_wal_level_logical_in_one_line(settings: Settings, pg: Any) -> None:
     if pg.execute("SHOW wal_level").fetchone()[0] == "logical":
         from unilog.harness.embedded import EmbeddedPostgres

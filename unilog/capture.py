@@ -321,8 +321,26 @@ def enable_wal(settings: Settings, *, slot: str | None = None, recreate: bool = 
         store.set_notify_trigger(conn, False)
         captured = store.capture_slot(conn)
         assert captured is not None
+        _drop_read_index_once_unneeded(conn, captured)
         log.info("WAL capture on", slot=name, publication=publication, new_slot=fresh)
         return captured
+
+
+def _drop_read_index_once_unneeded(conn: psycopg.Connection[Any], captured: CaptureSlot) -> None:
+    """Drop table mode's read index unless rows staged before the slot are left: a table-mode pass publishes those
+    first and reads by it. ``unilog capture wal`` again, once they are published, drops it."""
+    if not store.has_read_index(conn):
+        return
+    if store.staged_before(conn, captured.from_xid):
+        log.info(
+            "table-mode index kept: rows staged before the slot are still to be published; run `unilog capture "
+            "wal` again once they are, to spare producers its update"
+        )
+        return
+    try:
+        store.set_read_index(conn, False)
+    except ConfigurationError as exc:  # WAL capture is on and works; the index only costs producers until dropped
+        log.warning("table-mode index kept", reason=str(exc))
 
 
 def disable_wal(settings: Settings) -> None:
@@ -331,6 +349,7 @@ def disable_wal(settings: Settings) -> None:
     settle(settings)
     with store.connect(settings.conninfo, autocommit=True, application_name="unilog-capture") as conn:
         current = store.capture_slot(conn)
+        store.set_read_index(conn, True)  # before table-mode passes start: they read by it
         store.forget_capture(conn)
         store.set_notify_trigger(conn, True)
         if current is not None:
@@ -344,6 +363,7 @@ def capture_status(settings: Settings) -> dict[str, Any]:
     with store.connect(settings.conninfo, autocommit=True, application_name="unilog-capture") as conn:
         current = store.capture_slot(conn)
         report: dict[str, Any] = {"mode": "wal" if current else "table", "wal_level": store.wal_level(conn)}
+        report["read_index"] = store.has_read_index(conn)
         if current is not None:
             report |= {"slot": current.slot, "publication": current.publication, "from_xid": current.from_xid}
             report["slot_state"] = store.slot_state(conn, current.slot)

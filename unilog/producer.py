@@ -26,6 +26,9 @@ from .store import INSERT_STAGED
 
 DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20
 
+# INSERT_STAGED's parameters: action, object, data (JSON text), stream, key, traceparent, tracestate.
+StagedParams = tuple[str, str, str, str, str | None, str | None, str | None]
+
 _encoder = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"), check_circular=True)
 
 
@@ -67,23 +70,17 @@ class Producer:
         data: Any,
         stream: str | None = None,
         key: str | None = None,
-    ) -> dict[str, Any]:
-        """Validate a record and return the insert parameters (no I/O)."""
+    ) -> StagedParams:
+        """Validate a record and return the parameters of ``INSERT_STAGED`` (no I/O)."""
         _require_text("action", action)
         _require_text("object", object)
         if key is not None:
             _require_text("key", key)
         target = stream if stream is not None else self.default_stream
         traceparent, tracestate = tracing.current_context()  # (None, None) without OpenTelemetry or a span
-        return {
-            "action": action,
-            "object": object,
-            "data": encode_data(data, self.max_payload_bytes),
-            "stream": "" if target is None else validate_stream_name(target),
-            "key": key,
-            "traceparent": traceparent,
-            "tracestate": tracestate,
-        }
+        text = encode_data(data, self.max_payload_bytes)
+        target = "" if target is None else validate_stream_name(target)
+        return action, object, text, target, key, traceparent, tracestate
 
 
 def _require_text(name: str, value: object) -> None:
@@ -155,7 +152,7 @@ def _string_problem(value: str, path: str) -> str | None:
     return None
 
 
-def _insert(tx: Any, params: dict[str, Any]) -> int:
+def _insert(tx: Any, params: StagedParams) -> int:
     if isinstance(tx, Session):
         tx = tx.connection()  # joins (or autobegins) the session's transaction, as any session statement would
     run: Callable[..., Any]

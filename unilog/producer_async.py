@@ -13,7 +13,7 @@ from typing import Any
 
 import psycopg
 
-from .producer import Producer, _default, raise_if_schema_missing, require_transaction
+from .producer import Producer, StagedParams, _default, raise_if_schema_missing, require_transaction
 from .store import INSERT_STAGED
 
 try:  # SQLAlchemy's asyncio layer needs greenlet ("sqlalchemy[asyncio]"); without it only psycopg handles work
@@ -38,7 +38,7 @@ async def emit_async(
     return await _insert(tx, params)
 
 
-async def _insert(tx: Any, params: dict[str, Any]) -> int:
+async def _insert(tx: Any, params: StagedParams) -> int:
     if AsyncSession is not None and isinstance(tx, AsyncSession):
         tx = await tx.connection()  # joins (or begins) the session's transaction
     try:

@@ -14,10 +14,11 @@ from .positions import save_positions
 
 NOTIFY_CHANNEL = "unilog_staged"
 
+# Positional parameters (action, object, data, stream, key, traceparent, tracestate): a tuple skips the driver's
+# per-call mapping of names to positions, on the producer's hot path.
 INSERT_STAGED = (
     "INSERT INTO staged_log_records (action, object, data, stream, key, traceparent, tracestate) "
-    "VALUES (%(action)s, %(object)s, %(data)s::jsonb, %(stream)s, %(key)s, %(traceparent)s, %(tracestate)s) "
-    "RETURNING id"
+    "VALUES (%s, %s, %s::jsonb, %s, %s, %s, %s) RETURNING id"
 )
 
 # A staged row as the streamer reads it: (id, action, object, data, key, created_ms, traceparent, tracestate).

@@ -26,6 +26,8 @@ from .connection import connect_options, unreachable
 from .positions import save_positions
 
 PUBLICATION = "unilog_staged"
+READ_INDEX = "staged_log_records_stream_xid_id"  # table mode's read path; WAL mode drops it
+DDL_LOCK_TIMEOUT = 5.0  # seconds a mode switch waits for the staging table's lock
 STATUS_INTERVAL = 10.0  # seconds between status updates while idle (the server's wal_sender_timeout is 60 s)
 _PG_EPOCH_US = 946_684_800_000_000  # 2000-01-01 in microseconds since the Unix epoch
 _XLOG_HEADER = struct.Struct("!cQQQ")
@@ -116,7 +118,36 @@ def forget_capture(conn: psycopg.Connection[Any]) -> None:
 def set_notify_trigger(conn: psycopg.Connection[Any], enabled: bool) -> None:
     """The commit wake-up for table mode; WAL mode reads the replication stream and producers skip the NOTIFY."""
     action = "ENABLE" if enabled else "DISABLE"
-    conn.execute(f"ALTER TABLE staged_log_records {action} TRIGGER staged_log_records_notify")
+    _locked_ddl(conn, f"ALTER TABLE staged_log_records {action} TRIGGER staged_log_records_notify")
+
+
+def has_read_index(conn: psycopg.Connection[Any]) -> bool:
+    row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (READ_INDEX,)).fetchone()
+    return bool(row and row[0])
+
+
+def set_read_index(conn: psycopg.Connection[Any], present: bool) -> None:
+    """Create or drop the (stream, xid, id) index that table-mode passes read by. WAL mode reads the slot and deletes
+    by primary key, so there it only costs every producer an index update; a switch back to table mode rebuilds it
+    (the staging table is small in WAL mode)."""
+    if present:
+        _locked_ddl(conn, f"CREATE INDEX IF NOT EXISTS {READ_INDEX} ON staged_log_records (stream, xid, id)")
+    else:
+        _locked_ddl(conn, f"DROP INDEX IF EXISTS {READ_INDEX}")
+
+
+def _locked_ddl(conn: psycopg.Connection[Any], statement: str) -> None:
+    """Run DDL on the staging table, giving up after DDL_LOCK_TIMEOUT: a DDL lock request queued behind a long (or
+    idle) transaction on the table would stall every producer queued behind it."""
+    try:
+        with conn.transaction():
+            conn.execute(f"SET LOCAL lock_timeout = '{int(DDL_LOCK_TIMEOUT * 1000)}ms'")
+            conn.execute(statement)
+    except psycopg.errors.LockNotAvailable:
+        raise ConfigurationError(
+            f"could not lock staged_log_records within {DDL_LOCK_TIMEOUT:g} s: a long or idle-in-transaction session "
+            "holds it (see pg_stat_activity); end it and run the command again"
+        ) from None
 
 
 def staged_before(conn: psycopg.Connection[Any], from_xid: str) -> bool:
