@@ -23,7 +23,7 @@ from typing import Any
 
 import psycopg
 
-from unilog.spark import TransactionalSink, spark_session
+from unilog.spark import TransactionalSink, spark_session, task_slots
 from unilog.wire import registry_key
 
 from .consume import NAME as CONSUME_NAME
@@ -62,15 +62,15 @@ def _start(spark: Any, urls: Urls, name: str, sink: Any, checkpoint: str, max_en
         .option("databaseUrl", urls.database)
         .option("consumer", name)
         .option("maxEntriesPerBatch", str(max_entries))
+        .option("minPartitions", str(task_slots(spark)))
         .load()
     )
     writer = stream.writeStream.foreachBatch(sink).option("checkpointLocation", checkpoint)
     return writer.trigger(processingTime=TRIGGER).start()
 
 
-def _count(urls: Urls, name: str) -> int:
-    with psycopg.connect(urls.database, autocommit=True) as conn:
-        row = conn.execute("SELECT n FROM bench_state WHERE name = %s", (name,)).fetchone()
+def _count(conn: psycopg.Connection[Any], name: str) -> int:
+    row = conn.execute("SELECT n FROM bench_state WHERE name = %s", (name,)).fetchone()
     return int(row[0]) if row else 0
 
 
@@ -94,21 +94,24 @@ def _spark_drain(urls: Urls, size: int, batch: int) -> tuple[int, float, float]:
     one a long-running consumer sees."""
     spark = spark_session("bench-spark", "local[2]", CONF)
     checkpoint = tempfile.mkdtemp(prefix="bench-spark-")
+    # one session polled every 50 ms: a new connection per look cost the machine a backend start 50 times a second
+    poll = psycopg.connect(urls.database, autocommit=True)
     try:
         sink = TransactionalSink(urls.database, CONSUME_NAME, urls.stream, _aggregate_effect(CONSUME_NAME))
         started = time.perf_counter()
         query = _start(spark, urls, CONSUME_NAME, sink, checkpoint, batch)
         deadline = time.monotonic() + 900
         first: tuple[int, float] | None = None
-        while (count := _count(urls, CONSUME_NAME)) < size and time.monotonic() < deadline and query.isActive:
+        while (count := _count(poll, CONSUME_NAME)) < size and time.monotonic() < deadline and query.isActive:
             if count and first is None:
                 first = (count, time.perf_counter())
-            time.sleep(0.02)
+            time.sleep(0.05)
         ended = time.perf_counter()
         query.stop()
         steady = (count - first[0]) / (ended - first[1]) if first else count / (ended - started)
         return count, ended - started, steady
     finally:
+        poll.close()
         spark.stop()
         shutil.rmtree(checkpoint, ignore_errors=True)
 

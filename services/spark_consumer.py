@@ -23,7 +23,7 @@ import psycopg
 from unilog import metrics
 from unilog.cli import ExitCode
 from unilog.log import configure_logging
-from unilog.spark import TransactionalSink, spark_session
+from unilog.spark import TransactionalSink, spark_session, task_slots
 
 from .rides import CHECKSUM_MOD, CHECKSUM_MUL, STREAM
 
@@ -74,6 +74,7 @@ def start_query(spark: Any, name: str, database_url: str, redis_url: str, checkp
         .option("databaseUrl", database_url)
         .option("consumer", name)
         .option("maxEntriesPerBatch", "20000")
+        .option("minPartitions", str(task_slots(spark)))
         .load()
     )
     sink = TransactionalSink(database_url, name, STREAM, state_effect(name), redis_url=redis_url)

@@ -80,11 +80,28 @@ def test_batch_read_is_split_by_entry_count(spark: Any, app: Settings) -> None:
         .option("entriesPerPartition", "1000")
         .load()
     )
-    assert df.rdd.getNumPartitions() == 3, "1000 + 1000 + 500 entries: cut by count, not by time"
+    assert df.rdd.getNumPartitions() == 3, "3 ranges of at most 1000 entries: cut by count, not by time"
+    two_slots = df.sparkSession.read.format("unilog").options(**{"redisUrl": app.redis_url, "stream": STREAM})
+    assert two_slots.option("entriesPerPartition", "1000").option("minPartitions", "2").load().count() == 2500
     rows = df.orderBy("seq").collect()
     assert [r["seq"] for r in rows] == list(range(1, 2501))
     assert rows[0]["action"] == "create" and rows[0]["object"] == "ride" and rows[0]["producer"]
     assert '"distance"' in rows[0]["data"]
+
+
+def test_a_batch_is_cut_into_equal_ranges_a_multiple_of_min_partitions() -> None:
+    from unilog.spark import SourceOptions, _split
+
+    ids = [f"1-{i}" for i in range(1, 50_001)]
+    options = SourceOptions.parse(
+        {"redisUrl": "redis://x", "stream": "s", "minPartitions": "2", "entriesPerPartition": "10000"}
+    )
+    ranges = _split(options, "0-0", ids)
+    assert len(ranges) == 6, "5 ranges of 10,000 would leave one of 2 slots idle through the last wave"
+    assert [r.after for r in ranges] == ["0-0"] + [r.until for r in ranges[:-1]] and ranges[-1].until == ids[-1]
+    sizes = [int(r.until.split("-")[1]) - int(r.after.split("-")[1]) for r in ranges]
+    assert max(sizes) - min(sizes) <= 1 and sum(sizes) == 50_000
+    assert len(_split(options, "0-0", ids[:1])) == 1 and _split(options, "0-0", []) == []
 
 
 def test_double_sent_batches_are_applied_once(spark: Any, app: Settings, tmp_path: Path) -> None:

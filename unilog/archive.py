@@ -20,7 +20,7 @@ import structlog
 
 from . import engine, store
 from .config import Settings
-from .spark import Effect, TransactionalSink
+from .spark import Effect, TransactionalSink, task_slots
 
 log = structlog.get_logger(__name__)
 
@@ -50,6 +50,7 @@ def archive(spark: Any, settings: Settings, path: str, *, stream: str | None = N
             .option("stream", stream)
             .option("startingId", checkpoint.last_id)
             .option("endingId", until)
+            .option("minPartitions", str(task_slots(spark)))
             .load()
         )
         df = df.withColumn("date", f.date_format(f.from_unixtime(f.col("id_ms") / 1000), "yyyy-MM-dd")).cache()

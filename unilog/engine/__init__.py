@@ -35,7 +35,7 @@ from ..wire import (  # noqa: F401 - the adapter's names, used as engine.X acros
     to_str,
     workers_key,
 )
-from .bulk import raw_pages  # noqa: F401 - the adapter's names, used as engine.X across the library
+from .bulk import no_gc, raw_pages  # noqa: F401 - the adapter's names, used as engine.X across the library
 from .refusals import FATAL, connect, fatal, hint, no_permission, ping, read_only  # noqa: F401 - connecting and classifying refusals
 
 Fields = Mapping[str, Any]
