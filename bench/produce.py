@@ -153,7 +153,8 @@ def run_produce_clients(env: BenchEnv, profile: Profile, results: Results) -> No
 def lockstep(env: BenchEnv, results: Results, clients: int, rounds: int, seconds: float) -> None:
     env.reset(keep_redis=True)
     env.settle()
-    barrier, out = SPAWN.Barrier(clients + 1), SPAWN.Queue()
+    # a barrier that times out: a client that died (or a coordinator that raised) breaks it for all, not a hang
+    barrier, out = SPAWN.Barrier(clients + 1, timeout=seconds + 120), SPAWN.Queue()
     args = (env.urls, rounds, seconds, barrier, out)
     procs = [SPAWN.Process(target=_lockstep_client, args=args) for _ in range(clients)]
     for p in procs:
@@ -165,7 +166,9 @@ def lockstep(env: BenchEnv, results: Results, clients: int, rounds: int, seconds
             for variant in SCALING_VARIANTS:
                 barrier.wait()  # every client is between slices: the table can change
                 _layout(env.admin, wal=variant == "emit, WAL mode")
-                asleep = variant == "emit, streamer asleep" and store.try_sleep(sleeper)
+                asleep = variant == "emit, streamer asleep"
+                if asleep and not store.try_sleep(sleeper):
+                    raise RuntimeError("the wake-up lock is held by another session: the trial would not notify")
                 barrier.wait()  # go
                 barrier.wait()  # the slice ended
                 if asleep:
@@ -177,6 +180,11 @@ def lockstep(env: BenchEnv, results: Results, clients: int, rounds: int, seconds
         for p in procs:
             p.join()
     finally:
+        barrier.abort()
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.terminate()
         sleeper.close()
         _layout(env.admin, wal=False)
     for (rnd, variant), n in sorted(counts.items()):

@@ -149,5 +149,3 @@ def test_emit_without_migrations_says_so(unilog_postgres: Any) -> None:
             emit(conn, action="a", object="o", data={})
         conn.rollback()
     del drop_database
-
-

@@ -102,6 +102,8 @@ def test_a_batch_is_cut_into_equal_ranges_a_multiple_of_min_partitions() -> None
     sizes = [int(r.until.split("-")[1]) - int(r.after.split("-")[1]) for r in ranges]
     assert max(sizes) - min(sizes) <= 1 and sum(sizes) == 50_000
     assert len(_split(options, "0-0", ids[:1])) == 1 and _split(options, "0-0", []) == []
+    assert len(_split(options, "0-0", ids[:50])) == 1, "a small batch is not cut into a task per slot"
+    assert len(_split(options, "0-0", ids[:2000])) == 2
 
 
 def test_double_sent_batches_are_applied_once(spark: Any, app: Settings, tmp_path: Path) -> None:

@@ -321,21 +321,22 @@ def enable_wal(settings: Settings, *, slot: str | None = None, recreate: bool = 
         store.set_notify_trigger(conn, False)
         captured = store.capture_slot(conn)
         assert captured is not None
-        _drop_read_index_once_unneeded(conn, captured)
+        _fit_read_index(conn, captured)
         log.info("WAL capture on", slot=name, publication=publication, new_slot=fresh)
         return captured
 
 
-def _drop_read_index_once_unneeded(conn: psycopg.Connection[Any], captured: CaptureSlot) -> None:
-    """Drop table mode's read index unless rows staged before the slot are left: a table-mode pass publishes those
-    first and reads by it. ``unilog capture wal`` again, once they are published, drops it."""
-    if not store.has_read_index(conn):
+def _fit_read_index(conn: psycopg.Connection[Any], captured: CaptureSlot) -> None:
+    """Table mode's read index exactly while rows staged before the slot are left (a first switch, or a slot
+    re-created after an outage: then every staged row predates it). Table-mode passes publish those, reading by
+    the index (without it each batch scans the table); after them WAL mode has no use for it, and producers pay
+    its update. ``unilog capture wal`` again, once they are published, drops it."""
+    needed = store.staged_before(conn, captured.from_xid)
+    if needed == store.has_read_index(conn):
         return
-    if store.staged_before(conn, captured.from_xid):
-        log.info(
-            "table-mode index kept: rows staged before the slot are still to be published; run `unilog capture "
-            "wal` again once they are, to spare producers its update"
-        )
+    if needed:
+        store.set_read_index(conn, True)  # ConfigurationError (one line, exit 3) if it cannot: run the command again
+        log.info("table-mode index built: rows staged before the slot go out through table-mode passes first")
         return
     try:
         store.set_read_index(conn, False)
@@ -349,9 +350,11 @@ def disable_wal(settings: Settings) -> None:
     settle(settings)
     with store.connect(settings.conninfo, autocommit=True, application_name="unilog-capture") as conn:
         current = store.capture_slot(conn)
+        # the table first (each change may give up behind a long transaction): a switch that fails then leaves WAL
+        # mode whole, with its slot, rather than table mode with no wake-up and a slot retaining WAL for nobody
         store.set_read_index(conn, True)  # before table-mode passes start: they read by it
-        store.forget_capture(conn)
         store.set_notify_trigger(conn, True)
+        store.forget_capture(conn)
         if current is not None:
             store.drop_slot(conn, current.slot)
         log.info("table mode", dropped_slot=current.slot if current else None)

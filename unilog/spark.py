@@ -124,15 +124,19 @@ def _ids_after(redis_url: str, stream: str, after: str, limit: int | None, until
     return ids
 
 
+MIN_RANGE = 1000  # entries: below this a range costs more in its task, hand-over and connection than it reads
+
+
 def _split(options: SourceOptions, after: str, ids: list[str]) -> list[EntryRange]:
     """Cut the entries (``after``, ids[-1]] into equal ranges of at most ``entries_per_partition`` entries, as many
-    as a multiple of ``min_partitions``: with one range per task slot and slots of equal work, no slot idles
-    through the batch's last wave (5 ranges on 2 cores took 3 waves, the last on one core)."""
+    as a multiple of ``min_partitions`` (for batches of ``min_partitions * MIN_RANGE`` entries or more): with one
+    range per task slot and slots of equal work, no slot idles through the batch's last wave (5 ranges on 2 cores
+    took 3 waves, the last on one core)."""
     if not ids:
         return []
     count = -(-len(ids) // options.entries_per_partition)
-    count = -(-count // options.min_partitions) * options.min_partitions
-    count = min(count, len(ids))
+    if len(ids) >= options.min_partitions * MIN_RANGE:  # a small batch is one task's work: no task per slot
+        count = -(-count // options.min_partitions) * options.min_partitions
     ranges, start = [], after
     for k in range(1, count + 1):
         end = ids[len(ids) * k // count - 1]
