@@ -64,12 +64,16 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def _run_workloads(env: BenchEnv, profile: Profile, names: list[str], results: Results) -> dict[str, float]:
-    durations: dict[str, float] = {}
+def _run_workloads(
+    env: BenchEnv, profile: Profile, names: list[str], results: Results, out: Path, context: dict[str, Any]
+) -> dict[str, float]:
+    """Run the workloads; after each, the JSON so far goes to ``out`` (a run cut short keeps what it measured)."""
+    durations: dict[str, float] = context.setdefault("workload_seconds", {})
     for name in names:
         started = time.monotonic()
         WORKLOADS[name](env, profile, results)
         durations[name] = round(time.monotonic() - started, 1)
+        write_json(out, results, profile, targets(results, profile), {**context, "partial": f"through {name}"})
     return durations
 
 
@@ -98,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     results = Results()
     try:
         context = _context(env, profile)
-        context["workload_seconds"] = _run_workloads(env, profile, args.workloads, results)
+        context["workload_seconds"] = _run_workloads(env, profile, args.workloads, results, out, context)
     finally:
         env.stop()
     context["load_average_after"] = sysinfo.load_average()
