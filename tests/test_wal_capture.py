@@ -18,7 +18,7 @@ from cli import one_line, unilog
 
 from unilog import Settings, Streamer, StreamerConfig, emit
 from unilog.capture import capture_status, disable_wal, enable_wal
-from unilog.errors import CaptureLost, InjectedCrash
+from unilog.errors import CaptureLost, ConfigurationError, InjectedCrash
 from unilog.faults import Faults
 
 STREAM = "test-stream"
@@ -255,6 +255,29 @@ def test_a_switch_behind_a_long_transaction_gives_up_on_its_lock_in_one_line(
     assert [n for _seq, n in published(rds)] == [0] and staged(pg) == 0
     reader.close()
     writer.close()
+
+
+def test_a_switch_back_that_gives_up_halfway_leaves_wal_mode_whole(
+    settings: Settings, pg: Any, rds: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if pg.execute("SHOW wal_level").fetchone()[0] != "logical":
+        pytest.skip("wal_level is not logical")
+    monkeypatch.setattr("unilog.store.wal.DDL_LOCK_TIMEOUT", 0.3)
+    enable_wal(settings)
+    holder = psycopg.connect(settings.conninfo)  # SHARE: the index build may run, re-enabling the trigger may not
+    holder.execute("LOCK TABLE staged_log_records IN SHARE MODE")
+    with pytest.raises(ConfigurationError, match="could not lock staged_log_records"):
+        disable_wal(settings)
+    status = capture_status(settings)
+    assert status["mode"] == "wal" and status["slot_state"] is not None, "still WAL mode, its slot kept"
+    holder.rollback()
+    disable_wal(settings)
+    status = capture_status(settings)
+    assert status["mode"] == "table" and status["read_index"]
+    assert (
+        pg.execute("SELECT count(*) FROM pg_replication_slots WHERE database = current_database()").fetchone()[0] == 0
+    )
+    holder.close()
 
 
 def test_capture_wal_needs_wal_level_logical_in_one_line(settings: Settings, pg: Any) -> None:
