@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from . import sysinfo
+from .commits import run_commits
 from .consume import run_consume
 from .core import FULL, QUICK, Profile, Results, log, worker_init
 from .curves import run_curves
@@ -37,6 +38,7 @@ WORKLOADS: dict[str, Workload] = {
     "produce_clients": run_produce_clients,
     "consume": run_consume,
     "memory": run_memory,
+    "commits": run_commits,
     "spark": run_spark,
     "observe": run_observe,
     "shards": run_shards,

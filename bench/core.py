@@ -43,6 +43,7 @@ class Profile:
     curve_seconds: float = 6.0
     slice_seconds: float = 0.5  # produce_clients: one variant's slice of a round
     slice_rounds: int = 40
+    commits_size: int = 100_000  # commits: single-record transactions through a fleet with a standby streamer
 
 
 QUICK = Profile(

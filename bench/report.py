@@ -49,6 +49,7 @@ def targets(results: Results, profile: Profile) -> list[Target]:
         *_horizon_targets(results),
         *_spark_targets(results),
         _memory_target(results, profile),
+        *_commits_targets(results),
     ]
 
 
@@ -124,6 +125,16 @@ def _consume_targets(results: Results) -> list[Target]:
         )
         for case in _cases(results, "consume")
     ]
+
+
+def _commits_targets(results: Results) -> list[Target]:
+    """Issue 24: RSS must not grow per commit (the leak it fixed was about 175 bytes per commit)."""
+    out = []
+    for case in _cases(results, "commits"):
+        for process in ("publisher", "consumer"):
+            growth = results.median("commits", case, process, "RSS growth bytes/commit")
+            out.append(Target(f"commits {case}: {process} RSS growth per commit", growth, "<", 20, " B"))
+    return out
 
 
 def _memory_target(results: Results, profile: Profile) -> Target:

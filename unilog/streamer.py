@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 import structlog
 
-from . import engine, metrics, retention, routing, store, tracing
+from . import engine, metrics, retention, routing, sending, store, tracing
 from .config import Settings, validate_stream_name
 from .errors import ConfigurationError, PublishError, UnilogError
 from .faults import NO_FAULTS, Faults
@@ -150,6 +150,7 @@ class Streamer(Worker):
         poll = (self.config.horizon_poll, self.config.horizon_poll_max)  # also while it may not sleep yet
         self._listener = CommitListener(settings.conninfo, f"unilog-{name}-listen", *poll)
         self._owned: set[str] = set()
+        self._standby = False  # found a stream held by another streamer: looks for its lock, not for commits
         self._identity: store.ProducerIdentity | None = None
         self._last_seq: dict[str, int] = {}  # valid while we hold the stream's lock and our commits succeed
         self._after: dict[str, tuple[str, int]] = {}  # (xid, id) last published per source: same validity
@@ -263,6 +264,8 @@ class Streamer(Worker):
         from .capture import WalCapture  # imported on use: table-mode streamers never load the WAL reader
 
         self._wal = WalCapture(self, slot) if slot is not None else None
+        if self._wal is not None:
+            self._listener.close()  # the slot's stream wakes a WAL-mode streamer
         log.info("capture mode", mode="wal" if slot else "table", streamer=self.name)
         return self._wal
 
@@ -351,6 +354,7 @@ class Streamer(Worker):
                 f"stream {stream!r} has Redis keys in the layout before hash tags ({', '.join(old[:3])}): stop "
                 f"its consumers and run `unilog stream relayout {stream}` (README, Redis keys)"
             )
+        self._standby = not got
         if got:
             self._owned.add(stream)
             metrics.STREAM_LOCK.labels(stream).set(1)
@@ -523,50 +527,24 @@ class Streamer(Worker):
         return count
 
     def _send(
-        self,
-        stream: str,
-        identity: store.ProducerIdentity,
-        first_seq: int,
-        payload: engine.Packed,
-        *,
-        dedupe: bool,
+        self, stream: str, identity: store.ProducerIdentity, first_seq: int, payload: engine.Packed, *, dedupe: bool
     ) -> engine.PublishResult:
-        try:
-            result = self._engine().publish(
-                stream,
-                identity.producer_id,
-                identity.epoch,
-                first_seq,
-                payload,
-                dedupe=dedupe,
-                wait_replicas=self.config.wait_replicas,
-                wait_timeout_ms=self.config.wait_timeout_ms,
-            )
-        except (engine.RedisError, OSError) as exc:
-            raise PublishError(f"Redis did not confirm the batch for {stream}: {exc}") from exc
-        if result.replicas < self.config.wait_replicas:
-            raise PublishError(
-                f"only {result.replicas} of {self.config.wait_replicas} replicas acknowledged the batch for {stream} "
-                f"within {self.config.wait_timeout_ms} ms; keeping the records staged and retrying"
-            )
-        if result.gap_after is not None:
-            log.error(
-                "stream is missing confirmed positions: Redis lost data",
-                stream=stream,
-                producer=identity.producer_id,
-                high_water=result.gap_after,
-                first_seq=first_seq,
-            )
-        if result.skipped:
-            log.info("re-sent positions skipped by the broker", stream=stream, skipped=result.skipped)
-        return result
+        config = self.config
+        return sending.send(
+            self._engine(), stream, identity, first_seq, payload, dedupe, config.wait_replicas, config.wait_timeout_ms
+        )
 
     # -- the loop ----------------------------------------------------------------------------------------------------
 
     def idle(self, result: BatchResult, stop_event: threading.Event) -> None:
         """Between passes of :meth:`run`: go on at once after publishing; poll with a growing delay while committed
         records wait behind an open transaction; else sleep on ``LISTEN`` so a producer's commit wakes the streamer
-        within milliseconds, with a poll fallback."""
+        within milliseconds, with a poll fallback. A standby (it holds no stream, another streamer does) polls for
+        the lock instead: no commit can make it publish, and asleep it would make every producer notify."""
+        if self._standby and not self._owned and self._wal is None:
+            self._listener.close()  # its NOTIFYs would only pile up
+            stop_event.wait(self.config.poll_interval)
+            return
         if not (result.published or result.waiting or self._wal is not None):
             self._horizon_delay = self.config.horizon_poll
             self._horizon.clear()

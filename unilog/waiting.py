@@ -27,6 +27,12 @@ class CommitListener:
     notifying to end (their commits are then visible to the caller's next look); if one stays open, or another
     streamer sleeps, the call returns and the next waits twice as long, up to ``retry_max``. :meth:`wake` gives
     the lock back when the caller found work without sleeping. Not thread-safe.
+
+    The session keeps no notification it has no use for: a NOTIFY only says "look", so what arrives while the
+    caller is busy, or before the lock is taken (the look that follows sees those commits), is read off the socket
+    and dropped whenever the session is used, and a wake-up drains everything that came. Unread, they would pile
+    up in psycopg's backlog (one object per commit, while another streamer sleeps and producers notify) or in the
+    socket, where a full buffer stalls the server's notification queue.
     """
 
     def __init__(self, conninfo: str, application_name: str, retry: float = 0.005, retry_max: float = 0.1) -> None:
@@ -47,7 +53,9 @@ class CommitListener:
                 self._notified(stop_event, timeout)
                 self.asleep = False
                 store.wake(self._conn)
-            elif store.try_sleep(self._conn, self._retry):  # waits for producers in flight to commit
+                return
+            store.discard_notifies(self._conn)  # sent before the lock: the caller's next look sees those commits
+            if store.try_sleep(self._conn, self._retry):  # waits for producers in flight to commit
                 self.asleep, self._retry = True, self.retry_min
             else:  # one stays open, or another streamer sleeps: look again, wait longer next time
                 self._retry = min(self._retry * 2, self.retry_max)
@@ -66,21 +74,24 @@ class CommitListener:
                 return False
             # the generator holds the connection's lock: leave it before draining the rest
             if any(True for _ in self._conn.notifies(timeout=min(remaining, 0.25), stop_after=1)):
-                for _ in self._conn.notifies(timeout=0, stop_after=1000):
-                    pass
+                store.discard_notifies(self._conn)
                 return True
         return False
 
     def wake(self) -> None:
-        """Give the wake-up lock back (the caller is busy: producers need not notify)."""
+        """Give the wake-up lock back if this session holds it (the caller is busy: producers need not notify), and
+        drop what the session received meanwhile (called after every busy pass: a non-blocking read)."""
         self._retry = self.retry_min
-        if self.asleep and self._conn is not None and not self._conn.closed:
-            self.asleep = False
-            try:
+        if self._conn is None or self._conn.closed:
+            return
+        try:
+            if self.asleep:
+                self.asleep = False
                 store.wake(self._conn)
-            except psycopg.OperationalError as exc:  # the lock went with the session
-                log.warning("listen connection lost", error=str(exc))
-                self.close()
+            store.discard_notifies(self._conn)
+        except psycopg.OperationalError as exc:  # the lock went with the session
+            log.warning("listen connection lost", error=str(exc))
+            self.close()
 
     def close(self) -> None:
         self.asleep = False

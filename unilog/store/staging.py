@@ -236,6 +236,13 @@ def listen(conn: psycopg.Connection[Any]) -> None:
     conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
 
 
+def discard_notifies(conn: psycopg.Connection[Any]) -> int:
+    """Drop every notification ``conn`` has received, and what its socket holds, without waiting; return how many.
+    psycopg keeps each notification that arrives while ``conn`` runs a statement until it is read: a ``LISTEN``
+    session that only needs to know *that* something arrived must read them, or keep one object per NOTIFY."""
+    return sum(1 for _ in conn.notifies(timeout=0))
+
+
 def try_sleep(conn: psycopg.Connection[Any], wait: float = 0.0) -> bool:
     """Take the wake-up lock exclusively on ``conn`` (an autocommit ``LISTEN`` session): from then on every
     transaction that stages notifies at commit. A transaction that staged without notifying holds the lock shared
