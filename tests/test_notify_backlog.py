@@ -126,3 +126,18 @@ def test_a_busy_streamer_keeps_no_notifications_while_another_sleeps(settings: S
     busy.close()
     assert sent > BOUND, "the idle streamer should have slept on the wake-up (the test would show nothing)"
     assert worst[0] <= BOUND, f"the busy streamer's LISTEN session kept {worst[0]} of {sent} notifications"
+
+
+def test_the_listener_is_the_only_session_that_listens() -> None:
+    """Consumers, partition workers, the asyncio faces and WAL mode LISTEN on nothing (they block on XREAD or the
+    slot's stream): the one ``LISTEN`` in the library is the streamer's listener, which drops what it cannot use.
+    A new ``LISTEN`` elsewhere must get the same care, and this test, before it lands."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "unilog"
+    callers = sorted(
+        p.relative_to(root).as_posix()
+        for p in root.rglob("*.py")
+        if "harness" not in p.parts and ("store.listen(" in p.read_text() or "LISTEN {" in p.read_text())
+    )
+    assert callers == ["store/staging.py", "waiting.py"]
