@@ -66,7 +66,7 @@ def test_unregistered_consumers_do_not_hold_back_trimming(settings: Settings, rd
     idle = consumer(settings, "idle")
     idle.connect()  # registers at the stream's beginning
     assert streamer.trim("test-stream") == 0, "a registered consumer at 0-0 holds everything"
-    assert idle._engine().unregister("test-stream", "idle")
+    assert idle.links.redis().unregister("test-stream", "idle")
     assert streamer.trim("test-stream") == 0, "no registered consumer: nothing is trimmed"
     done = consumer(settings, "done")
     done.drain()

@@ -19,15 +19,15 @@ import structlog
 
 from . import metrics, tracing
 from .config import Settings
-from .consumer import _is_handler_failure
-from .consumer_async import AsyncHandler, _never
+from .consume.base import is_handler_failure as _is_handler_failure
+from .consumer_async import _never
 from .engine import Entry
 from .errors import MalformedEntry
 from .faults import NO_FAULTS, Faults
 from .group import GroupConfig, GroupConsumer, GroupResult, candidates, default_worker_name
-from .records import REPLAY_FOR, Batch, Record, replay_owner
+from .records import REPLAY_FOR, AsyncHandler, Batch, Record, replay_owner
 from .runtime import FATAL, TRANSIENT, account_batch
-from .runtime_async import AsyncWorker
+from .runtime_async import AsyncLinks, AsyncWorker
 from .store import aio as store
 
 log = structlog.get_logger(__name__)
@@ -45,8 +45,13 @@ class AsyncGroupConsumer(AsyncWorker):
         self._owner = replay_owner("group", config.group).encode()
         self.restart_after_crash = config.restart_after_crash
         self.max_backoff = config.max_backoff
-        self.app_name = f"unilog-group-{config.group}-{self.worker}"
-        self.redis_timeout = config.block_ms / 1000 + 10
+        self.links = AsyncLinks(
+            settings,
+            app_name=f"unilog-group-{config.group}-{self.worker}",
+            pg_timeout=None,
+            redis_timeout=config.block_ms / 1000 + 10,  # must outlast a blocking read
+            on_pg_connect=self.new_session,
+        )
         self._last_claim = 0.0
         self._last_prune = time.monotonic()
         self._pending_cursor: str | None = "0"

@@ -210,7 +210,7 @@ class PartitionedConsumer(Worker):
         if not self.owned:
             time.sleep(self.config.rebalance_interval / 4)
             return
-        streams = {c.stream: c.checkpoint.last_id for c in self.owned.values()}
+        streams = {c.stream: c.load_checkpoint().last_id for c in self.owned.values()}
         self.links.redis().wait_for_entries(streams, min(self.config.block_ms, 250))
 
     def idle(self, result: int, stop_event: threading.Event) -> None:

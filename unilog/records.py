@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, cast
 
 import psycopg
@@ -130,6 +130,8 @@ class Record:
 
 
 Handler = Callable[[psycopg.Connection[Any], Sequence[Record]], Any]
+# an ``async def`` handler, run by the asyncio consumers on a psycopg ``AsyncConnection``
+AsyncHandler = Callable[[psycopg.AsyncConnection[Any], Sequence[Record]], Awaitable[Any]]
 
 
 class Batch(Sequence[Record]):

@@ -12,6 +12,9 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import inspect
+import weakref
+from collections.abc import Callable
 from typing import Any, ClassVar, Self
 
 import psycopg
@@ -25,25 +28,80 @@ from .store import aio as store
 log = structlog.get_logger(__name__)
 
 
+class AsyncLinks:
+    """The asyncio face of :class:`~unilog.runtime.Links`: a worker's Postgres connection (schema-checked once per
+    session) and Redis client, opened on first use, with the same methods awaited."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        app_name: str,
+        pg_timeout: float | None,
+        redis_timeout: float | None,
+        on_pg_connect: Callable[[psycopg.AsyncConnection[Any]], Any] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.app_name = app_name[:63]
+        self.pg_timeout, self.redis_timeout = pg_timeout, redis_timeout
+        # weak, as in Links: no cycle through a bound method of the owner
+        self._on_pg_connect = weakref.WeakMethod(on_pg_connect) if inspect.ismethod(on_pg_connect) else None
+        self._on_pg_connect_fn = None if inspect.ismethod(on_pg_connect) else on_pg_connect
+        self._pg: psycopg.AsyncConnection[Any] | None = None
+        self._redis: AsyncRedisStreams | None = None
+
+    async def pg(self) -> psycopg.AsyncConnection[Any]:
+        """The Postgres connection, (re)opened and schema-checked if needed."""
+        if self._pg is None or self._pg.closed:
+            conn = await store.connect_async(self.settings.conninfo, application_name=self.app_name)
+            await store.check_schema(conn)
+            await conn.commit()
+            self._pg = conn
+            callback = self._on_pg_connect() if self._on_pg_connect is not None else self._on_pg_connect_fn
+            if callback is not None:
+                callback(conn)
+        return self._pg
+
+    async def redis(self) -> AsyncRedisStreams:
+        """The Redis client (it connects on first command)."""
+        if self._redis is None:
+            self._redis = AsyncRedisStreams(connect_async(self.settings.redis_url, socket_timeout=self.redis_timeout))
+        return self._redis
+
+    @property
+    def pg_open(self) -> psycopg.AsyncConnection[Any] | None:
+        return self._pg if self._pg is not None and not self._pg.closed else None
+
+    async def discard_failed_transaction(self) -> None:
+        """After a failure: drop the Postgres connection if it is broken or still inside a transaction."""
+        pg = self.pg_open
+        if pg is not None and (pg.broken or pg.info.transaction_status != psycopg.pq.TransactionStatus.IDLE):
+            await pg.close()
+            self._pg = None
+
+    async def close(self) -> None:
+        pg, redis_api = self._pg, self._redis
+        self._pg, self._redis = None, None
+        if pg is not None and not pg.closed:
+            await pg.close()
+        if redis_api is not None:
+            await redis_api.aclose()
+
+
 class AsyncWorker(abc.ABC):
-    """The asyncio twin of :class:`~unilog.runtime.Worker`. Subclasses set ``settings``, ``restart_after_crash``,
-    ``max_backoff``, ``app_name`` and ``redis_timeout`` in ``__init__``, and implement :meth:`check_start` (the
-    threaded worker's start-up checks, run in a thread), :meth:`run_once`, :meth:`drain`, :attr:`label` and
-    :meth:`on_handler_error`."""
+    """The asyncio twin of :class:`~unilog.runtime.Worker`. Subclasses set ``links`` (an :class:`AsyncLinks`, whose
+    ``on_pg_connect`` should be :meth:`new_session`), ``restart_after_crash`` and ``max_backoff`` in ``__init__``,
+    and implement :meth:`run_once`, :meth:`drain`, :attr:`label`, :meth:`on_handler_error` and either
+    :meth:`connect` or :meth:`check_start` (the threaded worker's start-up checks, run once in a thread)."""
 
     kind: ClassVar[str] = "worker"
     retryable: ClassVar[tuple[type[BaseException], ...]] = (*TRANSIENT, TimeoutError)  # TimeoutError: a deadline
-    settings: Settings
+    links: AsyncLinks
     restart_after_crash: bool = True
     max_backoff: float = 10.0
-    app_name: str = "unilog"
-    redis_timeout: float | None = 10.0
-    _pg: psycopg.AsyncConnection[Any] | None = None
-    _redis: AsyncRedisStreams | None = None
     _checked: bool = False
 
-    @abc.abstractmethod
-    def check_start(self) -> None:
+    def check_start(self) -> None:  # noqa: B027 (an optional hook)
         """The threaded worker's start-up checks (raise a one-line-worthy error if work cannot start)."""
 
     @abc.abstractmethod
@@ -66,6 +124,10 @@ class AsyncWorker(abc.ABC):
     def forget(self) -> None:  # noqa: B027 (an optional hook)
         """Drop state cached from the connections (a checkpoint, a pending cursor) when they are closed."""
 
+    def new_session(self, _conn: object = None) -> None:
+        """A new Postgres session was opened: what was cached from the old one is forgotten."""
+        self.forget()
+
     async def connect(self) -> None:
         """Run :meth:`check_start` once (in a thread), then open both asyncio connections."""
         if not self._checked:
@@ -74,22 +136,12 @@ class AsyncWorker(abc.ABC):
         await self._links()
 
     async def _links(self) -> tuple[psycopg.AsyncConnection[Any], AsyncRedisStreams]:
-        if self._pg is None or self._pg.closed:
-            self._pg = await store.connect_async(self.settings.conninfo, application_name=self.app_name[:63])
-            self.forget()
-        if self._redis is None:
-            self._redis = AsyncRedisStreams(connect_async(self.settings.redis_url, socket_timeout=self.redis_timeout))
-        return self._pg, self._redis
+        return await self.links.pg(), await self.links.redis()
 
     async def close(self) -> None:
         """Close both connections; only committed state carries over."""
-        pg, redis_api = self._pg, self._redis
-        self._pg, self._redis = None, None
         self.forget()
-        if pg is not None and not pg.closed:
-            await pg.close()
-        if redis_api is not None:
-            await redis_api.aclose()
+        await self.links.close()
 
     async def __aenter__(self) -> Self:
         return self

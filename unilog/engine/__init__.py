@@ -134,6 +134,30 @@ class PublishResult:
 
 
 # (data JSON, action, object, created ms, key or None), in position order
+def type_checked(stream: str) -> tuple[str, str]:
+    """The keys whose types a ``WRONGTYPE`` refusal on ``stream`` is explained by."""
+    return stream, hwm_key(stream)
+
+
+def refusal(exc: redis.ResponseError, stream: str, kinds: Mapping[str, str]) -> Exception | None:
+    """The one-line error for a refusal no retry can fix, or None: ``kinds`` are the types of the keys of
+    :func:`type_checked` (read by the caller, sync or asyncio, only for a ``WRONGTYPE`` refusal)."""
+    text = str(exc)
+    for key, wanted in zip(type_checked(stream), ("stream", "hash"), strict=True):
+        kind = kinds.get(key, "none")
+        if kind not in (wanted, "none"):
+            return WrongKeyType(
+                f"the Redis key {key!r} holds a {kind}, not a {wanted}: another application uses that "
+                "name; use another stream name (UNILOG_STREAM, emit(stream=...)) or remove that key"
+            )
+    if "READONLY" in text:  # inside a script the reply is a plain error quoting it
+        return read_only(text.rpartition("-")[2] or text)
+    script_refused = "user executing the script can't" in text  # an ACL refusal inside the publish script
+    if "NOPERM" in text or script_refused or isinstance(exc, redis.exceptions.NoPermissionError):
+        return no_permission(text, stream)
+    return None
+
+
 class RedisStreams:
     """Publishing to and reading from Redis Streams."""
 
@@ -220,25 +244,12 @@ class RedisStreams:
     @contextlib.contextmanager
     def explained(self, stream: str) -> Iterator[None]:
         """Turn refusals no retry can fix into one-line errors naming the key and the fix: a key of another type at
-        the stream's name (or its bookkeeping's), a Redis user without the permission."""
+        the stream's name (or its bookkeeping's), a Redis user without the permission (see :func:`refusal`)."""
         try:
             yield
         except redis.ResponseError as exc:
-            text = str(exc)
-            if "WRONGTYPE" in text:
-                for key, wanted in ((stream, "stream"), (hwm_key(stream), "hash")):
-                    kind = to_str(self.client.type(key))
-                    if kind not in (wanted, "none"):
-                        raise WrongKeyType(
-                            f"the Redis key {key!r} holds a {kind}, not a {wanted}: another application uses that "
-                            "name; use another stream name (UNILOG_STREAM, emit(stream=...)) or remove that key"
-                        ) from None
-            if "READONLY" in text:  # inside a script the reply is a plain error quoting it
-                raise read_only(text.rpartition("-")[2] or text) from None
-            script_refused = "user executing the script can't" in text  # an ACL refusal inside the publish script
-            if "NOPERM" in text or script_refused or isinstance(exc, redis.exceptions.NoPermissionError):
-                raise no_permission(text, stream) from None
-            raise
+            kinds = {k: to_str(self.client.type(k)) for k in type_checked(stream)} if "WRONGTYPE" in str(exc) else {}
+            raise refusal(exc, stream, kinds) or exc from None
 
     def high_water(self, stream: str, producer: str) -> tuple[int, int] | None:
         """The producer's high-water (epoch, seq) on ``stream``, or None."""

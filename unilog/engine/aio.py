@@ -7,7 +7,8 @@ A ``redis+cluster://`` URL gives redis-py's asyncio cluster client.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import redis
@@ -17,6 +18,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from ..wire import attempts_key, dlq_key, letter_fields, parse_autoclaim, registry_key, to_str
+from . import refusal, type_checked
 from .refusals import CLUSTER_SCHEMES, cluster_options
 
 Entry = tuple[bytes, dict[bytes, bytes]]
@@ -43,12 +45,35 @@ class AsyncRedisStreams:
     def __init__(self, client: Any) -> None:
         self.client = client
 
+    @contextlib.asynccontextmanager
+    async def explained(self, stream: str) -> AsyncIterator[None]:
+        """See :meth:`unilog.engine.RedisStreams.explained`."""
+        try:
+            yield
+        except redis.ResponseError as exc:
+            kinds = {}
+            if "WRONGTYPE" in str(exc):
+                kinds = {k: to_str(await self.client.type(k)) for k in type_checked(stream)}
+            raise refusal(exc, stream, kinds) or exc from None
+
     async def read(self, stream: str, after_id: str, count: int, block_ms: int | None) -> list[Entry]:
         """Up to ``count`` entries after ``after_id``, waiting up to ``block_ms`` if there are none yet."""
-        reply: Any = await self.client.xread({stream: after_id}, count=count, block=block_ms)
+        async with self.explained(stream):
+            reply: Any = await self.client.xread({stream: after_id}, count=count, block=block_ms)
         if not reply:
             return []
         return list(reply[0][1])
+
+    async def missing_stream(self, stream: str, limit: int = 10) -> list[str] | None:
+        """See :meth:`unilog.engine.RedisStreams.missing_stream`."""
+        if await self.client.exists(stream):
+            return None
+        names: list[str] = []
+        async for name in self.client.scan_iter(match="*", count=1000, _type="STREAM"):
+            names.append(to_str(name))
+            if len(names) >= limit:
+                break
+        return sorted(names)
 
     async def last_generated_id(self, stream: str) -> str | None:
         """The id of the last entry ever added to ``stream``, or None if it does not exist."""
@@ -65,10 +90,17 @@ class AsyncRedisStreams:
         await self.client.hset(registry_key(stream), consumer, last_id)
 
     async def dead_letter_entry(
-        self, stream: str, entry_id: bytes, fields: Mapping[bytes, bytes], *, error: str, consumer: str
+        self,
+        stream: str,
+        entry_id: bytes,
+        fields: Mapping[bytes, bytes],
+        *,
+        error: str,
+        consumer: str,
+        attempts: int = 1,
     ) -> str:
         """Copy an entry a checkpoint consumer cannot apply to the dead letters, with why; return the letter's id."""
-        letter = letter_fields(fields, entry_id, group="", consumer=consumer, attempts=1, error=error)
+        letter = letter_fields(fields, entry_id, group="", consumer=consumer, attempts=attempts, error=error)
         return to_str(await self.client.xadd(dlq_key(stream), letter))
 
     # -- consumer groups ---------------------------------------------------------------------------------------------

@@ -1,11 +1,16 @@
-"""The checkpoint consumer's statements on a psycopg ``AsyncConnection``, for :class:`unilog.AsyncConsumer`.
+"""The asyncio face of the store: the statements the consumers run, on a psycopg ``AsyncConnection``.
 
-The SQL is the checkpoints module's own (imported, not rewritten), so the asyncio consumer reads and saves the same
-rows the same way; like those functions, these never commit: the caller's transaction holds its effects too.
+The SQL is the store's own (imported, not rewritten), so the asyncio workers read and save the same rows the same
+way; like those functions, these never commit: the caller's transaction holds its effects too. The names and
+signatures are those of :mod:`unilog.store` (with ``await``), because the workers' sync face is generated from
+their asyncio source by renaming this module to :mod:`unilog.store.sync` (``tools/faces.py``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
@@ -13,6 +18,7 @@ import psycopg
 from . import groups
 from .checkpoints import (
     HOLD_LETTER,
+    INSERT_CHECKPOINT,
     SAVE_CHECKPOINT,
     SELECT_CHECKPOINT,
     TAKE_HELD,
@@ -20,7 +26,7 @@ from .checkpoints import (
     checkpoint_from_row,
     save_params,
 )
-from .connection import connect_options, unreachable
+from .connection import HAS_VERSION_TABLE, VERSION_TABLE, VERSIONS, connect_options, schema_verdict, unreachable
 
 
 async def connect_async(
@@ -34,11 +40,42 @@ async def connect_async(
         raise unreachable(conninfo, exc) from None
 
 
+@contextlib.asynccontextmanager
+async def deadline(_conn: psycopg.AsyncConnection[Any], seconds: float | None) -> AsyncIterator[None]:
+    """The block is cancelled after ``seconds`` (``TimeoutError``, retried as a connection failure): the asyncio
+    face of :func:`unilog.store.deadline`."""
+    if not seconds:
+        yield
+        return
+    async with asyncio.timeout(seconds):
+        yield
+
+
+async def check_schema(conn: psycopg.AsyncConnection[Any]) -> None:
+    """See :func:`unilog.store.check_schema`."""
+    row = await (await conn.execute(HAS_VERSION_TABLE, (VERSION_TABLE,))).fetchone()
+    versions = {r[0] for r in await (await conn.execute(VERSIONS)).fetchall()} if row and row[0] else None
+    schema_verdict(versions)
+
+
 async def read_checkpoint(conn: psycopg.AsyncConnection[Any], name: str, *, lock: bool = False) -> Checkpoint | None:
     """Consumer ``name``'s checkpoint; with ``lock``, row-locked in the caller's transaction (copies serialize)."""
     cursor = await conn.execute(SELECT_CHECKPOINT + (" FOR UPDATE" if lock else ""), (name,))
     row = await cursor.fetchone()
     return None if row is None else checkpoint_from_row(name, row)
+
+
+async def ensure_checkpoint(conn: psycopg.AsyncConnection[Any], name: str, stream: str) -> Checkpoint:
+    """See :func:`unilog.store.ensure_checkpoint`."""
+    await conn.execute(INSERT_CHECKPOINT, (name, stream))
+    checkpoint = await read_checkpoint(conn, name)
+    assert checkpoint is not None
+    return checkpoint
+
+
+async def lock_checkpoint(conn: psycopg.AsyncConnection[Any], name: str) -> Checkpoint | None:
+    """See :func:`unilog.store.lock_checkpoint`."""
+    return await read_checkpoint(conn, name, lock=True)
 
 
 async def save_checkpoint(conn: psycopg.AsyncConnection[Any], checkpoint: Checkpoint) -> None:

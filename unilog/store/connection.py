@@ -169,12 +169,23 @@ def _break(conn: psycopg.Connection[Any]) -> None:
             sock.close()
 
 
+# the statements of the schema check, run by the asyncio face too (``store.aio``)
+HAS_VERSION_TABLE = "SELECT to_regclass(%s) IS NOT NULL"
+VERSIONS = sql.SQL("SELECT version_num FROM {}").format(sql.Identifier(VERSION_TABLE))
+
+
 def check_schema(conn: psycopg.Connection[Any]) -> None:
     """Raise :class:`SchemaMissing` unless unilog's migrations are applied up to :data:`SCHEMA_HEAD` or later."""
-    row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (VERSION_TABLE,)).fetchone()
-    if not row or not row[0]:
+    row = conn.execute(HAS_VERSION_TABLE, (VERSION_TABLE,)).fetchone()
+    versions = {r[0] for r in conn.execute(VERSIONS)} if row and row[0] else None
+    schema_verdict(versions)
+
+
+def schema_verdict(versions: set[str] | None) -> None:
+    """Raise :class:`SchemaMissing` unless ``versions`` (None: no version table) include :data:`SCHEMA_HEAD` or a
+    later revision."""
+    if versions is None:
         raise SchemaMissing("the database has no unilog schema: run `unilog migrate` (with DATABASE_URL set) first")
-    versions = {r[0] for r in conn.execute(sql.SQL("SELECT version_num FROM {}").format(sql.Identifier(VERSION_TABLE)))}
     if not versions or not any(v >= SCHEMA_HEAD for v in versions if v.startswith("unilog_")):
         raise SchemaMissing(
             f"the unilog schema is at {sorted(versions) or 'no revision'}, this unilog needs {SCHEMA_HEAD}: "

@@ -1,0 +1,29 @@
+"""The threaded face of the store, under the module name that code generated from the asyncio workers imports
+(``from ...store import aio as store`` becomes ``from ...store import sync as store``; see :mod:`unilog.consume`).
+The same functions as :mod:`unilog.store.aio`, not awaited."""
+
+from __future__ import annotations
+
+from . import (
+    check_schema,
+    claim_identities,
+    deadline,
+    ensure_checkpoint,
+    group_watermarks,
+    hold_letter,
+    lock_checkpoint,
+    save_checkpoint,
+    take_held,
+)
+
+__all__ = [
+    "check_schema",
+    "claim_identities",
+    "deadline",
+    "ensure_checkpoint",
+    "group_watermarks",
+    "hold_letter",
+    "lock_checkpoint",
+    "save_checkpoint",
+    "take_held",
+]
