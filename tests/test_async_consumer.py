@@ -195,7 +195,8 @@ def test_the_command_line_runs_an_async_handler_and_sigterm_finishes_the_batch(s
 async def test_the_plugins_async_fixture_and_runner_as_a_user_writes_them(
     unilog_settings: Settings, unilog_async_connection: psycopg.AsyncConnection[Any]
 ) -> None:
-    """The README's example: emit_async on the plugin's AsyncConnection, then an AsyncConsumer in running_async."""
+    """The docs' example (docs/guides/testing.md): emit_async on the plugin's AsyncConnection, then an AsyncConsumer
+    in running_async."""
     conn = unilog_async_connection
     await conn.execute("CREATE TABLE totals (distance NUMERIC NOT NULL)")
     await conn.execute("INSERT INTO totals VALUES (0)")

@@ -19,9 +19,12 @@ from handlers import APPLIED_INSERT
 
 from unilog import (
     AsyncConsumer,
+    AsyncGroupConsumer,
     Consumer,
     ConsumerConfig,
     Faults,
+    GroupConfig,
+    GroupConsumer,
     InjectedCrash,
     PoisonRecord,
     Record,
@@ -50,18 +53,19 @@ def rows(name: str, records: Sequence[Record], bad: set[int]) -> list[tuple[Any,
 
 
 class Driver:
-    """A consumer of either face, driven synchronously."""
+    """A consumer (``kind`` "checkpoint" or "group") of either face, driven synchronously."""
 
-    def __init__(self, face: str, settings: Settings, config: ConsumerConfig, bad: set[int], faults: Faults) -> None:
+    def __init__(self, face: str, settings: Settings, config: Any, bad: set[int], faults: Faults) -> None:
         self.face, self.bad, self.closed = face, bad, False
-        name = config.name
+        name = getattr(config, "name", None) or config.group
         if face == "sync":
 
             def handle(conn: psycopg.Connection[Any], records: Sequence[Record]) -> None:
                 with conn.cursor() as cur:
                     cur.executemany(APPLIED_INSERT, rows(name, records, self.bad))
 
-            self.consumer: Any = Consumer(settings, config, handle, faults=faults)
+            kind: Any = Consumer if isinstance(config, ConsumerConfig) else GroupConsumer
+            self.consumer: Any = kind(settings, config, handle, faults=faults)
             self.loop: asyncio.Runner | None = None
         else:
 
@@ -69,7 +73,8 @@ class Driver:
                 async with conn.cursor() as cur:
                     await cur.executemany(APPLIED_INSERT, rows(name, records, self.bad))
 
-            self.consumer = AsyncConsumer(settings, config, handle_async, faults=faults)
+            kind = AsyncConsumer if isinstance(config, ConsumerConfig) else AsyncGroupConsumer
+            self.consumer = kind(settings, config, handle_async, faults=faults)
             self.loop = asyncio.Runner()
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
@@ -114,6 +119,23 @@ def make(face: str, settings: Settings) -> Any:
         driver.close()
 
 
+@pytest.fixture
+def make_group(face: str, settings: Settings) -> Any:
+    made: list[Driver] = []
+
+    def build(worker: str, *, bad: set[int] | None = None, faults: Faults | None = None, **config: Any) -> Driver:
+        config.setdefault("block_ms", 100)
+        config.setdefault("claim_idle_ms", 0)  # a failed record is retried at once: no back-off to wait out
+        group = GroupConfig(group="g", worker=worker, **config)
+        driver = Driver(face, settings, group, bad or set(), faults or Faults())
+        made.append(driver)
+        return driver
+
+    yield build
+    for driver in made:
+        driver.close()
+
+
 def produce(settings: Settings, ns: Sequence[int], **faults: list[bool]) -> None:
     with psycopg.connect(settings.conninfo) as conn:
         for n in ns:
@@ -140,6 +162,14 @@ def registered(rds: Any, stream: str, name: str) -> str | None:
 
 
 Make = Callable[..., Driver]
+
+
+def group_letters(settings: Settings) -> list[Any]:
+    api = RedisStreams(connect(settings.redis_url))
+    try:
+        return list_letters(api, settings.stream, group="g")
+    finally:
+        api.close()
 
 
 def test_burst_mode_applies_every_record_once_in_order(settings: Settings, pg: Any, make: Make) -> None:
@@ -246,3 +276,56 @@ def test_a_stream_that_lost_entries_stops_the_consumer(settings: Settings, rds: 
     rds.xadd(settings.stream, {"data": json.dumps({"n": 9})}, id="1-1")
     with pytest.raises(StreamRewound):
         make().connect()
+
+
+# -- consumer groups ------------------------------------------------------------------------------------------------
+
+
+def test_two_group_workers_apply_every_record_once(settings: Settings, pg: Any, make_group: Make) -> None:
+    produce(settings, range(30), streamer__double_send=[True])
+    first, second = make_group("w1", batch_size=7), make_group("w2", batch_size=7)
+    first.connect()
+    second.connect()
+    for _ in range(10):
+        first.run_once()
+        second.run_once()
+    assert sorted(applied(pg, "g")) == list(range(30))
+
+
+@pytest.mark.parametrize(
+    "point", ["consumer.crash_mid_batch", "consumer.crash_before_commit", "group.crash_before_ack"]
+)
+def test_a_group_crash_at_each_point_applies_nothing_twice(
+    settings: Settings, pg: Any, make_group: Make, point: str
+) -> None:
+    produce(settings, range(6))
+    crashing = make_group("w1", faults=Faults.scripted(**{point.replace(".", "__"): [True]}))
+    crashing.connect()
+    with pytest.raises(InjectedCrash):
+        crashing.run_once()
+    crashing.close()
+    assert make_group("w2").drain() + len(applied(pg, "g")) >= 6
+    assert sorted(applied(pg, "g")) == [0, 1, 2, 3, 4, 5], "claimed from the crashed worker, applied once"
+
+
+def test_a_group_dead_letters_a_poison_record_after_max_deliveries(
+    settings: Settings, pg: Any, make_group: Make
+) -> None:
+    produce(settings, range(5))
+    worker = make_group("w1", bad={3}, max_deliveries=2, claim_interval=0)
+    assert worker.drain() == 4
+    (letter,) = group_letters(settings)
+    assert letter.attempts == 2 and "cannot apply" in letter.error
+    assert sorted(applied(pg, "g")) == [0, 1, 2, 4]
+
+
+def test_a_group_dead_letters_a_malformed_entry_with_its_reason(
+    settings: Settings, pg: Any, rds: Any, make_group: Make
+) -> None:
+    """Difference 2: the asyncio group dead-lettered with a fixed text, "a handler found it malformed"."""
+    produce(settings, [0])
+    rds.xadd(settings.stream, {"data": "{oops", "action": "create", "object": "ride"})
+    produce(settings, [1])
+    assert make_group("w1").drain() == 2
+    (letter,) = group_letters(settings)
+    assert letter.error.startswith("malformed: data is not JSON ("), letter.error

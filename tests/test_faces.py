@@ -48,7 +48,7 @@ def test_the_store_and_the_adapter_offer_each_face_the_same_names() -> None:
 
     used = {n for n in dir(store_aio) if not n.startswith("_") and callable(getattr(store_aio, n))}
     used -= {"connect_async", "connect_options", "schema_verdict", "unreachable", "checkpoint_from_row", "save_params"}
-    used -= {"Checkpoint", "AsyncIterator", "Any", "read_checkpoint", "prune_group"}  # helpers, and group-only names
+    used -= {"Checkpoint", "AsyncIterator", "Any", "read_checkpoint"}  # helpers
     assert used <= set(store_sync.__all__), sorted(used - set(store_sync.__all__))
     methods = {n for n in vars(engine_aio.AsyncRedisStreams) if not n.startswith("_") and n != "aclose"}
     missing = {n for n in methods if not hasattr(engine_sync.RedisStreams, n)}

@@ -16,7 +16,8 @@ from unilog.store import SCHEMA_HEAD
 
 
 def test_app_alembic_env_can_include_unilog_branch(unilog_postgres: PostgresHandle, tmp_path: Path) -> None:
-    """The README's recipe: add `unilog.migrations:versions` to version_locations, then `alembic upgrade heads`."""
+    """The docs' recipe (docs/guides/operations.md, Schema and migrations): add `unilog.migrations:versions` to
+    version_locations, then `alembic upgrade heads`."""
     with psycopg.connect(unilog_postgres.admin_url, autocommit=True) as admin:
         admin.execute("DROP DATABASE IF EXISTS app_alembic WITH (FORCE)")
         admin.execute("CREATE DATABASE app_alembic")

@@ -1,8 +1,10 @@
-"""Commit-order capture: the streamer's WAL mode, and switching a database between table and WAL mode.
+"""Commit-order capture: switching a database between the streamer's table mode and its WAL mode, and reading the
+mode's state. The WAL pass itself is :class:`unilog.capture_wal.WalCapture` (re-exported here), table mode's
+:class:`unilog.capture_table.TableCapture`.
 
 In WAL mode producers still insert into ``staged_log_records`` in their own transaction; the streamer reads the
 committed inserts from a logical replication slot (Postgres's ``pgoutput``), in commit order, so an open or idle
-transaction delays only its own records. Guarantees, as in table mode:
+transaction delays only its own records. Guarantees, as in table mode (the first two kept by ``WalCapture``):
 
 * **Dense positions in commit order.** Each target stream's records get ``seq`` 1, 2, 3, ... in the order their
   transactions committed.
@@ -26,214 +28,21 @@ transaction delays only its own records. Guarantees, as in table mode:
 from __future__ import annotations
 
 import time
-import weakref
-from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 import structlog
 
-from . import metrics, routing, store
+from . import store
+from .capture_wal import WalCapture
 from .config import Settings
-from .errors import ConfigurationError, PublishError
-from .store.pgoutput import Decoder, WalRow, WalTransaction
-from .store.wal import CaptureSlot, ReplicationStream, SlotBusy
+from .errors import ConfigurationError
+from .store.wal import CaptureSlot
+from .streamer import Streamer, StreamerConfig
 
-if TYPE_CHECKING:
-    from .streamer import BatchResult, Streamer
+__all__ = ["WalCapture", "capture_status", "disable_wal", "enable_wal", "in_doubt", "settle"]
 
 log = structlog.get_logger(__name__)
-
-MAX_MESSAGES = 50_000  # messages taken from the socket per read: bounds a pass's memory on a large backlog
-
-
-class WalCapture:
-    """The WAL pass of one :class:`~unilog.streamer.Streamer` for its database's slot. Not thread-safe."""
-
-    def __init__(self, streamer: Streamer, slot: CaptureSlot) -> None:
-        if streamer.config.streams is not None:
-            raise ConfigurationError(
-                "this database is in WAL capture mode, where one streamer publishes every stream of the database "
-                "from its slot: drop --streams (or switch back with `unilog capture table`)"
-            )
-        # a proxy: the streamer owns this pass, and a strong reference back would make a cycle that keeps a dropped
-        # streamer's sessions (its stream locks, its slot) until the garbage collector ran
-        self.streamer: Streamer = weakref.proxy(streamer)
-        self.slot = slot
-        self._reader: ReplicationStream | None = None
-        self._decoder = Decoder()
-        self._pending: deque[WalTransaction] = deque()  # received whole, not yet published
-        self._pending_rows = 0
-        self._head_offset = 0  # rows of the first pending transaction already published (a split transaction)
-        self._predrained = False
-
-    # -- one pass ----------------------------------------------------------------------------------------------------
-
-    def run_once(self, conn: psycopg.Connection[Any]) -> BatchResult:
-        """Publish one batch of whole committed transactions from the slot (first, once: the rows that may predate
-        the slot, by a table-mode pass)."""
-        from .streamer import BatchResult
-
-        if not self._predrained:
-            if store.staged_before(conn, self.slot.from_xid):
-                conn.commit()
-                return self.streamer.table_pass(conn)
-            self._predrained = True
-        try:
-            reader = self._open()
-        except SlotBusy:
-            conn.commit()
-            return BatchResult(blocked=True)  # another streamer streams this database's slot
-        self._receive(reader, wait=0)
-        if not self._pending:
-            self._confirm_idle(reader)
-            waiting = store.any_staged(conn)
-            conn.commit()
-            return BatchResult(waiting=waiting)
-        return self._publish(conn, reader)
-
-    def _open(self) -> ReplicationStream:
-        if self._reader is None:
-            self._reader = ReplicationStream(
-                self.streamer.settings.conninfo,
-                self.slot,
-                application_name=f"unilog-{self.streamer.name}-wal",
-                timeout=self.streamer.config.pg_timeout,
-            )
-            log.info("streaming from the WAL", slot=self.slot.slot, streamer=self.streamer.name)
-        return self._reader
-
-    def _receive(self, reader: ReplicationStream, wait: float) -> None:
-        """Move what arrived into whole transactions, until a batch's worth is pending."""
-        limit = self.streamer.config.batch_size
-        while self._pending_rows < limit:
-            messages = reader.read(MAX_MESSAGES, wait)
-            if not messages:
-                return
-            wait = 0
-            for message in messages:
-                done = self._decoder.feed(message)
-                if done is not None:
-                    self._pending.append(done)
-                    self._pending_rows += len(done.rows)
-
-    def _confirm_idle(self, reader: ReplicationStream) -> None:
-        """Nothing pending and no transaction half-read: everything the server sent is handled, so its position
-        can be confirmed (the slot then holds no WAL, and a shutting-down server need not wait for us)."""
-        if not self._decoder.in_transaction:
-            reader.confirm(reader.received_end)
-
-    def _take_batch(self) -> tuple[list[WalRow], int | None, int, list[int]]:
-        """Up to ``batch_size`` rows in commit order, a large transaction split across batches; returns (rows, the
-        end LSN of the last transaction finished by them or None, transactions finished, their transactions' xids)."""
-        rows: list[WalRow] = []
-        xids: list[int] = []
-        confirm, finished = None, 0
-        room = self.streamer.config.batch_size
-        while self._pending and room > 0:
-            head = self._pending[0]
-            xids.append(head.xid)
-            part = head.rows[self._head_offset : self._head_offset + room]
-            rows.extend(part)
-            room -= len(part)
-            self._head_offset += len(part)
-            if self._head_offset >= len(head.rows):  # the whole transaction is in this batch or was before
-                self._pending.popleft()
-                self._head_offset = 0
-                confirm, finished = head.end_lsn, finished + 1
-        self._pending_rows -= len(rows)
-        return rows, confirm, finished, xids
-
-    def _publish(self, conn: psycopg.Connection[Any], reader: ReplicationStream) -> BatchResult:
-        """Publish the next whole transactions' records whose rows exist, delete those rows, confirm the slot."""
-        from .streamer import BatchResult
-
-        streamer = self.streamer
-        started = time.perf_counter()
-        rows, confirm, finished, xids = self._take_batch()
-        existing = store.existing_ids(conn, [r.row[0] for r in rows], xids) if rows else set()
-        fresh = [r for r in rows if r.row[0] in existing]
-        by_stream: dict[str, list[store.StagedRow]] = {}
-        for r in fresh:
-            by_stream.setdefault(r.stream or streamer.settings.stream, []).append(r.row)
-        if not all(streamer.owns(conn, stream) for stream in by_stream):
-            self.reset()  # a table-mode streamer still holds one: read these again once it let go
-            return BatchResult(blocked=True)
-        try:
-            last_seqs = self._send(conn, by_stream)
-            self._delete(conn, [r.row[0] for r in fresh], last_seqs)
-        except BaseException:
-            streamer.forget_positions()
-            self.reset()
-            raise
-        streamer.faults.crash("streamer.crash_before_confirm")
-        if confirm is not None:  # a transaction split across batches is confirmed once its last part is deleted
-            reader.confirm(confirm)
-        for stream, stream_rows in by_stream.items():
-            metrics.batch_published(stream, len(stream_rows), time.perf_counter() - started, stream_rows[0][5])
-        streamer.published_total += len(fresh)
-        log.info(
-            "batch streamed",
-            source="wal",
-            records=len(fresh),
-            skipped=len(rows) - len(fresh),
-            transactions=finished,
-            streams=len(by_stream),
-            ms=round((time.perf_counter() - started) * 1000, 2),
-        )
-        # a batch of records published before (their rows gone) made progress too: the caller goes on at once
-        return BatchResult(published=len(fresh), waiting=not fresh)
-
-    def _send(self, conn: psycopg.Connection[Any], by_stream: dict[str, list[store.StagedRow]]) -> dict[str, int]:
-        streamer = self.streamer
-        identity = streamer.identity()
-        targets: dict[str, Any] = {}
-        for stream, stream_rows in by_stream.items():
-            targets |= routing.split(stream, streamer.partitions(stream), stream_rows)
-        first = {t: streamer.next_seq(conn, t, identity.epoch) for t in targets}
-        streamer.send_all(targets, identity, first)
-        streamer.faults.crash("streamer.crash_after_publish")
-        return {t: first[t] + payload.count - 1 for t, payload in targets.items()}
-
-    def _delete(self, conn: psycopg.Connection[Any], ids: list[int], last_seqs: dict[str, int]) -> None:
-        streamer = self.streamer
-        if not ids:
-            conn.commit()
-            return
-        deleted = store.delete_ids(conn, ids, streamer.identity().epoch, last_seqs)
-        if deleted != len(ids):
-            conn.rollback()
-            raise PublishError(
-                f"deleted {deleted} of {len(ids)} published records: another streamer deleted staged rows meanwhile; "
-                "the records will be read again and deduplicated by position"
-            )
-        conn.commit()
-        streamer.remember_positions(last_seqs)
-
-    # -- waiting and resetting ---------------------------------------------------------------------------------------
-
-    @property
-    def has_pending(self) -> bool:
-        return bool(self._pending)
-
-    def wait(self, timeout: float) -> None:
-        """Sleep until the slot sends something (a commit to publish) or ``timeout`` passes."""
-        if self._reader is None:
-            time.sleep(min(timeout, 0.05))
-            return
-        self._receive(self._reader, wait=timeout)
-
-    def reset(self) -> None:
-        """Drop the stream and what was read from it: the next pass restarts at the slot's confirmed position."""
-        if self._reader is not None:
-            self._reader.close()
-        self._reader = None
-        self._decoder = Decoder()
-        self._pending.clear()
-        self._pending_rows = self._head_offset = 0
-
-    def close(self) -> None:
-        self.reset()
 
 
 # -- switching modes ---------------------------------------------------------------------------------------------------
@@ -242,8 +51,6 @@ class WalCapture:
 def settle(settings: Settings, timeout: float = 60.0) -> None:
     """Re-send, in the current mode, any batch Redis confirmed but Postgres did not delete (a streamer died between
     the two), so that no batch is in flight across a switch; refuses while a streamer runs."""
-    from .streamer import Streamer, StreamerConfig
-
     with Streamer(settings, StreamerConfig(restart_after_crash=False), name="capture-settle") as streamer:
         conn = streamer.links.pg()
         _refuse_running(conn)
@@ -270,15 +77,13 @@ def in_doubt(streamer: Streamer, conn: psycopg.Connection[Any]) -> list[str]:
 
 
 def _refuse_unsettled(settings: Settings) -> None:
-    from .streamer import Streamer
-
     with Streamer(settings, name="capture-settle") as streamer:
         conn = streamer.links.pg()
         _refuse_running(conn)
         if doubtful := in_doubt(streamer, conn):
             raise ConfigurationError(
                 f"a batch on {', '.join(doubtful)} was in Redis but not yet deleted from the staging table when the "
-                "slot was lost, and only the lost slot knew its order: see README, WAL capture, 'slot lost mid-batch'"
+                "slot was lost, and only the lost slot knew its order: see docs/guides/wal-capture.md, 'slot lost mid-batch'"
             )
 
 

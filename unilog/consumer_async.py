@@ -8,13 +8,7 @@ The contract is :class:`~unilog.Consumer`'s, pass for pass, because both faces a
 
 from __future__ import annotations
 
-from typing import Any
-
 from .consume._async.checkpoint import AsyncConsumer
 from .records import AsyncHandler
 
 __all__ = ["AsyncConsumer", "AsyncHandler"]
-
-
-def _never(_conn: Any, _records: Any) -> None:
-    raise AssertionError("the start-up check applies nothing")

@@ -102,7 +102,7 @@ class DataLoss(UnilogError):
     """Records a consumer needs are gone from the stream; it stops rather than skip them silently.
 
     Recovery: rebuild or repair the consumer from the canonical source (``unilog reconcile``) or the archive, then
-    reset its checkpoint (README, "Lost or rewound Redis").
+    reset its checkpoint (docs/guides/delivery-guarantees.md, "Lost or rewound Redis").
     """
 
 

@@ -152,5 +152,5 @@ class RewindWatch:
         raise StreamRewound(
             f"consumer {self.name!r}: stream {self.stream!r} ends at {top or 'nothing (no such key)'}, "
             f"below this consumer's checkpoint {last_id}: Redis lost entries it had confirmed (restart without "
-            "persistence, truncated AOF or failover). See the README's recovery steps"
+            "persistence, truncated AOF or failover). See the recovery steps in docs/guides/delivery-guarantees.md"
         )

@@ -3,8 +3,9 @@ failure policy (:func:`unilog.runtime.failure_action`).
 
 :class:`AsyncWorker` is :class:`~unilog.runtime.Worker`'s contract with every method awaited: ``connect()``,
 ``run_once()``, ``drain()``, ``run(stop)`` (``stop`` an ``asyncio.Event``; the pass in progress finishes) and
-``close()``, and ``async with``. Start-up checks that are the threaded worker's (schema, checkpoint, group) run that
-worker's own ``connect`` once, in a thread, so the two cannot disagree on what must hold before work starts.
+``close()``, and ``async with``; :class:`AsyncLinks` is :class:`~unilog.runtime.Links` with every method awaited.
+The workers built on them are the source of the threaded ones (see :mod:`unilog.consume`), so both faces check the
+same preconditions and run the same sequence.
 """
 
 from __future__ import annotations
@@ -89,20 +90,20 @@ class AsyncLinks:
 
 
 class AsyncWorker(abc.ABC):
-    """The asyncio twin of :class:`~unilog.runtime.Worker`. Subclasses set ``links`` (an :class:`AsyncLinks`, whose
-    ``on_pg_connect`` should be :meth:`new_session`), ``restart_after_crash`` and ``max_backoff`` in ``__init__``,
-    and implement :meth:`run_once`, :meth:`drain`, :attr:`label`, :meth:`on_handler_error` and either
-    :meth:`connect` or :meth:`check_start` (the threaded worker's start-up checks, run once in a thread)."""
+    """The asyncio twin of :class:`~unilog.runtime.Worker`. Subclasses set ``links`` (an :class:`AsyncLinks`),
+    ``restart_after_crash`` and ``max_backoff`` in ``__init__``, and implement :meth:`connect`, :meth:`run_once`,
+    :meth:`drain` and :attr:`label` (and may override :meth:`on_handler_error` and :meth:`forget`). The workers'
+    own subclasses are generated into the threaded face too (see :mod:`unilog.consume`)."""
 
     kind: ClassVar[str] = "worker"
     retryable: ClassVar[tuple[type[BaseException], ...]] = (*TRANSIENT, TimeoutError)  # TimeoutError: a deadline
     links: AsyncLinks
     restart_after_crash: bool = True
     max_backoff: float = 10.0
-    _checked: bool = False
 
-    def check_start(self) -> None:  # noqa: B027 (an optional hook)
-        """The threaded worker's start-up checks (raise a one-line-worthy error if work cannot start)."""
+    @abc.abstractmethod
+    async def connect(self) -> None:
+        """Connect to both servers and check the preconditions of work."""
 
     @abc.abstractmethod
     async def run_once(self) -> Any:
@@ -123,20 +124,6 @@ class AsyncWorker(abc.ABC):
 
     def forget(self) -> None:  # noqa: B027 (an optional hook)
         """Drop state cached from the connections (a checkpoint, a pending cursor) when they are closed."""
-
-    def new_session(self, _conn: object = None) -> None:
-        """A new Postgres session was opened: what was cached from the old one is forgotten."""
-        self.forget()
-
-    async def connect(self) -> None:
-        """Run :meth:`check_start` once (in a thread), then open both asyncio connections."""
-        if not self._checked:
-            await asyncio.to_thread(self.check_start)
-            self._checked = True
-        await self._links()
-
-    async def _links(self) -> tuple[psycopg.AsyncConnection[Any], AsyncRedisStreams]:
-        return await self.links.pg(), await self.links.redis()
 
     async def close(self) -> None:
         """Close both connections; only committed state carries over."""

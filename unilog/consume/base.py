@@ -1,14 +1,17 @@
-"""What both faces of the checkpoint consumer share: its settings, a pass's result, and how failures and records
-are named."""
+"""What both faces of the consumers share: their settings, a pass's result, how failures and records are named, and
+which records a group may not have applied yet."""
 
 from __future__ import annotations
 
+import os
+import socket
 from dataclasses import dataclass
 
 from ..config import validate_name, validate_stream_name
 from ..errors import UnilogError
 from ..records import Record, check_malformed_policy
 from ..runtime import FATAL, TRANSIENT
+from ..store.groups import Identity
 
 POISON_POLICIES = ("stop", "dead-letter")
 
@@ -93,3 +96,73 @@ def describe(record: Record) -> str:
     pos = record.position
     where = "no unilog position" if pos is None else f"position {record.producer}:{pos[0]}:{pos[1]}"
     return f"record {record.id} ({where}, action {record.action!r})"
+
+
+def default_worker_name() -> str:
+    """``host-pid``: unique per process, stable for its life."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class GroupConfig:
+    """A group worker's identity and pacing.
+
+    ``group`` names the group (and its state in ``unilog_processed``); ``worker`` names this worker in Redis.
+    ``claim_idle_ms`` is how long an entry must sit unacknowledged before another worker claims it (and the back-off
+    between attempts at a failing record); ``max_deliveries`` failed attempts send a record to the dead letters.
+    """
+
+    group: str
+    worker: str = ""
+    stream: str | None = None
+    batch_size: int = 500
+    block_ms: int = 1000
+    claim_idle_ms: int = 30_000
+    claim_interval: float = 5.0
+    max_deliveries: int = 5
+    on_malformed: str = "dead-letter"  # or "stop": see ConsumerConfig
+    prune_interval: float = 10.0
+    max_backoff: float = 10.0
+    restart_after_crash: bool = True
+    pg_timeout: float | None = 60.0
+
+    def __post_init__(self) -> None:
+        validate_name("group", self.group)
+        if self.stream is not None:
+            validate_stream_name(self.stream)
+        if self.max_deliveries < 1:
+            raise ValueError("max_deliveries must be at least 1")
+        check_malformed_policy(self.on_malformed)
+
+
+@dataclass(frozen=True)
+class GroupResult:
+    """What one pass did."""
+
+    read: int = 0
+    handled: int = 0
+    skipped: int = 0
+    dead: int = 0
+    claimed: int = 0
+
+
+def candidates(records: list[Record], marks: dict[tuple[str, int], int]) -> dict[Identity, Record]:
+    """The records a group may not have applied yet, by identity: none at or below its watermark, and a double-sent
+    copy in the same batch once. The caller claims their identities; those it gets are the fresh ones."""
+    found: dict[Identity, Record] = {}
+    for record in records:
+        identity = _identity(record)
+        if identity[0] and identity[2] <= marks.get((identity[0], identity[1]), 0):
+            continue
+        found.setdefault(identity, record)
+    return found
+
+
+def _identity(record: Record) -> Identity:
+    """(producer, epoch, seq); entries without unilog metadata are identified by the stream id they were first
+    appended as (a replay of one is the same record)."""
+    pos = record.position
+    if pos is not None:
+        return record.producer, pos[0], pos[1]
+    ms, _, seq = record.origin.partition("-")
+    return "", int(ms), int(seq or 0)

@@ -105,11 +105,23 @@ class AsyncRedisStreams:
 
     # -- consumer groups ---------------------------------------------------------------------------------------------
 
+    async def ensure_group(self, stream: str, group: str, start_id: str = "0") -> bool:
+        """See :meth:`unilog.engine.RedisStreams.ensure_group`."""
+        try:
+            async with self.explained(stream):
+                await self.client.xgroup_create(stream, group, id=start_id, mkstream=True)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" in str(exc):
+                return False
+            raise
+        return True
+
     async def read_group(
         self, stream: str, group: str, consumer: str, count: int, block_ms: int | None, after: str = ">"
     ) -> list[Entry]:
         """New entries for ``consumer`` in ``group``, or (``after="0"``) its own pending ones."""
-        reply: Any = await self.client.xreadgroup(group, consumer, {stream: after}, count=count, block=block_ms)
+        async with self.explained(stream):
+            reply: Any = await self.client.xreadgroup(group, consumer, {stream: after}, count=count, block=block_ms)
         if not reply:
             return []
         return [(eid, fields) for eid, fields in reply[0][1] if fields is not None]

@@ -113,12 +113,13 @@ async def claim_identities(
     return groups.claimed_from_row(await cursor.fetchone(), identities)
 
 
-async def prune_group(conn: psycopg.AsyncConnection[Any], group: str, stream: str) -> int:
-    """In the caller's transaction: unless another worker of ``group`` is pruning, advance its watermarks and delete
-    the rows at or below them (:func:`unilog.store.advance_watermarks`); return rows deleted."""
-    cursor = await conn.execute(groups.PRUNE_LOCK, (group, stream))
-    row = await cursor.fetchone()
-    if not (row and row[0]):
-        return 0
+async def try_prune_lock(conn: psycopg.AsyncConnection[Any], group: str, stream: str) -> bool:
+    """See :func:`unilog.store.try_prune_lock`."""
+    row = await (await conn.execute(groups.PRUNE_LOCK, (group, stream))).fetchone()
+    return bool(row and row[0])
+
+
+async def advance_watermarks(conn: psycopg.AsyncConnection[Any], group: str, stream: str) -> int:
+    """See :func:`unilog.store.advance_watermarks`."""
     await conn.execute(groups.ADVANCE, {"g": group, "s": stream})
     return (await conn.execute(groups.PRUNE, {"g": group, "s": stream})).rowcount

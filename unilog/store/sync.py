@@ -5,6 +5,7 @@ The same functions as :mod:`unilog.store.aio`, not awaited."""
 from __future__ import annotations
 
 from . import (
+    advance_watermarks,
     check_schema,
     claim_identities,
     deadline,
@@ -14,9 +15,11 @@ from . import (
     lock_checkpoint,
     save_checkpoint,
     take_held,
+    try_prune_lock,
 )
 
 __all__ = [
+    "advance_watermarks",
     "check_schema",
     "claim_identities",
     "deadline",
@@ -26,4 +29,5 @@ __all__ = [
     "lock_checkpoint",
     "save_checkpoint",
     "take_held",
+    "try_prune_lock",
 ]

@@ -258,7 +258,7 @@ class ReplicationStream:
             raise CaptureLost(
                 f"WAL capture slot {self.slot.slot!r} at {redact_url(self.conninfo)} is unusable ({message}); "
                 "nothing is lost, the unpublished records are still staged: run `unilog capture wal --recreate` "
-                "(or `unilog capture table`) and restart the streamer (README, WAL capture)"
+                "(or `unilog capture table`) and restart the streamer (docs/guides/wal-capture.md)"
             )
         raise psycopg.OperationalError(f"START_REPLICATION refused: {message}")
 

@@ -1,0 +1,236 @@
+"""WAL mode, the streamer's commit-order capture: committed inserts read from the database's logical replication slot
+(Postgres's ``pgoutput``), published, their staged rows deleted by id, then confirmed to the slot.
+
+Producers still insert into ``staged_log_records`` in their own transaction; an open or idle transaction delays only
+its own records. Guarantees, as in table mode (the mode switches are :mod:`unilog.capture`'s):
+
+* **Dense positions in commit order.** Each target stream's records get ``seq`` 1, 2, 3, ... in the order their
+  transactions committed.
+* **Nothing deleted before Redis confirmed; nothing confirmed to the slot before it is deleted.** A batch is
+  published, then its staged rows are deleted by id with the positions advanced in one transaction, then its end LSN
+  is confirmed to the slot. A crash before the delete re-reads the same transactions from the slot and re-sends the
+  records with the same positions (the broker drops them); a crash after it re-reads records whose rows are gone,
+  and skips them.
+* **Rows that may predate the slot go first**, by table-mode passes, while any row below the slot's ``from_xid``
+  is staged.
+* **A lost slot is never skipped silently**: :class:`~unilog.errors.CaptureLost` (raised by the replication stream)
+  stops the streamer, naming the recovery, and the unpublished records are still staged.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any
+
+import psycopg
+import structlog
+
+from . import routing, store
+from .errors import ConfigurationError, PublishError
+from .publisher import BatchResult, Capture, Publisher
+from .store.pgoutput import Decoder, WalRow, WalTransaction
+from .store.wal import CaptureSlot, ReplicationStream, SlotBusy
+
+log = structlog.get_logger(__name__)
+
+MAX_MESSAGES = 50_000  # messages taken from the socket per read: bounds a pass's memory on a large backlog
+
+
+class WalCapture:
+    """WAL mode's passes for one streamer over its database's slot (a :class:`~unilog.publisher.Capture`).
+    ``predrain`` is the table-mode capture that publishes the rows staged before the slot existed; ``conninfo``
+    and ``timeout`` open the slot's replication session. Not thread-safe."""
+
+    wakes_itself = True  # the slot's stream: a commit arrives on it
+
+    def __init__(
+        self,
+        publisher: Publisher,
+        slot: CaptureSlot,
+        predrain: Capture,
+        *,
+        conninfo: str,
+        batch_size: int,
+        timeout: float | None,
+        streams: tuple[str, ...] | None = None,
+    ) -> None:
+        if streams is not None:
+            raise ConfigurationError(
+                "this database is in WAL capture mode, where one streamer publishes every stream of the database "
+                "from its slot: drop --streams (or switch back with `unilog capture table`)"
+            )
+        self.publisher = publisher
+        self.slot = slot
+        self.predrain = predrain
+        self.conninfo, self.batch_size, self.timeout = conninfo, batch_size, timeout
+        self._reader: ReplicationStream | None = None
+        self._decoder = Decoder()
+        self._pending: deque[WalTransaction] = deque()  # received whole, not yet published
+        self._pending_rows = 0
+        self._head_offset = 0  # rows of the first pending transaction already published (a split transaction)
+        self._predrained = False
+
+    # -- one pass ----------------------------------------------------------------------------------------------------
+
+    def run_once(self, conn: psycopg.Connection[Any]) -> BatchResult:
+        """Publish one batch of whole committed transactions from the slot (first, once: the rows that may predate
+        the slot, by a table-mode pass)."""
+        if not self._predrained:
+            if store.staged_before(conn, self.slot.from_xid):
+                conn.commit()
+                return self.predrain.run_once(conn)
+            self._predrained = True
+        try:
+            reader = self._open()
+        except SlotBusy:
+            conn.commit()
+            return BatchResult(blocked=True)  # another streamer streams this database's slot
+        self._receive(reader, wait=0)
+        if not self._pending:
+            self._confirm_idle(reader)
+            waiting = store.any_staged(conn)
+            conn.commit()
+            return BatchResult(waiting=waiting)
+        return self._publish(conn, reader)
+
+    def _open(self) -> ReplicationStream:
+        if self._reader is None:
+            name = self.publisher.name
+            self._reader = ReplicationStream(
+                self.conninfo, self.slot, application_name=f"unilog-{name}-wal", timeout=self.timeout
+            )
+            log.info("streaming from the WAL", slot=self.slot.slot, streamer=name)
+        return self._reader
+
+    def _receive(self, reader: ReplicationStream, wait: float) -> None:
+        """Move what arrived into whole transactions, until a batch's worth is pending."""
+        while self._pending_rows < self.batch_size:
+            messages = reader.read(MAX_MESSAGES, wait)
+            if not messages:
+                return
+            wait = 0
+            for message in messages:
+                done = self._decoder.feed(message)
+                if done is not None:
+                    self._pending.append(done)
+                    self._pending_rows += len(done.rows)
+
+    def _confirm_idle(self, reader: ReplicationStream) -> None:
+        """Nothing pending and no transaction half-read: everything the server sent is handled, so its position
+        can be confirmed (the slot then holds no WAL, and a shutting-down server need not wait for us)."""
+        if not self._decoder.in_transaction:
+            reader.confirm(reader.received_end)
+
+    def _take_batch(self) -> tuple[list[WalRow], int | None, int, list[int]]:
+        """Up to ``batch_size`` rows in commit order, a large transaction split across batches; returns (rows, the
+        end LSN of the last transaction finished by them or None, transactions finished, their transactions' xids)."""
+        rows: list[WalRow] = []
+        xids: list[int] = []
+        confirm, finished = None, 0
+        room = self.batch_size
+        while self._pending and room > 0:
+            head = self._pending[0]
+            xids.append(head.xid)
+            part = head.rows[self._head_offset : self._head_offset + room]
+            rows.extend(part)
+            room -= len(part)
+            self._head_offset += len(part)
+            if self._head_offset >= len(head.rows):  # the whole transaction is in this batch or was before
+                self._pending.popleft()
+                self._head_offset = 0
+                confirm, finished = head.end_lsn, finished + 1
+        self._pending_rows -= len(rows)
+        return rows, confirm, finished, xids
+
+    def _publish(self, conn: psycopg.Connection[Any], reader: ReplicationStream) -> BatchResult:
+        """Publish the next whole transactions' records whose rows exist, delete those rows, confirm the slot."""
+        publisher = self.publisher
+        started = time.perf_counter()
+        rows, confirm, finished, xids = self._take_batch()
+        existing = store.existing_ids(conn, [r.row[0] for r in rows], xids) if rows else set()
+        fresh = [r for r in rows if r.row[0] in existing]
+        by_stream: dict[str, list[store.StagedRow]] = {}
+        for r in fresh:
+            by_stream.setdefault(publisher.stream_of(r.stream), []).append(r.row)
+        if not all(publisher.owns(conn, stream) for stream in by_stream):
+            self._rewind()  # a table-mode streamer still holds one: read these again once it let go
+            return BatchResult(blocked=True)
+        try:
+            last_seqs = self._send(conn, by_stream)
+            self._delete(conn, [r.row[0] for r in fresh], last_seqs)
+        except BaseException:
+            publisher.forget_positions()
+            self._rewind()
+            raise
+        publisher.faults.crash("streamer.crash_before_confirm")
+        if confirm is not None:  # a transaction split across batches is confirmed once its last part is deleted
+            reader.confirm(confirm)
+        for stream, stream_rows in by_stream.items():
+            publisher.counted(stream, len(stream_rows), started, stream_rows[0][5])
+        log.info(
+            "batch streamed",
+            source="wal",
+            records=len(fresh),
+            skipped=len(rows) - len(fresh),
+            transactions=finished,
+            streams=len(by_stream),
+            ms=round((time.perf_counter() - started) * 1000, 2),
+        )
+        # a batch of records published before (their rows gone) made progress too: the caller goes on at once
+        return BatchResult(published=len(fresh), waiting=not fresh)
+
+    def _send(self, conn: psycopg.Connection[Any], by_stream: dict[str, list[store.StagedRow]]) -> dict[str, int]:
+        publisher = self.publisher
+        identity = publisher.identity()
+        targets: dict[str, Any] = {}
+        for stream, stream_rows in by_stream.items():
+            targets |= routing.split(stream, publisher.partitions(stream), stream_rows)
+        first = {t: publisher.next_seq(conn, t, identity.epoch) for t in targets}
+        publisher.send_all(targets, identity, first)
+        publisher.faults.crash("streamer.crash_after_publish")
+        return {t: first[t] + payload.count - 1 for t, payload in targets.items()}
+
+    def _delete(self, conn: psycopg.Connection[Any], ids: list[int], last_seqs: dict[str, int]) -> None:
+        if not ids:
+            conn.commit()
+            return
+        deleted = store.delete_ids(conn, ids, self.publisher.identity().epoch, last_seqs)
+        if deleted != len(ids):
+            conn.rollback()
+            raise PublishError(
+                f"deleted {deleted} of {len(ids)} published records: another streamer deleted staged rows meanwhile; "
+                "the records will be read again and deduplicated by position"
+            )
+        conn.commit()
+        self.publisher.remember_positions(last_seqs)
+
+    # -- waiting and resetting ---------------------------------------------------------------------------------------
+
+    def wait(self, timeout: float) -> bool:
+        """Sleep until the slot sends something (a commit to publish) or ``timeout`` passes; return whether a
+        whole transaction is pending."""
+        if self._reader is None:
+            time.sleep(min(timeout, 0.05))
+        else:
+            self._receive(self._reader, wait=timeout)
+        return bool(self._pending)
+
+    def reset(self) -> None:
+        """After a failed pass: the slot's stream is read again from its confirmed position, and the table-mode
+        passes from their first row."""
+        self._rewind()
+        self.predrain.reset()
+
+    def _rewind(self) -> None:
+        """Drop the stream and what was read from it: the next pass restarts at the slot's confirmed position."""
+        if self._reader is not None:
+            self._reader.close()
+        self._reader = None
+        self._decoder = Decoder()
+        self._pending.clear()
+        self._pending_rows = self._head_offset = 0
+
+    def close(self) -> None:
+        """Close the slot's replication session (the table-mode capture is its owner's to close)."""
+        self._rewind()

@@ -1,0 +1,272 @@
+"""Group consumers: N workers share one stream through a Redis consumer group, each record applied exactly once.
+
+Redis delivers each entry to one worker of the group (``XREADGROUP``) and redelivers it if that worker never
+acknowledges it (``XAUTOCLAIM`` after ``claim_idle_ms``). At-least-once delivery becomes exactly-once effect here:
+in the transaction of the effect the worker inserts each record's identity (producer, epoch, seq) into
+``unilog_processed`` and hands the handler only the records whose identity was new; it ``XACK``s after the commit.
+A redelivered record, or a double-sent copy, finds its identity and is skipped. The table is pruned behind a
+watermark (every seq at or below it applied), so it stays small.
+
+A handler failure rolls the batch back and retries its records one by one, so one poison record cannot hold the
+others back; a record that fails is left pending, retried after ``claim_idle_ms`` (its back-off), and after
+``max_deliveries`` failed attempts moved to the dead-letter stream ``unilog:dlq:{<stream>}`` with the error, the
+worker and the attempt count, then acknowledged. It never stalls the group and is never dropped silently: ``unilog dlq``
+lists, shows, replays (after a fix) or drops it. An entry that is not a unilog record is dead-lettered at once, with
+the reason it could not be decoded.
+
+Groups do not keep order between records; use partitions (:mod:`unilog.partitions`) when records with the same
+key must be handled in order.
+
+One source, two faces: :class:`unilog.AsyncGroupConsumer` is written here, and the threaded
+:class:`unilog.GroupConsumer` is generated from it (see :mod:`unilog.consume`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import psycopg
+import structlog
+
+from ... import metrics, tracing
+from ...config import Settings
+from ...engine.aio import Entry
+from ...errors import MalformedEntry
+from ...faults import NO_FAULTS, Faults
+from ...records import REPLAY_FOR, AsyncHandler, Batch, Record, replay_owner
+from ...runtime import FATAL, TRANSIENT, account_batch
+from ...runtime_async import AsyncLinks, AsyncWorker
+from ...store import aio as store
+from ...wire import to_str
+from ..base import GroupConfig, GroupResult, candidates, default_worker_name
+
+log = structlog.get_logger("unilog.group")
+
+
+class AsyncGroupConsumer(AsyncWorker):
+    """One worker of a consumer group. One thread (or task) drives one worker; run several for several workers."""
+
+    kind = "group worker"
+
+    def __init__(
+        self, settings: Settings, config: GroupConfig, handler: AsyncHandler, *, faults: Faults = NO_FAULTS
+    ) -> None:
+        self.settings, self.config, self.handler, self.faults = settings, config, handler, faults
+        self.stream = config.stream or settings.stream
+        self.worker = config.worker or default_worker_name()
+        self._owner = replay_owner("group", config.group).encode()
+        self.restart_after_crash = config.restart_after_crash
+        self.max_backoff = config.max_backoff
+        self.links = AsyncLinks(
+            settings,
+            app_name=f"unilog-group-{config.group}-{self.worker}",
+            pg_timeout=config.pg_timeout,
+            redis_timeout=config.block_ms / 1000 + 10,  # must outlast a blocking read
+        )
+        self._last_claim = 0.0
+        self._last_prune = time.monotonic()
+        self._pending_cursor: str | None = "0"
+        self.handled_total = self.skipped_total = self.dead_total = 0
+
+    @property
+    def label(self) -> dict[str, Any]:
+        return {"group": self.config.group, "worker": self.worker}
+
+    def describe(self) -> dict[str, Any]:
+        return {"stream": self.stream, **self.settings.describe()}
+
+    def totals(self) -> dict[str, Any]:
+        return {"handled": self.handled_total, "dead": self.dead_total}
+
+    def forget(self) -> None:
+        self._pending_cursor = "0"  # after a reconnect, this worker's own pending entries come first
+
+    async def connect(self) -> None:
+        """Connect to both servers and create the group (at the stream's beginning) if it does not exist."""
+        await self.links.pg()
+        if await (await self.links.redis()).ensure_group(self.stream, self.config.group):
+            log.info("consumer group created", group=self.config.group, stream=self.stream)
+
+    async def close(self) -> None:
+        """Close connections; entries this worker read but did not acknowledge stay pending for others to claim."""
+        self.forget()
+        await self.links.close()
+
+    # -- one pass ----------------------------------------------------------------------------------------------------
+
+    async def run_once(self, block_ms: int | None = None) -> GroupResult:
+        """One pass: this worker's own unacknowledged entries first (after a (re)connect), else entries claimed from
+        idle workers (at most every ``claim_interval``) and new ones; apply them; return what was done."""
+        api = await self.links.redis()
+        if self._pending_cursor is not None:
+            # each own pending entry once; one that fails again waits for a claim, its back-off
+            own = await api.read_group(
+                self.stream, self.config.group, self.worker, self.config.batch_size, None, self._pending_cursor
+            )
+            self._pending_cursor = to_str(own[-1][0]) if own else None
+            if own:
+                return await self._apply(own)
+        claimed = await self._claim_due()
+        wait = self.config.block_ms if not block_ms else (None if block_ms < 0 else block_ms)
+        fresh = await api.read_group(
+            self.stream, self.config.group, self.worker, self.config.batch_size, None if claimed else wait
+        )
+        result = await self._apply(claimed + fresh)
+        await self._prune_due()
+        return GroupResult(result.read, result.handled, result.skipped, result.dead, len(claimed))
+
+    async def drain(self) -> int:
+        """Apply entries until the group has nothing new and nothing claimable; return records handled."""
+        await self.connect()
+        total = 0
+        while True:
+            self._last_claim = 0.0
+            result = await self.run_once(block_ms=-1)
+            total += result.handled
+            if result.read == 0:
+                return total
+
+    async def _claim_due(self) -> list[Entry]:
+        now = time.monotonic()
+        if now - self._last_claim < self.config.claim_interval:
+            return []
+        self._last_claim = now
+        return await self.claim()
+
+    async def claim(self) -> list[Entry]:
+        """Take over entries idle for ``claim_idle_ms`` (a dead or stuck worker's); acknowledge deleted ones."""
+        api = await self.links.redis()
+        start, claimed = "0-0", []
+        while True:
+            start, entries, deleted = await api.autoclaim(
+                self.stream, self.config.group, self.worker, self.config.claim_idle_ms, start=start
+            )
+            claimed += entries
+            if deleted:
+                log.error(
+                    "pending entries were deleted from the stream before anyone applied them",
+                    group=self.config.group,
+                    ids=[to_str(d) for d in deleted][:20],
+                    count=len(deleted),
+                )
+                await api.ack(self.stream, self.config.group, deleted)
+            if start == "0-0":
+                break
+        if claimed:
+            log.info("claimed idle entries", group=self.config.group, worker=self.worker, count=len(claimed))
+        return claimed
+
+    async def _apply(self, entries: list[Entry]) -> GroupResult:
+        if not entries:
+            return GroupResult()
+        try:
+            handled, skipped = await self._apply_batch(entries)
+        except (*TRANSIENT, *FATAL):
+            raise  # infrastructure or set-up (a deadline's TimeoutError is an OSError), not the record: never count it
+        except MalformedEntry:
+            if self.config.on_malformed == "stop":
+                raise
+            return await self._one_by_one(entries) if len(entries) > 1 else await self._dead_malformed(entries[0])
+        except Exception as exc:
+            if len(entries) == 1:
+                return GroupResult(1, 0, 0, await self._failed(entries[0], exc))
+            log.warning("batch failed; retrying its records one by one", group=self.config.group, error=str(exc))
+            return await self._one_by_one(entries)
+        return GroupResult(len(entries), handled, skipped)
+
+    async def _apply_batch(self, entries: list[Entry]) -> tuple[int, int]:
+        """Apply ``entries`` in one transaction (skipping ones applied before), then acknowledge them all."""
+        started = time.perf_counter()
+        # another consumer's (or group's) replayed dead letter: this group applied the original, or will
+        mine = self._owner
+        records = [Record(self.stream, eid, fields) for eid, fields in entries if fields.get(REPLAY_FOR, mine) == mine]
+        conn = await self.links.pg()
+        group = self.config.group
+        async with store.deadline(conn, self.config.pg_timeout), conn.transaction():
+            fresh = await self._fresh(conn, records)
+            if fresh:
+                crash_at = self.faults.pick(len(fresh)) if self.faults.fires("consumer.crash_mid_batch") else None
+                with tracing.process_span(self.stream, group, fresh, group=True):
+                    await self.handler(conn, Batch(fresh, crash_at, group))
+            self.faults.crash("consumer.crash_before_commit")
+        self.faults.crash("group.crash_before_ack")
+        await (await self.links.redis()).settle(self.stream, group, [eid for eid, _ in entries])
+        skipped = account_batch(self, "group", group, entries, len(fresh), started, group=group, worker=self.worker)
+        return len(fresh), skipped
+
+    async def _fresh(self, conn: psycopg.AsyncConnection[Any], records: list[Record]) -> list[Record]:
+        """The records this group has not applied yet, their identities now claimed in this transaction."""
+        found = candidates(records, await store.group_watermarks(conn, self.config.group, self.stream))
+        new = await store.claim_identities(conn, self.config.group, self.stream, list(found))
+        return [record for identity, record in found.items() if identity in new]
+
+    async def _one_by_one(self, entries: list[Entry]) -> GroupResult:
+        results = [await self._apply([entry]) for entry in entries]
+        return GroupResult(
+            len(entries), sum(r.handled for r in results), sum(r.skipped for r in results), sum(r.dead for r in results)
+        )
+
+    async def _dead_malformed(self, entry: Entry) -> GroupResult:
+        """An entry that is not a unilog record: dead-letter it at once (retrying cannot help), with the reason."""
+        await self.links.discard_failed_transaction()
+        try:
+            Record(self.stream, *entry).data  # noqa: B018 - decoding is the check
+            reason = "a handler found it malformed"
+        except MalformedEntry as exc:
+            reason = exc.reason
+        await self._dead_letter(entry, f"malformed: {reason}", attempts=1)
+        return GroupResult(1, 0, 0, 1)
+
+    async def _failed(self, entry: Entry, exc: Exception) -> int:
+        """Count a failed attempt at ``entry``; dead-letter it after ``max_deliveries``. Returns 1 if dead-lettered."""
+        await self.links.discard_failed_transaction()
+        attempts = await (await self.links.redis()).attempt(self.stream, self.config.group, entry[0])
+        if attempts < self.config.max_deliveries:
+            log.warning(
+                "record failed; it stays pending and is retried after claim_idle_ms",
+                group=self.config.group,
+                entry=to_str(entry[0]),
+                attempt=attempts,
+                max_deliveries=self.config.max_deliveries,
+                error=repr(exc),
+            )
+            return 0
+        await self._dead_letter(entry, repr(exc), attempts=attempts)
+        return 1
+
+    async def _dead_letter(self, entry: Entry, error: str, *, attempts: int) -> None:
+        """Move ``entry`` to the dead letters with ``error`` and acknowledge it (one MULTI); log and count it."""
+        entry_id, fields = entry
+        letter = await (await self.links.redis()).dead_letter(
+            self.stream, self.config.group, entry_id, fields, error=error, consumer=self.worker, attempts=attempts
+        )
+        self.dead_total += 1
+        reason = "malformed" if error.startswith("malformed:") else "max_deliveries"
+        metrics.dead_lettered(self.stream, self.config.group, reason)
+        log.error(
+            "record dead-lettered",
+            group=self.config.group,
+            entry=to_str(entry_id),
+            dead_letter=letter,
+            attempts=attempts,
+            error=error,
+        )
+
+    async def _prune_due(self) -> None:
+        now = time.monotonic()
+        if now - self._last_prune < self.config.prune_interval:
+            return
+        self._last_prune = now
+        await self.prune()
+
+    async def prune(self) -> int:
+        """Advance this group's watermarks and delete the processed rows at or below them; return rows deleted."""
+        conn = await self.links.pg()
+        async with conn.transaction():
+            if not await store.try_prune_lock(conn, self.config.group, self.stream):
+                return 0  # another worker is pruning
+            pruned = await store.advance_watermarks(conn, self.config.group, self.stream)
+        if pruned:
+            log.info("processed records pruned", group=self.config.group, rows=pruned)
+        return pruned

@@ -1,0 +1,209 @@
+"""What the streamer's captures share: the :class:`Capture` interface the streamer drives them through, what a pass
+returns (:class:`BatchResult`), and the :class:`Publisher` every capture publishes through.
+
+A capture reads committed staged records from one source and publishes them: table mode
+(:class:`unilog.capture_table.TableCapture`, the staging table below the visibility horizon), WAL mode
+(:class:`unilog.capture_wal.WalCapture`, a logical slot in commit order). The streamer creates one
+:class:`Publisher` and hands it to each capture it makes; the publisher holds what must be the same whichever
+capture runs, and outlives a switch between them:
+
+* **One publisher per stream**: :meth:`Publisher.owns` takes the stream's session-level advisory lock; a capture
+  publishes a stream only while this streamer holds it.
+* **Dense, monotone positions**: :meth:`Publisher.next_seq` is the position cache, valid while the lock is held and
+  the captures' commits succeed (a capture forgets it when a pass fails after assigning positions).
+* One batch sent to Redis (:meth:`Publisher.send_all`, with the ``streamer.double_send`` fault), the producer
+  identity and epoch, the partition counts, and the records counted published (totals and metrics).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import psycopg
+import structlog
+
+from . import engine, metrics, sending, store
+from .errors import ConfigurationError
+from .faults import Faults
+
+log = structlog.get_logger(__name__)
+
+PARTITION_RECHECK = 10.0  # seconds between looks at an unpartitioned stream's settings
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """What one pass did: records published, whether committed records are still waiting behind the horizon, and
+    whether a stream with staged records is held by another streamer's lock."""
+
+    published: int = 0
+    waiting: bool = False
+    blocked: bool = False
+
+
+class Capture(Protocol):
+    """One way of reading committed staged records and publishing them, driven by the streamer through these members
+    only. A capture publishes through the :class:`Publisher` it was made with, deletes a record's staged row only
+    after Redis confirmed it, and commits or rolls back the transactions it begins on ``conn``."""
+
+    # True: what there is to publish arrives on the capture's own connection and :meth:`wait` sleeps on it (WAL
+    # mode: the slot's stream); False: the streamer sleeps on LISTEN for commits and polls the visibility horizon
+    wakes_itself: bool
+
+    def run_once(self, conn: psycopg.Connection[Any]) -> BatchResult:
+        """One pass on the streamer's Postgres session: publish at most one batch per owned stream, or raise with
+        nothing deleted that Redis did not confirm."""
+        ...
+
+    def wait(self, timeout: float) -> bool:
+        """Sleep until the source has something to publish (return True) or ``timeout`` passes (False)."""
+        ...
+
+    def reset(self) -> None:
+        """After a failed pass: drop what was read but not published; the next pass starts from committed state."""
+        ...
+
+    def close(self) -> None:
+        """Close what the capture opened of its own (its sessions, its threads)."""
+        ...
+
+
+class Publisher:
+    """One streamer's publishing services, shared by its captures. Not thread-safe, except :meth:`send_all`, which a
+    capture may run in a helper thread while its own thread uses nothing else of the Redis client.
+
+    ``redis`` returns the streamer's Redis client (connecting it if needed); ``default_stream`` is the stream of
+    records staged without one; ``faults`` may be replaced between passes.
+    """
+
+    def __init__(
+        self,
+        redis: Callable[[], engine.RedisStreams],
+        *,
+        name: str,
+        default_stream: str,
+        faults: Faults,
+        wait_replicas: int,
+        wait_timeout_ms: int,
+    ) -> None:
+        self.name = name
+        self.default_stream = default_stream
+        self.faults = faults
+        self.wait_replicas, self.wait_timeout_ms = wait_replicas, wait_timeout_ms
+        self._redis = redis
+        self.owned: set[str] = set()  # streams whose lock this streamer's session holds
+        self.standby = False  # found a stream held by another streamer: looks for its lock, not for commits
+        self.published_total = 0
+        self._identity: store.ProducerIdentity | None = None
+        self._last_seq: dict[str, int] = {}  # valid while we hold the stream's lock and our commits succeed
+        self._partition_counts: dict[str, tuple[int, float]] = {}
+
+    def session_opened(self, conn: psycopg.Connection[Any]) -> None:
+        """A new Postgres session: locks died with the old one; a restored database starts a new epoch."""
+        self.release()
+        self._last_seq.clear()
+        self._identity, new_epoch = store.resolve_identity(conn)
+        if new_epoch:
+            log.warning(
+                "database was restored or copied: new producer epoch",
+                producer=self._identity.producer_id,
+                epoch=self._identity.epoch,
+            )
+
+    def release(self) -> None:
+        """Forget the streams whose lock the session held (a closed or new session holds none)."""
+        for stream in self.owned:
+            metrics.STREAM_LOCK.labels(stream).set(0)
+        self.owned.clear()
+
+    def identity(self) -> store.ProducerIdentity:
+        """This database's producer identity, as resolved when the Postgres session opened."""
+        assert self._identity is not None, "connect first"
+        return self._identity
+
+    def stream_of(self, source: str) -> str:
+        """The stream a staged row's ``stream`` column names (empty: the default stream)."""
+        return source or self.default_stream
+
+    def connect(self) -> engine.RedisStreams:
+        """The Redis client, connected and checked now, in the calling thread."""
+        return self._redis()
+
+    # -- stream locks and positions ----------------------------------------------------------------------------------
+
+    def owns(self, conn: psycopg.Connection[Any], stream: str) -> bool:
+        """Whether this streamer publishes ``stream`` (its lock taken now if free)."""
+        if stream in self.owned:
+            return True
+        got = store.try_stream_lock(conn, stream)
+        conn.commit()
+        if got and (old := self._redis().legacy_keys(stream)):
+            raise ConfigurationError(  # retention must see every registration: none may hide under an old name
+                f"stream {stream!r} has Redis keys in the layout before hash tags ({', '.join(old[:3])}): stop "
+                f"its consumers and run `unilog stream relayout {stream}` (docs/guides/redis-cluster.md, Redis keys)"
+            )
+        self.standby = not got
+        if got:
+            self.owned.add(stream)
+            metrics.STREAM_LOCK.labels(stream).set(1)
+            log.info("stream lock acquired", stream=stream, streamer=self.name)
+        return got
+
+    def next_seq(self, conn: psycopg.Connection[Any], target: str, epoch: int) -> int:
+        """The position the next record published on ``target`` gets."""
+        if target not in self._last_seq:
+            self._last_seq[target] = store.last_published_seq(conn, target, epoch)
+        return self._last_seq[target] + 1
+
+    def forget_positions(self, targets: Iterable[str] | None = None) -> None:
+        """Positions past the last commit are read from Postgres again: those of ``targets`` (a commit that would
+        advance them is about to be tried), or all (a pass failed after assigning some)."""
+        if targets is None:
+            self._last_seq.clear()
+            return
+        for target in targets:
+            self._last_seq.pop(target, None)
+
+    def remember_positions(self, last_seqs: dict[str, int]) -> None:
+        """Positions just committed with their batch's delete."""
+        self._last_seq.update(last_seqs)
+
+    def partitions(self, stream: str) -> int:
+        """The stream's partition count, from Redis (``unilog stream partition``): cached for good once set (it
+        cannot change), and re-read every ``PARTITION_RECHECK`` seconds while the stream is unpartitioned."""
+        count, checked = self._partition_counts.get(stream, (1, -PARTITION_RECHECK))
+        if count > 1 or time.monotonic() - checked < PARTITION_RECHECK:
+            return count
+        count = self._redis().partitions(stream)
+        self._partition_counts[stream] = (count, time.monotonic())
+        return count
+
+    # -- sending and counting ----------------------------------------------------------------------------------------
+
+    def send_all(
+        self, targets: dict[str, engine.Packed], identity: store.ProducerIdentity, first: dict[str, int]
+    ) -> int:
+        """Append each target's payload at positions from ``first[target]``; return the entries Redis appended.
+        Raises :class:`~unilog.errors.PublishError` unless Redis confirmed each (see :func:`unilog.sending.send`)."""
+        appended = 0
+        for target, payload in targets.items():
+            appended += self._send(target, identity, first[target], payload, dedupe=True).appended
+            if self.faults.fires("streamer.double_send"):
+                self._send(target, identity, first[target], payload, dedupe=False)
+        return appended
+
+    def _send(
+        self, stream: str, identity: store.ProducerIdentity, first_seq: int, payload: engine.Packed, *, dedupe: bool
+    ) -> engine.PublishResult:
+        return sending.send(
+            self._redis(), stream, identity, first_seq, payload, dedupe, self.wait_replicas, self.wait_timeout_ms
+        )
+
+    def counted(self, stream: str, records: int, started: float, first_created_ms: int | None) -> None:
+        """``records`` of ``stream`` were published and their rows deleted, by a batch begun at ``started``
+        (``time.perf_counter()``): the streamer's total and the publish metrics."""
+        self.published_total += records
+        metrics.batch_published(stream, records, time.perf_counter() - started, first_created_ms)
