@@ -91,7 +91,8 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *_LAZY})
 
 
-# What the docs (docs/reference/api.md) tell users to use, and nothing else (tests/test_api_surface.py keeps the two in step).
+# What the docs (docs/reference/api.md) tell users to use, and nothing else (tests/test_api_surface.py keeps the
+# two in step).
 __all__ = [
     "AsyncConsumer",
     "AsyncGroupConsumer",

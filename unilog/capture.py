@@ -83,7 +83,8 @@ def _refuse_unsettled(settings: Settings) -> None:
         if doubtful := in_doubt(streamer, conn):
             raise ConfigurationError(
                 f"a batch on {', '.join(doubtful)} was in Redis but not yet deleted from the staging table when the "
-                "slot was lost, and only the lost slot knew its order: see docs/guides/wal-capture.md, 'slot lost mid-batch'"
+                "slot was lost, and only the lost slot knew its order: see docs/guides/wal-capture.md, "
+                "'slot lost mid-batch'"
             )
 
 

@@ -2,7 +2,8 @@
 
 ``unilog migrate`` calls :func:`migrate`. The revisions live in the top-level ``migrations/`` folder, shipped as the
 package ``unilog.migrations``, on their own Alembic branch (label ``unilog``) with their own version table, so an
-application can either let unilog migrate its tables or include them in its own Alembic environment (docs/guides/operations.md).
+application can either let unilog migrate its tables or include them in its own Alembic environment
+(docs/guides/operations.md).
 """
 
 from __future__ import annotations

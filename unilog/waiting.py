@@ -127,7 +127,8 @@ class HorizonWatch:
             count, holder = report()
             raise HorizonHeld(
                 f"{count} committed records waited {held:.0f}s (--max-wait) behind an open transaction, "
-                f"{store.describe_holder(holder)}; end it, or set idle_in_transaction_session_timeout (docs/guides/delivery-guarantees.md)"
+                f"{store.describe_holder(holder)}; end it, or set idle_in_transaction_session_timeout "
+                "(docs/guides/delivery-guarantees.md)"
             )
         if held >= warn_after and now - self._last_warning >= min(self.interval, max(warn_after, 1.0)):
             self._last_warning = now

@@ -36,7 +36,7 @@ class ExitCode(IntEnum):
     HORIZON_HELD = 9  # burst mode: committed records stayed behind an open transaction longer than --max-wait
     MALFORMED = 10  # an entry is not a unilog record and the consumer runs with --on-malformed stop
     POISON = 11  # a record keeps failing its handler and the consumer runs with --on-poison stop (the default)
-    CAPTURE_LOST = 12  # WAL capture's replication slot was dropped or lost its WAL (nothing lost: docs/guides/wal-capture.md)
+    CAPTURE_LOST = 12  # WAL capture's slot was dropped or lost its WAL (nothing lost: docs/guides/wal-capture.md)
     INTERRUPTED = 130  # Ctrl-C
 
 

@@ -1,9 +1,9 @@
 """Least-privilege Postgres roles: exactly what each kind of unilog process may do to unilog's tables.
 
-:data:`GRANTS` is the single statement of it (docs/guides/security.md prints the same list); :func:`grant` applies it to roles
-the operator names, creating them if asked, in the caller's transaction. Roles are quoted as identifiers, never
-pasted into SQL text. The application's own tables (a consumer's state, the producer's business rows) are the
-application's to grant.
+:data:`GRANTS` is the single statement of it (docs/guides/security.md prints the same list); :func:`grant` applies
+it to roles the operator names, creating them if asked, in the caller's transaction. Roles are quoted as
+identifiers, never pasted into SQL text. The application's own tables (a consumer's state, the producer's
+business rows) are the application's to grant.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ GRANTS: dict[str, list[tuple[str, str]]] = {
         ("SELECT, UPDATE, DELETE", "staged_log_records"),
         ("SELECT, UPDATE", "unilog_producer"),
         ("SELECT, INSERT, UPDATE", "unilog_stream_positions"),
-        ("SELECT", "unilog_capture"),  # the mode; WAL mode also needs the role attribute REPLICATION (docs/guides/security.md)
+        ("SELECT", "unilog_capture"),  # the mode; WAL mode also needs the role attribute REPLICATION (see security.md)
         ("SELECT", "unilog_alembic_version"),
         ("EXECUTE", "FUNCTION pg_control_system()"),
     ],
