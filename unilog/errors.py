@@ -47,6 +47,10 @@ class ConfigurationError(UnilogError):
     """A setting is missing or malformed (for example a database URL that is not a Postgres URL)."""
 
 
+class InvalidSetting(ConfigurationError, ValueError):
+    """A consumer setting is out of range or does not apply to the kind of consumer it was given to."""
+
+
 class InvalidName(ConfigurationError, ValueError):
     """A consumer, group or worker name has characters outside ``[A-Za-z0-9_.-]`` (it becomes part of Redis keys)."""
 

@@ -25,47 +25,22 @@ import math
 import threading
 import time
 import zlib
-from dataclasses import dataclass
 from typing import Any
 
 import structlog
 
 from . import store
-from .config import Settings, validate_name, validate_stream_name
-from .consumer import Consumer, ConsumerConfig, Handler
+from .config import Settings
+from .consume.settings import PartitionConfig, default_worker_name
+from .consumer import Consumer, Handler
 from .errors import ConfigurationError
 from .faults import NO_FAULTS, Faults
-from .group import default_worker_name
 from .routing import partition_of, partition_stream
 from .runtime import TRANSIENT, Links, Worker
 
 __all__ = ["PartitionConfig", "PartitionedConsumer", "partition_of", "partition_stream"]
 
 log = structlog.get_logger(__name__)
-
-
-@dataclass(frozen=True)
-class PartitionConfig:
-    """A partitioned consumer's identity and pacing; ``name`` prefixes its per-partition checkpoints."""
-
-    name: str
-    stream: str | None = None
-    worker: str = ""
-    batch_size: int = 500
-    block_ms: int = 500
-    rebalance_interval: float = 1.0
-    heartbeat_ttl: float = 5.0
-    max_backoff: float = 10.0
-    restart_after_crash: bool = True
-    on_malformed: str = "dead-letter"
-    max_attempts: int = 3
-    on_poison: str = "stop"
-    rewind_grace: float = 0.0
-
-    def __post_init__(self) -> None:
-        validate_name("partitioned consumer", self.name)
-        if self.stream is not None:
-            validate_stream_name(self.stream)
 
 
 class PartitionedConsumer(Worker):
@@ -149,17 +124,7 @@ class PartitionedConsumer(Worker):
         return store.try_partition_lock(self.links.pg(), self._lock_key(index))
 
     def _acquire(self, index: int) -> None:
-        config = ConsumerConfig(
-            name=f"{self.config.name}.p{index}",
-            stream=partition_stream(self.stream, index),
-            batch_size=self.config.batch_size,
-            block_ms=self.config.block_ms,
-            restart_after_crash=self.config.restart_after_crash,
-            on_malformed=self.config.on_malformed,
-            max_attempts=self.config.max_attempts,
-            on_poison=self.config.on_poison,
-            rewind_grace=self.config.rewind_grace,
-        )
+        config = self.config.partition(index, partition_stream(self.stream, index))
         consumer = Consumer(self.settings, config, self.handler, faults=self.faults)
         consumer.metric_kind = "partition"
         consumer.connect()

@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from ..config import Settings
+from ..consume.settings import add_arguments, from_arguments
 from ..errors import ConfigurationError
 from ..records import Handler
 from .common import (
@@ -97,61 +98,27 @@ def _run_async(args: argparse.Namespace, settings: Settings, handler: Any) -> in
 def _make_worker(args: argparse.Namespace, settings: Settings, handler: Handler) -> Any:
     from ..consumer import Consumer
     from ..group import GroupConsumer
-    from ..partitions import PartitionConfig, PartitionedConsumer
+    from ..partitions import PartitionedConsumer
 
-    crash_restart = not args.exit_on_crash
     if args.group:
-        config = _group_config(args, crash_restart)
+        config = _group_config(args, not args.exit_on_crash)
         return GroupConsumer(settings, config, handler, faults=faults_from(args))
     if not args.name:
         raise ConfigurationError("give --name NAME (a checkpoint or partitioned consumer) or --group GROUP")
+    crash_restart = {"restart_after_crash": not args.exit_on_crash}
     if args.partitioned:
-        part = PartitionConfig(
-            name=args.name,
-            stream=args.stream,
-            worker=args.worker or "",
-            batch_size=args.batch_size,
-            block_ms=args.block_ms,
-            restart_after_crash=crash_restart,
-            on_malformed=args.on_malformed,
-            max_attempts=args.max_attempts,
-            on_poison=args.on_poison,
-            rewind_grace=args.rewind_grace,
-        )
+        part = from_arguments("partitioned", args, name=args.name, worker=args.worker or "", **crash_restart)
         return PartitionedConsumer(settings, part, handler, faults=faults_from(args))
-    return Consumer(settings, _checkpoint_config(args, crash_restart), handler, faults=faults_from(args))
+    config = from_arguments("checkpoint", args, name=args.name, **crash_restart)
+    return Consumer(settings, config, handler, faults=faults_from(args))
 
 
 def _group_config(args: argparse.Namespace, crash_restart: bool) -> Any:
-    from ..group import GroupConfig
-
-    return GroupConfig(
-        group=args.group,
-        worker=args.worker or "",
-        stream=args.stream,
-        batch_size=args.batch_size,
-        block_ms=args.block_ms,
-        claim_idle_ms=args.claim_idle_ms,
-        max_deliveries=args.max_deliveries,
-        restart_after_crash=crash_restart,
-        on_malformed=args.on_malformed,
-    )
+    return from_arguments("group", args, group=args.group, worker=args.worker or "", restart_after_crash=crash_restart)
 
 
 def _checkpoint_config(args: argparse.Namespace, crash_restart: bool) -> Any:
-    from ..consumer import ConsumerConfig
-
-    return ConsumerConfig(
-        name=args.name,
-        stream=args.stream,
-        batch_size=args.batch_size,
-        block_ms=args.block_ms,
-        restart_after_crash=crash_restart,
-        on_malformed=args.on_malformed,
-        max_attempts=args.max_attempts,
-        on_poison=args.on_poison,
-        rewind_grace=args.rewind_grace,
-    )
+    return from_arguments("checkpoint", args, name=args.name, restart_after_crash=crash_restart)
 
 
 def _run_workers(args: argparse.Namespace) -> int:
@@ -190,40 +157,8 @@ def consume_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--worker", help="this worker's name in a group or partitioned consumer (default: host-pid)")
     p.add_argument("--workers", type=positive_int, default=1, help="run this many worker processes")
     connection_args(p)
-    p.add_argument("--stream", help="stream to read (default: $UNILOG_STREAM)")
     p.add_argument("--once", action="store_true", help="consume everything in the stream, then exit")
-    p.add_argument("--batch-size", type=positive_int, default=1000)
-    p.add_argument("--block-ms", type=positive_int, default=1000)
-    p.add_argument("--claim-idle-ms", type=positive_int, default=30_000, help="group: claim entries idle this long")
-    p.add_argument("--max-deliveries", type=positive_int, default=5, help="group: attempts before dead-lettering")
-    p.add_argument(
-        "--on-malformed",
-        choices=("dead-letter", "stop"),
-        default="dead-letter",
-        help="an entry that is not a unilog record (data not JSON): dead-letter it and go on (default), or stop "
-        "with exit code 10",
-    )
-    p.add_argument(
-        "--max-attempts",
-        type=positive_int,
-        default=3,
-        help="checkpoint consumer: failures of one batch before it is applied record by record to find the poison",
-    )
-    p.add_argument(
-        "--on-poison",
-        choices=("stop", "dead-letter"),
-        default="stop",
-        help="checkpoint consumer: a record that fails alone stops the consumer with exit code 11 (default), or is "
-        "dead-lettered and passed",
-    )
-    p.add_argument(
-        "--rewind-grace",
-        type=float,
-        default=0.0,
-        metavar="SECONDS",
-        help="checkpoint consumer: wait this long for a stream that ends below the checkpoint to be re-sent before "
-        "stopping with exit code 8 (only with streamers run with --wait-replicas; default 0: stop at once)",
-    )
+    add_arguments(p)  # one option per consumer setting (unilog.consume.settings)
     fault_args(p)
     metrics_args(p)
 
