@@ -23,7 +23,7 @@ from typing import Any
 import psycopg
 
 from unilog import AsyncConsumer, Consumer, ConsumerConfig, Record, Streamer
-from unilog.group import GroupConfig, GroupConsumer
+from unilog.consume.group import GroupConfig, GroupConsumer
 from unilog.wire import registry_key
 
 from .core import Profile, Results, in_fresh_process, interleaved, log

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from unilog import GroupConsumer
-from unilog.group import GroupConfig
+from unilog.consume.group import GroupConfig
 
 from .core import Measurement, Profile, Results, log, worker_init
 from .env import BenchEnv, Urls

@@ -17,7 +17,7 @@ import pytest
 from handlers import async_record_applied
 
 from unilog import AsyncGroupConsumer, Faults, InjectedCrash, Record, Settings, Streamer, emit
-from unilog.group import GroupConfig
+from unilog.consume.group import GroupConfig
 
 TESTS = Path(__file__).parent
 

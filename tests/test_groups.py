@@ -18,7 +18,7 @@ import redis
 from handlers import record_applied
 
 from unilog import Faults, InjectedCrash, Record, Settings, Streamer, StreamerConfig, emit
-from unilog.group import GroupConfig, GroupConsumer
+from unilog.consume.group import GroupConfig, GroupConsumer
 from unilog.wire import dlq_key
 
 TESTS = Path(__file__).parent

@@ -17,10 +17,10 @@ from unilog_demo.migrate import prepare
 from unilog_demo.rides import STREAM, canonical_totals, consumer_totals
 
 from unilog import Consumer, ConsumerConfig, Settings, Streamer, emit
-from unilog.consumer import reset_checkpoint
+from unilog.consume.consumer import reset_checkpoint
+from unilog.consume.partitions import partition_of, partition_stream
 from unilog.engine import RedisStreams, connect
 from unilog.errors import ConfigurationError
-from unilog.partitions import partition_of, partition_stream
 
 TESTS = Path(__file__).parent
 ROOT = TESTS.parent

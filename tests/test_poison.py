@@ -29,7 +29,7 @@ from unilog import (
     emit,
 )
 from unilog.cli import ExitCode
-from unilog.consumer import reset_checkpoint
+from unilog.consume.consumer import reset_checkpoint
 from unilog.dlq import drop, list_letters, replay
 from unilog.engine import RedisStreams, connect
 

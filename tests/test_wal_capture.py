@@ -17,9 +17,9 @@ import redis
 from cli import one_line, unilog
 
 from unilog import Settings, Streamer, StreamerConfig, emit
-from unilog.capture import capture_status, disable_wal, enable_wal
 from unilog.errors import CaptureLost, ConfigurationError, InjectedCrash
 from unilog.faults import Faults
+from unilog.stream.capture import capture_status, disable_wal, enable_wal
 
 STREAM = "test-stream"
 

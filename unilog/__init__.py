@@ -40,39 +40,39 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
-    from .consumer import Consumer, ConsumerConfig
-    from .consumer_async import AsyncConsumer
+    from .consume.consumer import Consumer, ConsumerConfig
+    from .consume.consumer_async import AsyncConsumer
+    from .consume.group import GroupConfig, GroupConsumer
+    from .consume.group_async import AsyncGroupConsumer
+    from .consume.partitions import PartitionConfig, PartitionedConsumer
+    from .consume.records import Batch, Handler, Record
     from .faults import Faults
-    from .group import GroupConfig, GroupConsumer
-    from .group_async import AsyncGroupConsumer
-    from .partitions import PartitionConfig, PartitionedConsumer
-    from .producer import Producer, emit
-    from .producer_async import emit_async
-    from .records import Batch, Handler, Record
+    from .produce.producer import Producer, emit
+    from .produce.producer_async import emit_async
     from .runtime import Worker
-    from .streamer import Streamer, StreamerConfig
+    from .stream.streamer import Streamer, StreamerConfig
 
 # Imported on first use: `import unilog.spark` in each of Spark's Python workers, or a web app that only emits, does
 # not pay for the consumers, SQLAlchemy and the asyncio clients (1.4 s of a cold start here, against 0.3 s).
 _LAZY = {
-    "Consumer": "consumer",
-    "ConsumerConfig": "consumer",
-    "AsyncConsumer": "consumer_async",
+    "Consumer": "consume.consumer",
+    "ConsumerConfig": "consume.consumer",
+    "AsyncConsumer": "consume.consumer_async",
     "Faults": "faults",
-    "GroupConfig": "group",
-    "GroupConsumer": "group",
-    "AsyncGroupConsumer": "group_async",
-    "PartitionConfig": "partitions",
-    "PartitionedConsumer": "partitions",
-    "Producer": "producer",
-    "emit": "producer",
-    "emit_async": "producer_async",
-    "Batch": "records",
-    "Handler": "records",
-    "Record": "records",
+    "GroupConfig": "consume.group",
+    "GroupConsumer": "consume.group",
+    "AsyncGroupConsumer": "consume.group_async",
+    "PartitionConfig": "consume.partitions",
+    "PartitionedConsumer": "consume.partitions",
+    "Producer": "produce.producer",
+    "emit": "produce.producer",
+    "emit_async": "produce.producer_async",
+    "Batch": "consume.records",
+    "Handler": "consume.records",
+    "Record": "consume.records",
     "Worker": "runtime",
-    "Streamer": "streamer",
-    "StreamerConfig": "streamer",
+    "Streamer": "stream.streamer",
+    "StreamerConfig": "stream.streamer",
 }
 
 

@@ -10,6 +10,9 @@ from collections.abc import Iterable
 
 from . import dlq, engine
 from .config import Settings
+from .consume.records import load_handler, load_object
+
+__all__ = ["dead_letters", "declare", "enable_wal_capture", "load_handler", "load_object"]
 
 
 def _api(settings: Settings) -> engine.RedisStreams:
@@ -41,3 +44,11 @@ def dead_letters(settings: Settings, stream: str, group: str | None = None) -> l
         return dlq.list_letters(api, stream, group)
     finally:
         api.close()
+
+
+def enable_wal_capture(settings: Settings) -> None:
+    """Switch the database to WAL capture mode, as ``unilog capture wal`` does (see :func:`unilog.stream.capture.
+    enable_wal`): no streamer may run meanwhile."""
+    from .stream.capture import enable_wal
+
+    enable_wal(settings)

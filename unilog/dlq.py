@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import engine, store
+from .consume.records import REPLAY_FOR, REPLAY_OF, replay_owner
 from .errors import ConfigurationError
-from .records import REPLAY_FOR, REPLAY_OF, replay_owner
 
 
 @dataclass(frozen=True)

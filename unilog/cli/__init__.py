@@ -20,6 +20,7 @@ from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
 from .. import __version__
+from ..consume.records import Handler
 from ..errors import (
     CaptureLost,
     ConfigurationError,
@@ -36,7 +37,6 @@ from ..errors import (
     UnilogError,
 )
 from ..log import configure_logging
-from ..records import Handler
 from ..runtime import FATAL, fatal
 from . import capture, consume, consumers, dlq, migrate, observe, pipeline, security, streamer, streams
 from .common import ExitCode, common_args

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import sys
 import threading
 from collections.abc import Callable
 from enum import IntEnum
@@ -69,12 +68,6 @@ def redis_api(settings: Settings) -> engine.RedisStreams:
     client = engine.connect(settings.redis_url)
     engine.ping(client, settings.redis_url)
     return engine.RedisStreams(client)
-
-
-def importable_from_cwd() -> None:
-    """Like ``python -m``, find the user's modules (handlers, models) in the working directory."""
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
 
 
 def run_until_signalled(loop: Callable[[threading.Event], None]) -> None:

@@ -10,15 +10,14 @@ import sys
 from typing import Any
 
 from ..config import Settings
+from ..consume.records import Handler
 from ..consume.settings import add_arguments, from_arguments
 from ..errors import ConfigurationError
-from ..records import Handler
 from .common import (
     ExitCode,
     connection_args,
     fault_args,
     faults_from,
-    importable_from_cwd,
     metrics_args,
     positive_int,
     run_until_signalled,
@@ -28,9 +27,8 @@ from .common import (
 
 
 def cmd_consume(args: argparse.Namespace) -> int:
-    from ..records import load_handler
+    from ..consume.records import load_handler
 
-    importable_from_cwd()
     return run_consumer(args, load_handler(args.handler))
 
 
@@ -58,7 +56,7 @@ def _run_async(args: argparse.Namespace, settings: Settings, handler: Any) -> in
     stop event, so the batch in progress finishes and commits."""
     import asyncio
 
-    from ..consumer_async import AsyncConsumer
+    from ..consume.consumer_async import AsyncConsumer
 
     consumer: Any
     if args.partitioned:
@@ -67,7 +65,7 @@ def _run_async(args: argparse.Namespace, settings: Settings, handler: Any) -> in
             "workers are not available yet: use a synchronous handler with --partitioned"
         )
     if args.group:
-        from ..group_async import AsyncGroupConsumer
+        from ..consume.group_async import AsyncGroupConsumer
 
         consumer = AsyncGroupConsumer(
             settings, _group_config(args, not args.exit_on_crash), handler, faults=faults_from(args)
@@ -96,9 +94,9 @@ def _run_async(args: argparse.Namespace, settings: Settings, handler: Any) -> in
 
 
 def _make_worker(args: argparse.Namespace, settings: Settings, handler: Handler) -> Any:
-    from ..consumer import Consumer
-    from ..group import GroupConsumer
-    from ..partitions import PartitionedConsumer
+    from ..consume.consumer import Consumer
+    from ..consume.group import GroupConsumer
+    from ..consume.partitions import PartitionedConsumer
 
     if args.group:
         config = _group_config(args, not args.exit_on_crash)

@@ -6,7 +6,7 @@ import argparse
 from typing import Any, cast
 
 from .. import store
-from .common import ExitCode, connection_args, importable_from_cwd, redis_api, settings_from
+from .common import ExitCode, connection_args, redis_api, settings_from
 
 
 def cmd_consumer_register(args: argparse.Namespace) -> int:
@@ -41,7 +41,7 @@ def _checkpoint_stream(conn: Any, name: str, default: str) -> str:
 
 
 def cmd_consumer_reset(args: argparse.Namespace) -> int:
-    from ..resets import reset_checkpoint
+    from ..consume.resets import reset_checkpoint
 
     settings = settings_from(args)
     api = redis_api(settings)
@@ -55,10 +55,9 @@ def cmd_consumer_reset(args: argparse.Namespace) -> int:
 
 
 def cmd_consumer_rebuild(args: argparse.Namespace) -> int:
-    from ..consumer import Consumer, ConsumerConfig, load_handler
-    from ..resets import reset_checkpoint
+    from ..consume.consumer import Consumer, ConsumerConfig, load_handler
+    from ..consume.resets import reset_checkpoint
 
-    importable_from_cwd()
     handler, reset_state = load_handler(args.handler), cast(Any, load_handler(args.reset_state))
     settings = settings_from(args)
     api = redis_api(settings)

@@ -8,7 +8,7 @@ import os
 from typing import Any
 
 from ..errors import ConfigurationError
-from .common import ExitCode, connection_args, importable_from_cwd, positive_int, settings_from, spark_args
+from .common import ExitCode, connection_args, positive_int, settings_from, spark_args
 
 
 def _spark(args: argparse.Namespace, app: str) -> Any:
@@ -19,10 +19,9 @@ def _spark(args: argparse.Namespace, app: str) -> Any:
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
+    from ..consume.records import load_object
     from ..reconcile import reconcile
-    from ..records import load_object
 
-    importable_from_cwd()
     settings = settings_from(args)
     if not args.model:
         raise ConfigurationError(

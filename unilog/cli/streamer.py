@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..streamer import StreamerConfig
+from ..stream.streamer import StreamerConfig
 from .common import (
     ExitCode,
     connection_args,
@@ -20,7 +20,7 @@ from .common import (
 
 
 def cmd_streamer(args: argparse.Namespace) -> int:
-    from ..streamer import Streamer
+    from ..stream.streamer import Streamer
 
     settings = settings_from(args)
     config = StreamerConfig(

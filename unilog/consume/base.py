@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import UnilogError
-from ..records import Record
 from ..runtime import FATAL, TRANSIENT
 from ..store.groups import Identity
+from .records import Record
 from .settings import (  # noqa: F401 - where both faces import them from
     POISON_POLICIES,
     ConsumerConfig,

@@ -22,11 +22,11 @@ from urllib.parse import quote
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
 from ..config import Settings
-from ..consumer import Consumer, ConsumerConfig
+from ..consume.consumer import Consumer, ConsumerConfig
+from ..consume.records import Handler
 from ..errors import ConfigurationError, NotInTransaction
 from ..faults import NO_FAULTS, Faults
-from ..producer import Producer, _default, raise_if_schema_missing
-from ..records import Handler
+from ..produce.producer import Producer, _default, raise_if_schema_missing
 from ..runtime import Links
 from ..store import INSERT_STAGED, check_schema
 

@@ -30,14 +30,14 @@ from ...config import Settings
 from ...engine.aio import AsyncRedisStreams, Entry
 from ...errors import ConfigurationError, MalformedEntry, PoisonRecord, UnilogError
 from ...faults import NO_FAULTS, Faults
-from ...progress import RewindWatch, Rules, keep_held, sort_batch
-from ...records import REPLAY_OF, AsyncHandler, Batch, Record, replay_owner
 from ...runtime import account_batch
 from ...runtime_async import AsyncLinks, AsyncWorker
 from ...store import aio as store
 from ...store.checkpoints import Checkpoint
 from ...wire import to_str
 from ..base import ConsumerConfig, ConsumeResult, describe, is_handler_failure
+from ..progress import RewindWatch, Rules, keep_held, sort_batch
+from ..records import REPLAY_OF, AsyncHandler, Batch, Record, replay_owner
 
 log = structlog.get_logger("unilog.consumer")
 

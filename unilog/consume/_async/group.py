@@ -14,7 +14,7 @@ worker and the attempt count, then acknowledged. It never stalls the group and i
 lists, shows, replays (after a fix) or drops it. An entry that is not a unilog record is dead-lettered at once, with
 the reason it could not be decoded.
 
-Groups do not keep order between records; use partitions (:mod:`unilog.partitions`) when records with the same
+Groups do not keep order between records; use partitions (:mod:`unilog.consume.partitions`) when records with the same
 key must be handled in order.
 
 One source, two faces: :class:`unilog.AsyncGroupConsumer` is written here, and the threaded
@@ -34,12 +34,12 @@ from ...config import Settings
 from ...engine.aio import Entry
 from ...errors import MalformedEntry
 from ...faults import NO_FAULTS, Faults
-from ...records import REPLAY_FOR, AsyncHandler, Batch, Record, replay_owner
 from ...runtime import FATAL, TRANSIENT, account_batch
 from ...runtime_async import AsyncLinks, AsyncWorker
 from ...store import aio as store
 from ...wire import to_str
 from ..base import GroupConfig, GroupResult, candidates, default_worker_name
+from ..records import REPLAY_FOR, AsyncHandler, Batch, Record, replay_owner
 
 log = structlog.get_logger("unilog.group")
 

@@ -31,13 +31,13 @@ from ...config import Settings
 from ...engine.sync import Entry, RedisStreams
 from ...errors import ConfigurationError, MalformedEntry, PoisonRecord, UnilogError
 from ...faults import NO_FAULTS, Faults
-from ...progress import RewindWatch, Rules, keep_held, sort_batch
-from ...records import REPLAY_OF, Batch, Handler, Record, replay_owner
 from ...runtime import Links, Worker, account_batch
 from ...store import sync as store
 from ...store.checkpoints import Checkpoint
 from ...wire import to_str
 from ..base import ConsumerConfig, ConsumeResult, describe, is_handler_failure
+from ..progress import RewindWatch, Rules, keep_held, sort_batch
+from ..records import REPLAY_OF, Batch, Handler, Record, replay_owner
 
 log = structlog.get_logger("unilog.consumer")
 

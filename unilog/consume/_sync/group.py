@@ -15,7 +15,7 @@ worker and the attempt count, then acknowledged. It never stalls the group and i
 lists, shows, replays (after a fix) or drops it. An entry that is not a unilog record is dead-lettered at once, with
 the reason it could not be decoded.
 
-Groups do not keep order between records; use partitions (:mod:`unilog.partitions`) when records with the same
+Groups do not keep order between records; use partitions (:mod:`unilog.consume.partitions`) when records with the same
 key must be handled in order.
 
 One source, two faces: :class:`unilog.AsyncGroupConsumer` is written here, and the threaded
@@ -35,11 +35,11 @@ from ...config import Settings
 from ...engine.sync import Entry
 from ...errors import MalformedEntry
 from ...faults import NO_FAULTS, Faults
-from ...records import REPLAY_FOR, Batch, Handler, Record, replay_owner
 from ...runtime import FATAL, TRANSIENT, Links, Worker, account_batch
 from ...store import sync as store
 from ...wire import to_str
 from ..base import GroupConfig, GroupResult, candidates, default_worker_name
+from ..records import REPLAY_FOR, Batch, Handler, Record, replay_owner
 
 log = structlog.get_logger("unilog.group")
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import structlog
 
+from unilog.admin import load_handler, load_object
 from unilog.errors import ConfigurationError, UnilogError
-from unilog.records import load_handler, load_object
 
 from ..app import App
 from .history import HistoryWriter
@@ -115,8 +115,6 @@ def consume_main(argv: Sequence[str] | None = None) -> int:
     from unilog import cli
 
     args, rest = _wrapper_args("python -m unilog.harness.chaos consume", argv)
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # like `python -m`: the handler under test may live in the working directory
     try:
         if not args.handler:
             raise ConfigurationError("give --handler module:function, the handler under test")

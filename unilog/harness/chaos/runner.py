@@ -19,10 +19,8 @@ from typing import Any, TextIO
 from urllib.parse import urlsplit
 
 from unilog import admin
-from unilog.capture import enable_wal
 from unilog.config import Settings
 from unilog.errors import ConfigurationError, UnilogError
-from unilog.records import load_handler
 from unilog.status import collect_status
 
 from ..app import App, spark_available
@@ -85,7 +83,9 @@ class ChaosConfig:
     spark: bool | None = None  # None: when pyspark and Java are installed
     redis_cluster: bool = False
     api: str = "flask"  # or "fastapi": the app's ASGI API under uvicorn (App.api_argv)
-    capture: str = "table"  # or "wal": the streamers read the staged records from a logical slot (unilog.capture)
+    capture: str = (
+        "table"  # or "wal": the streamers read the staged records from a logical slot (unilog.stream.capture)
+    )
 
     def use_spark(self, app: App) -> bool:
         if app.spark_consumer is None:
@@ -138,11 +138,9 @@ def run_chaos(
     """Run ``app``'s fleet under the seeded fault schedule, heal, quiesce, check; print a summary; write the report."""
     out = out or sys.stdout
     stop = stop or threading.Event()
-    for path in (os.getcwd(), *config.pythonpath):
-        if path not in sys.path:
-            sys.path.insert(0, path)  # where the handler under test lives, as for the fleet's processes
     handler = config.handler or app.default_handler
-    load_handler(handler)  # fail now, not in every consumer process
+    # fail now, not in every consumer process; found where the fleet's processes find it
+    admin.load_handler(handler, search=[os.getcwd(), *config.pythonpath])
     compare = handler == app.default_handler if config.compare_states is None else config.compare_states
     log_dir = Path(config.log_dir) if config.log_dir else Path(tempfile.mkdtemp(prefix=f"unilog-chaos-{config.seed}-"))
     report: dict[str, Any] = {
@@ -218,7 +216,7 @@ def _prepare(app: App, config: ChaosConfig, servers: _Servers) -> None:
         )
     admin.declare(settings, app.stream, consumers=consumers, groups=[app.group])
     if config.capture == "wal":
-        enable_wal(settings)
+        admin.enable_wal_capture(settings)
 
 
 def _run(

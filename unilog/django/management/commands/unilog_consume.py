@@ -15,9 +15,9 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from unilog.consumer import ConsumerConfig
+from unilog.consume.consumer import ConsumerConfig
+from unilog.consume.records import load_handler
 from unilog.errors import UnilogError
-from unilog.records import load_handler
 
 
 class Command(BaseCommand):

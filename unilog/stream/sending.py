@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import structlog
 
-from . import engine, store
-from .errors import PublishError
+from .. import engine, store
+from ..errors import PublishError
 
 log = structlog.get_logger(__name__)
 

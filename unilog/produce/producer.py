@@ -19,10 +19,10 @@ from psycopg.pq import TransactionStatus
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
-from . import tracing
-from .config import validate_stream_name
-from .errors import InvalidRecord, NotInTransaction, PayloadNotSerializable, PayloadTooLarge, SchemaMissing
-from .store import INSERT_STAGED
+from .. import tracing
+from ..config import validate_stream_name
+from ..errors import InvalidRecord, NotInTransaction, PayloadNotSerializable, PayloadTooLarge, SchemaMissing
+from ..store import INSERT_STAGED
 
 DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20
 

@@ -10,8 +10,8 @@ from typing import Any
 import psycopg
 import structlog
 
-from . import engine, store
-from .errors import ConfigurationError
+from .. import engine, store
+from ..errors import ConfigurationError
 from .records import Record
 
 log = structlog.get_logger(__name__)

@@ -7,7 +7,7 @@ the records a group may not have applied yet live in :mod:`unilog.consume.base`.
 
 from __future__ import annotations
 
-from .consume._sync.group import GroupConsumer
-from .consume.base import GroupConfig, GroupResult, candidates, default_worker_name
+from ._sync.group import GroupConsumer
+from .base import GroupConfig, GroupResult, candidates, default_worker_name
 
 __all__ = ["GroupConfig", "GroupConsumer", "GroupResult", "candidates", "default_worker_name"]

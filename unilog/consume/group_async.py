@@ -7,6 +7,6 @@ an ``async def`` handler.
 
 from __future__ import annotations
 
-from .consume._async.group import AsyncGroupConsumer
+from ._async.group import AsyncGroupConsumer
 
 __all__ = ["AsyncGroupConsumer"]

@@ -1,6 +1,6 @@
 """Commit-order capture: switching a database between the streamer's table mode and its WAL mode, and reading the
-mode's state. The WAL pass itself is :class:`unilog.capture_wal.WalCapture` (re-exported here), table mode's
-:class:`unilog.capture_table.TableCapture`.
+mode's state. The WAL pass itself is :class:`unilog.stream.capture_wal.WalCapture` (re-exported here), table mode's
+:class:`unilog.stream.capture_table.TableCapture`.
 
 In WAL mode producers still insert into ``staged_log_records`` in their own transaction; the streamer reads the
 committed inserts from a logical replication slot (Postgres's ``pgoutput``), in commit order, so an open or idle
@@ -33,11 +33,11 @@ from typing import Any
 import psycopg
 import structlog
 
-from . import store
+from .. import store
+from ..config import Settings
+from ..errors import ConfigurationError
+from ..store.wal import CaptureSlot
 from .capture_wal import WalCapture
-from .config import Settings
-from .errors import ConfigurationError
-from .store.wal import CaptureSlot
 from .streamer import Streamer, StreamerConfig
 
 __all__ = ["WalCapture", "capture_status", "disable_wal", "enable_wal", "in_doubt", "settle"]

@@ -11,8 +11,8 @@ from typing import Any
 import psycopg
 import structlog
 
-from . import store
-from .errors import HorizonHeld
+from .. import store
+from ..errors import HorizonHeld
 
 log = structlog.get_logger(__name__)
 

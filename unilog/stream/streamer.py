@@ -1,10 +1,11 @@
 """The streamer: moves committed staged records from Postgres into Redis Streams, in batches.
 
-The streamer is the process around a capture (:class:`unilog.publisher.Capture`), which reads and publishes the
+The streamer is the process around a capture (:class:`unilog.stream.publisher.Capture`), which reads and publishes the
 records: it manages the connections, reads the database's capture mode when a Postgres session opens and picks the
-capture (table mode, :class:`~unilog.capture_table.TableCapture`; WAL mode,
-:class:`~unilog.capture_wal.WalCapture`: see :mod:`unilog.capture`), runs retention, waits between passes and drains.
-Its :class:`~unilog.publisher.Publisher`, made once and handed to each capture, holds what every capture shares.
+capture (table mode, :class:`~unilog.stream.capture_table.TableCapture`; WAL mode,
+:class:`~unilog.stream.capture_wal.WalCapture`: see :mod:`unilog.stream.capture`), runs retention, waits between
+passes and drains.
+Its :class:`~unilog.stream.publisher.Publisher`, made once and handed to each capture, holds what every capture shares.
 
 Guarantees (each capture's module states how it keeps them):
 
@@ -31,15 +32,16 @@ from typing import Any
 import psycopg
 import structlog
 
-from . import engine, retention, store
+from .. import engine, store
+from ..config import Settings, validate_stream_name
+from ..errors import PublishError, UnilogError
+from ..faults import NO_FAULTS, Faults
+from ..routing import partition_stream
+from ..runtime import TRANSIENT, Links, Worker
+from . import retention
 from .capture_table import TableCapture
 from .capture_wal import WalCapture
-from .config import Settings, validate_stream_name
-from .errors import PublishError, UnilogError
-from .faults import NO_FAULTS, Faults
 from .publisher import BatchResult, Capture, Publisher
-from .routing import partition_stream
-from .runtime import TRANSIENT, Links, Worker
 from .waiting import CommitListener, HorizonWatch
 
 log = structlog.get_logger(__name__)
@@ -130,7 +132,9 @@ class Streamer(Worker):
             pipeline_batches=self.config.pipeline_batches,
             streams=self.config.streams,
         )
-        self._wal: WalCapture | None = None  # while the database is in WAL capture mode (switched by unilog.capture)
+        self._wal: WalCapture | None = (
+            None  # while the database is in WAL capture mode (switched by unilog.stream.capture)
+        )
         self._capture: Capture = self._table
         self._mode_known = False  # the capture mode is read once per Postgres session
         poll = (self.config.horizon_poll, self.config.horizon_poll_max)  # also while it may not sleep yet
@@ -212,7 +216,7 @@ class Streamer(Worker):
     def _capture_mode(self, conn: psycopg.Connection[Any]) -> Capture:
         """The capture of the database's mode: WAL mode's if the database has a capture slot, else table mode's;
         read when a Postgres session opens (`unilog capture wal|table` switch only while no streamer runs, see
-        :mod:`unilog.capture`)."""
+        :mod:`unilog.stream.capture`)."""
         if self._mode_known:
             return self._capture
         self._mode_known = True
@@ -304,7 +308,7 @@ class Streamer(Worker):
 
     def trim(self, stream: str) -> int:
         """Trim ``stream`` behind its consumers and groups (and to the hard cap, if set); return entries removed
-        (see :func:`unilog.retention.trim`)."""
+        (see :func:`unilog.stream.retention.trim`)."""
         return retention.trim(self._engine(), stream, self.config.max_len)
 
     # -- the loop ----------------------------------------------------------------------------------------------------

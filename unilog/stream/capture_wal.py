@@ -2,7 +2,7 @@
 (Postgres's ``pgoutput``), published, their staged rows deleted by id, then confirmed to the slot.
 
 Producers still insert into ``staged_log_records`` in their own transaction; an open or idle transaction delays only
-its own records. Guarantees, as in table mode (the mode switches are :mod:`unilog.capture`'s):
+its own records. Guarantees, as in table mode (the mode switches are :mod:`unilog.stream.capture`'s):
 
 * **Dense positions in commit order.** Each target stream's records get ``seq`` 1, 2, 3, ... in the order their
   transactions committed.
@@ -26,11 +26,11 @@ from typing import Any
 import psycopg
 import structlog
 
-from . import routing, store
-from .errors import ConfigurationError, PublishError
+from .. import routing, store
+from ..errors import ConfigurationError, PublishError
+from ..store.pgoutput import Decoder, WalRow, WalTransaction
+from ..store.wal import CaptureSlot, ReplicationStream, SlotBusy
 from .publisher import BatchResult, Capture, Publisher
-from .store.pgoutput import Decoder, WalRow, WalTransaction
-from .store.wal import CaptureSlot, ReplicationStream, SlotBusy
 
 log = structlog.get_logger(__name__)
 
@@ -38,7 +38,7 @@ MAX_MESSAGES = 50_000  # messages taken from the socket per read: bounds a pass'
 
 
 class WalCapture:
-    """WAL mode's passes for one streamer over its database's slot (a :class:`~unilog.publisher.Capture`).
+    """WAL mode's passes for one streamer over its database's slot (a :class:`~unilog.stream.publisher.Capture`).
     ``predrain`` is the table-mode capture that publishes the rows staged before the slot existed; ``conninfo``
     and ``timeout`` open the slot's replication session. Not thread-safe."""
 

@@ -6,8 +6,8 @@
 
 from __future__ import annotations
 
-from .consume._sync.checkpoint import Consumer
-from .consume.base import POISON_POLICIES, ConsumerConfig, ConsumeResult, describe, is_handler_failure
+from ._sync.checkpoint import Consumer
+from .base import POISON_POLICIES, ConsumerConfig, ConsumeResult, describe, is_handler_failure
 from .records import Batch, Handler, Record, load_handler, load_object
 from .resets import positions_through, reset_checkpoint
 

@@ -1,8 +1,8 @@
 """A checkpoint consumer's rules, with no I/O: which entries of a batch it applies, and when it stops instead of
 skipping (a gap in a producer's positions, a stream that ends below the checkpoint).
 
-The threaded :class:`~unilog.consumer.Consumer` and the asyncio :class:`~unilog.consumer_async.AsyncConsumer` both
-apply a batch through :func:`sort_batch` and :func:`keep_held` and watch for rewinds with :class:`RewindWatch`, so
+The threaded :class:`~unilog.Consumer` and the asyncio :class:`~unilog.AsyncConsumer` both apply a batch
+through :func:`sort_batch` and :func:`keep_held` and watch for rewinds with :class:`RewindWatch`, so
 the two cannot drift apart on what "exactly once" means.
 """
 
@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from . import engine
-from .errors import MalformedEntry, StreamGap, StreamRewound
+from .. import engine
+from ..errors import MalformedEntry, StreamGap, StreamRewound
+from ..store import Checkpoint
 from .records import REPLAY_FOR, Record
-from .store import Checkpoint
 
 log = structlog.get_logger(__name__)
 

@@ -2,8 +2,8 @@
 returns (:class:`BatchResult`), and the :class:`Publisher` every capture publishes through.
 
 A capture reads committed staged records from one source and publishes them: table mode
-(:class:`unilog.capture_table.TableCapture`, the staging table below the visibility horizon), WAL mode
-(:class:`unilog.capture_wal.WalCapture`, a logical slot in commit order). The streamer creates one
+(:class:`unilog.stream.capture_table.TableCapture`, the staging table below the visibility horizon), WAL mode
+(:class:`unilog.stream.capture_wal.WalCapture`, a logical slot in commit order). The streamer creates one
 :class:`Publisher` and hands it to each capture it makes; the publisher holds what must be the same whichever
 capture runs, and outlives a switch between them:
 
@@ -25,9 +25,10 @@ from typing import Any, Protocol
 import psycopg
 import structlog
 
-from . import engine, metrics, sending, store
-from .errors import ConfigurationError
-from .faults import Faults
+from .. import engine, metrics, store
+from ..errors import ConfigurationError
+from ..faults import Faults
+from . import sending
 
 log = structlog.get_logger(__name__)
 
@@ -187,7 +188,7 @@ class Publisher:
         self, targets: dict[str, engine.Packed], identity: store.ProducerIdentity, first: dict[str, int]
     ) -> int:
         """Append each target's payload at positions from ``first[target]``; return the entries Redis appended.
-        Raises :class:`~unilog.errors.PublishError` unless Redis confirmed each (see :func:`unilog.sending.send`)."""
+        Raises :class:`~unilog.errors.PublishError` unless Redis confirmed each (:func:`unilog.stream.sending.send`)."""
         appended = 0
         for target, payload in targets.items():
             appended += self._send(target, identity, first[target], payload, dedupe=True).appended

@@ -8,7 +8,7 @@ The contract is :class:`~unilog.Consumer`'s, pass for pass, because both faces a
 
 from __future__ import annotations
 
-from .consume._async.checkpoint import AsyncConsumer
+from ._async.checkpoint import AsyncConsumer
 from .records import AsyncHandler
 
 __all__ = ["AsyncConsumer", "AsyncHandler"]

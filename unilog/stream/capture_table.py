@@ -1,7 +1,7 @@
 """Table mode, the streamer's default capture: staged rows read below the transaction-visibility horizon, in
 (xid, id) order, published, then deleted.
 
-Guarantees (with :class:`unilog.publisher.Publisher`, which holds the stream locks and positions):
+Guarantees (with :class:`unilog.stream.publisher.Publisher`, which holds the stream locks and positions):
 
 * **Nothing committed is skipped.** Records are read only below the transaction-visibility horizon, in (xid, id)
   order (see :func:`unilog.store.fetch_visible`), so a transaction that commits late is published after, never
@@ -24,8 +24,8 @@ from typing import Any
 import psycopg
 import structlog
 
-from . import engine, routing, store, tracing
-from .errors import PublishError
+from .. import engine, routing, store, tracing
+from ..errors import PublishError
 from .publisher import BatchResult, Publisher
 
 log = structlog.get_logger(__name__)
@@ -56,7 +56,7 @@ class _Sent:
 
 
 class TableCapture:
-    """Table mode's passes for one streamer (a :class:`~unilog.publisher.Capture`): at most one batch per owned
+    """Table mode's passes for one streamer (a :class:`~unilog.stream.publisher.Capture`): at most one batch per owned
     source per pass, up to ``pipeline_batches`` of them back to back on a backlog. ``streams`` limits it to these
     target streams (None: every stream with staged records). Not thread-safe: it uses one helper thread of its own
     for Redis while a large backlog drains."""

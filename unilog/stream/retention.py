@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import structlog
 
-from . import engine
+from .. import engine
 
 log = structlog.get_logger(__name__)
 

@@ -12,7 +12,7 @@ and gives back what it holds beyond it. Because a partition is applied from its 
 owns it, and the checkpoint row is locked while a batch applies, a key's records are applied in stream order,
 exactly once, across ownership changes.
 
-Choosing: a consumer group (:mod:`unilog.group`) spreads records over workers one by one, with no order between
+Choosing: a consumer group (:mod:`unilog.consume.group`) spreads records over workers one by one, with no order between
 them, and recovers a dead worker's records after ``claim_idle_ms``; partitions keep per-key order, recover at once,
 but parallelism is capped at P and a slow key slows its whole partition. Like Kafka partitions: pick partitions
 when order per aggregate matters, groups when it does not.
@@ -29,14 +29,14 @@ from typing import Any
 
 import structlog
 
-from . import store
-from .config import Settings
-from .consume.settings import PartitionConfig, default_worker_name
+from .. import store
+from ..config import Settings
+from ..errors import ConfigurationError
+from ..faults import NO_FAULTS, Faults
+from ..routing import partition_of, partition_stream
+from ..runtime import TRANSIENT, Links, Worker
 from .consumer import Consumer, Handler
-from .errors import ConfigurationError
-from .faults import NO_FAULTS, Faults
-from .routing import partition_of, partition_stream
-from .runtime import TRANSIENT, Links, Worker
+from .settings import PartitionConfig, default_worker_name
 
 __all__ = ["PartitionConfig", "PartitionedConsumer", "partition_of", "partition_stream"]
 

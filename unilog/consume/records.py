@@ -10,13 +10,18 @@ that consumer or group applies it; every other one skips it, as it already appli
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
+import importlib.util
 import json
+import os
+import sys
 from collections.abc import Awaitable, Callable, Iterator, Sequence
+from types import ModuleType
 from typing import Any, cast
 
 import psycopg
 
-from .errors import HandlerNotFound, InjectedCrash, MalformedEntry
+from ..errors import HandlerNotFound, InjectedCrash, MalformedEntry
 
 _NO_DATA = object()
 
@@ -106,7 +111,7 @@ class Record:
     def trace_context(self) -> Any:
         """The producer's OpenTelemetry context, to continue its trace (``tracer.start_as_current_span(...,
         context=record.trace_context())``) or link to it; None without OpenTelemetry or a traceparent."""
-        from .tracing import context_of
+        from ..tracing import context_of
 
         return context_of(self.traceparent, self.tracestate)
 
@@ -166,15 +171,19 @@ def check_malformed_policy(policy: str) -> None:
         raise ValueError(f"on_malformed must be one of {', '.join(MALFORMED_POLICIES)}, not {policy!r}")
 
 
-def load_object(ref: str) -> Any:
-    """Import ``module:attribute`` (or ``module.attribute``) and return the attribute."""
+def load_object(ref: str, search: Sequence[str] | None = None) -> Any:
+    """Import ``module:attribute`` (or ``module.attribute``) and return the attribute.
+
+    A top-level package or module that is not importable is looked for in ``search`` (default: the working
+    directory, as ``python -m`` finds it) and imported from there, without changing ``sys.path``; modules it
+    imports by their own top-level names must then be importable (installed, or on ``PYTHONPATH``)."""
     module_name, sep, attr = ref.partition(":")
     if not sep:
         module_name, _, attr = ref.rpartition(".")
     if not module_name or not attr:
         raise HandlerNotFound(f"{ref!r} must look like package.module:name")
     try:
-        module = importlib.import_module(module_name)
+        module = _import(module_name, [os.getcwd()] if search is None else list(search))
     except ImportError as exc:
         raise HandlerNotFound(f"cannot import {module_name!r} for {ref!r}: {exc}") from None
     if not hasattr(module, attr):
@@ -182,9 +191,25 @@ def load_object(ref: str) -> Any:
     return getattr(module, attr)
 
 
-def load_handler(ref: str) -> Handler:
-    """Import ``module:function`` (or ``module.function``) and return the handler."""
-    handler = load_object(ref)
+def _import(module_name: str, search: list[str]) -> ModuleType:
+    """``importlib.import_module``, with the top-level name found in ``search`` if it is not importable."""
+    top = module_name.partition(".")[0]
+    if top not in sys.modules and importlib.util.find_spec(top) is None:
+        spec = importlib.machinery.PathFinder.find_spec(top, search)
+        if spec is not None and spec.loader is not None:
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[top] = module
+            try:
+                spec.loader.exec_module(module)
+            except BaseException:
+                del sys.modules[top]
+                raise
+    return importlib.import_module(module_name)
+
+
+def load_handler(ref: str, search: Sequence[str] | None = None) -> Handler:
+    """Import ``module:function`` (or ``module.function``) and return the handler (see :func:`load_object`)."""
+    handler = load_object(ref, search)
     if not callable(handler):
         raise HandlerNotFound(f"{ref!r} is not callable: a handler is a function (conn, records)")
     return cast(Handler, handler)

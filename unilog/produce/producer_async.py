@@ -13,8 +13,8 @@ from typing import Any
 
 import psycopg
 
+from ..store import INSERT_STAGED
 from .producer import Producer, StagedParams, _default, raise_if_schema_missing, require_transaction
-from .store import INSERT_STAGED
 
 try:  # SQLAlchemy's asyncio layer needs greenlet ("sqlalchemy[asyncio]"); without it only psycopg handles work
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
