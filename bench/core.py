@@ -44,28 +44,44 @@ class Profile:
     slice_seconds: float = 0.5  # produce_clients: one variant's slice of a round
     slice_rounds: int = 40
     commits_size: int = 100_000  # commits: single-record transactions through a fleet with a standby streamer
+    side_reps: int | None = None  # rounds of the variants no target reads (None: every round)
+    observe_reps: int | None = None  # observe's rounds (None: drain_reps, consume_reps)
+    shards_reps: int | None = None  # shards' rounds (None: drain_reps)
+    spark_batches: tuple[int, ...] = (20_000, 50_000, 100_000)  # the Spark throughput trials' maxEntriesPerBatch
+    spark_latency_rates: tuple[int, ...] | None = None  # the Spark latency trials' rates (None: latency_rates)
+    curve_variants: tuple[str, ...] = ("table", "table, idle 2s", "wal", "wal, idle 2s")
 
 
+# Within about 5 minutes on 2 cores: every workload runs, every target ratio over at least 2 paired rounds; the
+# variants no target reads run one round, Spark only its 100,000-entry batches, the curves table and WAL mode only.
 QUICK = Profile(
     name="quick",
-    drain_sizes=(100_000,),
-    drain_reps=3,
-    streams_size=100_000,
-    streams_reps=2,
+    drain_sizes=(50_000,),
+    drain_reps=2,
+    streams_size=50_000,
+    streams_reps=1,
     latency_rates=(20, 500),
-    latency_seconds=10.0,
+    latency_seconds=5.0,
     latency_reps=1,
-    produce_seconds=3.0,
-    produce_reps=4,
-    consume_size=100_000,
-    consume_reps=3,
-    memory_size=200_000,
-    spark_size=400_000,  # the 100,000-entry batches: three measured after the warm-up batch
-    spark_reps=1,
+    produce_seconds=1.5,
+    produce_reps=2,
+    consume_size=50_000,
+    consume_reps=2,
+    memory_size=100_000,
+    spark_size=200_000,  # the warm-up batch, then one measured 100,000-entry batch
+    spark_reps=2,
     spark_latency_seconds=10.0,
-    curve_rates=(100, 1_000, 5_000, 10_000),
-    curve_seconds=4.0,
-    slice_rounds=16,
+    curve_rates=(100, 1_000, 3_000),
+    curve_seconds=2.0,
+    slice_seconds=0.2,
+    slice_rounds=4,
+    commits_size=50_000,
+    side_reps=1,
+    observe_reps=1,
+    shards_reps=1,
+    spark_batches=(100_000,),
+    spark_latency_rates=(),
+    curve_variants=("table", "wal"),
 )
 
 FULL = Profile(
@@ -163,10 +179,16 @@ def interleaved(
     variants: Sequence[str],
     reps: int,
     trial: Callable[[str], tuple[dict[str, float], dict[str, Any]]],
+    *,
+    core: Sequence[str] = (),
+    side_reps: int | None = None,
 ) -> None:
-    """Run ``trial(variant)`` for every variant, ``reps`` times, in the order A B C A B C ..."""
+    """Run ``trial(variant)`` for every variant, ``reps`` times, in the order A B C A B C ...; with ``side_reps``,
+    the variants not in ``core`` (no target reads them) only in the first ``side_reps`` rounds."""
     for rep in range(reps):
         for variant in variants:
+            if core and side_reps is not None and rep >= side_reps and variant not in core:
+                continue
             metrics, notes = trial(variant)
             results.add(Measurement(workload, case, variant, rep, metrics, notes))
 

@@ -62,10 +62,11 @@ def knee(points: list[tuple[int, dict[str, float]]], metric: str) -> int | None:
 
 def run_curves(env: BenchEnv, profile: Profile, results: Results) -> None:
     rates, seconds = profile.curve_rates, profile.curve_seconds
-    log(f"curves: {', '.join(VARIANTS)} at {', '.join(map(str, rates))} records/s offered, {seconds:g} s each")
-    points: dict[str, list[tuple[int, dict[str, float]]]] = {v: [] for v in VARIANTS}
+    variants = profile.curve_variants
+    log(f"curves: {', '.join(variants)} at {', '.join(map(str, rates))} records/s offered, {seconds:g} s each")
+    points: dict[str, list[tuple[int, dict[str, float]]]] = {v: [] for v in variants}
     for rate in rates:
-        for variant in VARIANTS:  # interleaved per rate, so drift spreads over the variants alike
+        for variant in variants:  # interleaved per rate, so drift spreads over the variants alike
             metrics, notes = curve_point(env, variant, rate, seconds)
             results.add(Measurement("curves", f"{rate:,}/s offered", variant, 0, metrics, notes))
             points[variant].append((rate, metrics))

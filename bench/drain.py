@@ -152,6 +152,8 @@ def run_drain(env: BenchEnv, profile: Profile, results: Results) -> None:
             DRAIN_VARIANTS,
             profile.drain_reps,
             lambda v, size=size: drain_trial(env, v, size),  # type: ignore[misc]
+            core=("unilog", "reference", "pg_only"),
+            side_reps=profile.side_reps,
         )
 
 

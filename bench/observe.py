@@ -92,13 +92,14 @@ def _prefill(urls: Urls) -> int:
 
 def run_observe(env: BenchEnv, profile: Profile, results: Results) -> None:
     size = profile.drain_sizes[0]
-    log(f"observe: drain {size:,} records, {profile.drain_reps} rounds of {', '.join(VARIANTS)}")
+    drain_reps, consume_reps = profile.observe_reps or profile.drain_reps, profile.observe_reps or profile.consume_reps
+    log(f"observe: drain {size:,} records, {drain_reps} rounds of {', '.join(VARIANTS)}")
     interleaved(
         results,
         "observe-drain",
         f"{size:,} records",
         VARIANTS,
-        profile.drain_reps,
+        drain_reps,
         lambda v: drain_trial(env, v, size),
     )
     size = profile.consume_size
@@ -106,12 +107,12 @@ def run_observe(env: BenchEnv, profile: Profile, results: Results) -> None:
     env.stage(size)
     in_fresh_process(_prefill, env.urls)
     env.compact_aof()
-    log(f"observe: consume {size:,} entries, {profile.consume_reps} rounds of {', '.join(VARIANTS)}")
+    log(f"observe: consume {size:,} entries, {consume_reps} rounds of {', '.join(VARIANTS)}")
     interleaved(
         results,
         "observe-consume",
         f"{size:,} entries",
         VARIANTS,
-        profile.consume_reps,
+        consume_reps,
         lambda v: consume_trial(env, v, size),
     )

@@ -125,6 +125,8 @@ def run_produce(env: BenchEnv, profile: Profile, results: Results) -> None:
         VARIANTS,
         profile.produce_reps,
         lambda v: produce_trial(env, v, profile.produce_seconds),
+        core=("with emit", "without emit"),
+        side_reps=profile.side_reps,
     )
 
 

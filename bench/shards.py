@@ -91,13 +91,14 @@ def run_shards(env: BenchEnv, profile: Profile, results: Results) -> None:
         "3 shards": EmbeddedRedisCluster(masters=3, replicas=0).start(),
     }
     try:
-        log(f"shards: {size:,} records over {PARTITIONS} partitions, {profile.drain_reps} rounds of {VARIANTS}")
+        reps = profile.shards_reps or profile.drain_reps
+        log(f"shards: {size:,} records over {PARTITIONS} partitions, {reps} rounds of {VARIANTS}")
         interleaved(
             results,
             "shards",
             f"{size:,} records",
             VARIANTS,
-            profile.drain_reps,
+            reps,
             lambda v: trial(env, clusters, v, size),
         )
     finally:

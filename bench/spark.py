@@ -35,7 +35,6 @@ from .latency import CHECKPOINT_UNILOG, Probes, latency_trial
 CONF = {"spark.sql.shuffle.partitions": "1"}
 TRIGGER = "200 milliseconds"
 BATCH = 20_000  # the demo's maxEntriesPerBatch
-BATCHES = (20_000, 50_000, 100_000)  # the throughput trials' maxEntriesPerBatch: the latency-throughput trade-off
 LATENCY_NAME = "bench-latency"  # the name latency.py's "caught up" check reads (CHECKPOINT_UNILOG)
 assert LATENCY_NAME in CHECKPOINT_UNILOG
 
@@ -195,7 +194,7 @@ def run_spark(env: BenchEnv, profile: Profile, results: Results) -> None:
     env.stage(size)
     in_fresh_process(_prefill, env.urls)
     env.compact_aof()
-    variants = ("python", *(f"spark b{b // 1000}k" for b in BATCHES))
+    variants = ("python", *(f"spark b{b // 1000}k" for b in profile.spark_batches))
     log(f"spark throughput: {profile.spark_reps} rounds of {', '.join(variants)}")
     interleaved(
         results,
@@ -205,7 +204,8 @@ def run_spark(env: BenchEnv, profile: Profile, results: Results) -> None:
         profile.spark_reps,
         lambda v: throughput_trial(env, v, size),
     )
-    for rate in profile.latency_rates:
+    rates = profile.latency_rates if profile.spark_latency_rates is None else profile.spark_latency_rates
+    for rate in rates:
         seconds = profile.spark_latency_seconds
         log(f"spark latency: {rate}/s for {seconds:g} s, {profile.spark_reps} rounds of spark, python")
         interleaved(
