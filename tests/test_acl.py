@@ -4,17 +4,14 @@ refused command or key, and nothing is lost."""
 
 from __future__ import annotations
 
-import shlex
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
-import redis
+from acl_users import acl_users
 from cli import one_line, unilog
 
 from unilog import Settings, emit
@@ -30,36 +27,8 @@ def as_user(settings: Settings, redis_url: str, *args: str) -> subprocess.Comple
 @pytest.fixture
 def users(settings: Settings, rds: Any) -> Iterator[dict[str, str]]:
     """The users `unilog acl` prints for the test's stream, created on the test's Redis; their URLs by kind."""
-    prefix = f"t{uuid.uuid4().hex[:6]}-"
-    printed = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "unilog",
-            "acl",
-            "--streams",
-            settings.stream,
-            "--prefix",
-            prefix,
-            "--password",
-            PASSWORD,
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.splitlines()
-    assert len(printed) == 4
-    try:
-        for line in printed:
-            rds.execute_command(*shlex.split(line))
-    except redis.ResponseError as exc:  # a Redis given by URL whose user may not manage ACLs
-        pytest.skip(f"the test's Redis user may not create ACL users: {exc}")
-    parts = urlsplit(settings.redis_url)
-    host = parts.netloc.rpartition("@")[2]
-    kinds = ("streamer", "consumer", "group", "operator")
-    yield {kind: urlunsplit(parts._replace(netloc=f"{prefix}{kind}:{PASSWORD}@{host}")) for kind in kinds}
-    for kind in kinds:
-        rds.execute_command("ACL", "DELUSER", f"{prefix}{kind}")
+    with acl_users(settings, rds, [settings.stream], PASSWORD) as urls:
+        yield urls
 
 
 def test_each_process_runs_under_its_acl_user_and_is_refused_outside_it(

@@ -4,95 +4,87 @@
 Each user starts from nothing (``reset``) and gets only its commands, on its streams' keys: the stream itself, its
 partitions (``<stream>.p*``), its dead letters and unilog's bookkeeping keys for it. No user gets ``KEYS``,
 ``FLUSH*``, ``CONFIG`` or any other administrative command.
+
+The commands are not listed here: :data:`USES` names the adapter methods each kind of process calls, and each
+method declares the commands it issues, beside its code (``@issues`` in :mod:`unilog.engine`). A new command is
+one edit, in the method's declaration; a kind that starts calling another method is one edit, here.
+``tests/test_acl_commands.py`` runs each kind under its user and checks Redis saw nothing else from it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
+from .engine import RedisStreams as R
+from .engine import connect, ping, raw_pages
+from .engine.commands import commands_of
 from .wire import attempts_key, dlq_key, hwm_key, meta_key, registry_key, workers_key
 
-# Every process: connection checks (INFO: version and loading; PING: health checks; TYPE and EXISTS: one-line errors
-# about keys of another type and missing streams), and MULTI/EXEC for the pipelines that must be atomic.
-_COMMON = ["ping", "info", "type", "exists", "multi", "exec"]
-COMMANDS: dict[str, list[str]] = {
-    # the publish script (EVALSHA; SCRIPT LOAD when Redis forgot it), WAIT for replicas, retention
-    # (the script itself runs XADD, HGET and HSET on the stream's high-water mark, as the calling user)
-    "streamer": [
-        *_COMMON,
-        "evalsha",
-        "script|load",
-        "xadd",
-        "hset",
-        "scan",  # the check for keys in the layout before hash tags
-        "wait",
-        "xtrim",
-        "xinfo|stream",
-        "xinfo|groups",
-        "xpending",
-        "hgetall",
-        "hget",
-        "xrevrange",
-    ],
-    # reads after the checkpoint, retention registration, dead letters, the partitioned workers' heartbeats
-    "consumer": [
-        *_COMMON,
-        "xread",
-        "xrange",
-        "xrevrange",
-        "xinfo|stream",
-        "xlen",
-        "hset",
-        "hget",
-        "xadd",
-        "scan",
-        "zadd",
-        "zrem",
-        "zremrangebyscore",
-        "zcard",
-    ],
-    # consumer groups: deliveries, claims, acknowledgements, attempt counts, dead letters
-    "group": [
-        *_COMMON,
-        "xreadgroup",
-        "xack",
-        "xautoclaim",
-        "xclaim",
-        "xgroup|create",
-        "xpending",
-        "xinfo|groups",
-        "xinfo|stream",
-        "xrange",
-        "hincrby",
-        "hdel",
-        "hget",
-        "xadd",
-        "xlen",
-        "scan",
-    ],
-    # status, dead letters (list, replay, drop), registrations, partitioning, resets
-    "operator": [
-        *_COMMON,
-        "xrange",
-        "xrevrange",
-        "xlen",
-        "xinfo|stream",
-        "xinfo|groups",
-        "xpending",
-        "xadd",
-        "xdel",
-        "hgetall",
-        "hget",
-        "hset",
-        "hsetnx",
-        "hdel",
-        "scan",
-        "xgroup|create",
-        "xgroup|destroy",
-        "renamenx",  # unilog stream relayout
-        "xgroup|setid",
-    ],
+# Every process connects (redis-py's health checks: PING) and checks the server answers (INFO: version, loading).
+_CONNECTING: tuple[Callable[..., Any], ...] = (connect, ping)
+
+# What each kind of process calls in the Redis adapter (the asyncio consumers call the twins of the same names).
+USES: dict[str, tuple[Callable[..., Any], ...]] = {
+    # `unilog streamer` in either capture mode (and `unilog capture`, whose settling runs one): publishing, the
+    # producer's high-water mark, partition counts, the check for keys in the layout before hash tags, retention
+    "streamer": (
+        R.publish,
+        R.high_water,
+        R.partitions,
+        R.legacy_keys,
+        R.registered,
+        R.groups,
+        R.pending_summary,
+        R.trim,
+    ),
+    # checkpoint consumers (both faces): reads after the checkpoint, the missing-stream and rewind checks, retention
+    # registration, dead letters; partitioned workers: partition counts, heartbeats, the wait over partitions;
+    # the Spark source and sink, the archive and reconciliation: pages of the stream, registration
+    "consumer": (
+        R.read,
+        R.missing_stream,
+        R.last_generated_id,
+        R.register,
+        R.dead_letter_entry,
+        R.partitions,
+        R.heartbeat,
+        R.leave,
+        R.wait_for_entries,
+        R.entries,
+        raw_pages,
+    ),
+    # group workers (both faces): deliveries, claims, acknowledgements, attempt counts, dead letters
+    "group": (R.ensure_group, R.read_group, R.ack, R.autoclaim, R.attempt, R.settle, R.dead_letter),
+    # `unilog status`, `metrics` and `dashboard`; dead letters (list, show, replay, drop); consumers (register,
+    # unregister, reset, rebuild) and `unilog.admin.declare`; `unilog stream partition` and `relayout`
+    "operator": (
+        R.partitions,
+        R.info,
+        R.first_after,
+        R.entries_after,
+        R.groups,
+        R.dead_letters,
+        R.replay_dead_letter,
+        R.delete_dead_letter,
+        R.registered,
+        R.register,
+        R.unregister,
+        R.entries,
+        R.last_generated_id,
+        R.ensure_group,
+        R.set_partitions,
+        R.relayout,
+    ),
 }
+
+
+def commands(kind: str) -> list[str]:
+    """The commands a ``kind`` process issues: those its adapter methods declare (sorted)."""
+    return sorted({command for used in (*_CONNECTING, *USES[kind]) for command in commands_of(used, R)})
+
+
+COMMANDS: dict[str, list[str]] = {kind: commands(kind) for kind in USES}
 KINDS = tuple(COMMANDS)
 
 

@@ -1,7 +1,9 @@
 """The Redis commands of the asyncio consumer (:class:`unilog.AsyncConsumer`), on redis-py's asyncio client.
 
-Part of the Redis adapter: the same keys, replies and refusals as :class:`~unilog.engine.RedisStreams`, and the
-client configured the same way (redis-py's own retries off: unilog retries whole passes, whose outcome it knows).
+Part of the Redis adapter: the same keys, replies and refusals as :class:`~unilog.engine.RedisStreams` (the key
+names, the reading of replies and the explaining of refusals are the threaded modules' own functions: only the I/O
+differs), the same commands (each method issues what its threaded twin declares), and the client configured the
+same way (redis-py's own retries off: unilog retries whole passes, whose outcome it knows).
 A ``redis+cluster://`` URL gives redis-py's asyncio cluster client.
 """
 
@@ -18,10 +20,10 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from ..wire import attempts_key, dlq_key, letter_fields, parse_autoclaim, registry_key, to_str
-from . import refusal, type_checked
-from .refusals import CLUSTER_SCHEMES, cluster_options
-
-Entry = tuple[bytes, dict[bytes, bytes]]
+from .base import Entry
+from .groups import delivered, group_exists
+from .read import last_generated, no_such_key, read_reply
+from .refusals import CLUSTER_SCHEMES, QUIET, cluster_options, refusal, type_checked
 
 
 def connect_async(url: str, *, socket_timeout: float | None = 10.0) -> Any:
@@ -31,6 +33,7 @@ def connect_async(url: str, *, socket_timeout: float | None = 10.0) -> Any:
         "socket_timeout": socket_timeout,
         "socket_connect_timeout": 10.0,
         "decode_responses": False,
+        **QUIET,
     }
     if url.split("://", 1)[0].lower() in CLUSTER_SCHEMES:
         nodes, options = cluster_options(url)
@@ -60,9 +63,7 @@ class AsyncRedisStreams:
         """Up to ``count`` entries after ``after_id``, waiting up to ``block_ms`` if there are none yet."""
         async with self.explained(stream):
             reply: Any = await self.client.xread({stream: after_id}, count=count, block=block_ms)
-        if not reply:
-            return []
-        return list(reply[0][1])
+        return read_reply(reply)
 
     async def missing_stream(self, stream: str, limit: int = 10) -> list[str] | None:
         """See :meth:`unilog.engine.RedisStreams.missing_stream`."""
@@ -80,10 +81,10 @@ class AsyncRedisStreams:
         try:
             info: Any = await self.client.xinfo_stream(stream)
         except redis.ResponseError as exc:
-            if "no such key" in str(exc).lower():
+            if no_such_key(exc):
                 return None
             raise
-        return to_str(info["last-generated-id"])
+        return last_generated(info)
 
     async def register(self, stream: str, consumer: str, last_id: str) -> None:
         """Record ``consumer``'s checkpoint on ``stream`` for retention."""
@@ -111,7 +112,7 @@ class AsyncRedisStreams:
             async with self.explained(stream):
                 await self.client.xgroup_create(stream, group, id=start_id, mkstream=True)
         except redis.ResponseError as exc:
-            if "BUSYGROUP" in str(exc):
+            if group_exists(exc):
                 return False
             raise
         return True
@@ -122,9 +123,7 @@ class AsyncRedisStreams:
         """New entries for ``consumer`` in ``group``, or (``after="0"``) its own pending ones."""
         async with self.explained(stream):
             reply: Any = await self.client.xreadgroup(group, consumer, {stream: after}, count=count, block=block_ms)
-        if not reply:
-            return []
-        return [(eid, fields) for eid, fields in reply[0][1] if fields is not None]
+        return delivered(reply)
 
     async def ack(self, stream: str, group: str, ids: Sequence[bytes | str]) -> int:
         return int(await self.client.xack(stream, group, *ids)) if ids else 0

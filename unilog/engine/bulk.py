@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from ..wire import to_str
+from .commands import issues
 from .refusals import connect
 
 
@@ -24,6 +25,7 @@ def no_gc() -> Iterator[None]:
             gc.enable()
 
 
+@issues("xrange")
 def raw_pages(url: str, stream: str, after: str, until: str, page: int) -> Iterator[list[Any]]:
     """Entries in (``after``, ``until``] as Redis sent them (``[id, [field, value, ...]]``, no dict per entry), one
     page at a time, on a client of their own: for bulk readers (Spark) that build columns straight from the reply."""

@@ -5,6 +5,10 @@ the relayout once, with the streamers and consumers stopped: each old key is ren
 atomic per key), partitions included. A key whose new name already exists is left in place and reported: nothing
 is overwritten. Until then a streamer refuses to publish a stream that still has old keys (:func:`legacy_keys`), so
 retention can never trim behind a registration it cannot see.
+
+The keys are found by one ``SCAN`` of the names holding the stream's name (its partitions' keys hold it too): a
+key is read or renamed only when it exists, so a least-privilege user never touches a name outside its ACL (Redis
+would refuse it and log the refusal in ``ACL LOG``) unless an old key really is there.
 """
 
 from __future__ import annotations
@@ -15,27 +19,34 @@ import redis
 
 from ..wire import legacy_keys as legacy_names
 from ..wire import legacy_patterns, meta_key, to_str
+from .base import Adapter
+from .commands import issues
 
 
-def _partitions(client: Any, stream: str) -> int:
+def _found(client: Any, stream: str) -> set[str]:
+    """Every key whose name holds ``stream`` (stream names have no glob characters: ``validate_stream_name``)."""
+    return {to_str(key) for key in client.scan_iter(match=f"*{stream}*", count=1000)}
+
+
+def _partitions(client: Any, stream: str, found: set[str]) -> int:
     for key in (meta_key(stream), f"unilog:meta:{stream}"):
-        value = client.hget(key, "partitions")
+        value = client.hget(key, "partitions") if key in found else None
         if value:
             return int(value)
     return 1
 
 
-def _streams(client: Any, stream: str) -> list[str]:
-    count = _partitions(client, stream)
+def _streams(client: Any, stream: str, found: set[str]) -> list[str]:
+    count = _partitions(client, stream, found)
     return [stream, *(f"{stream}.p{i}" for i in range(count))] if count > 1 else [stream]
 
 
-def _moves(client: Any, stream: str) -> list[tuple[str, str]]:
-    moves = [(old, new) for old, new in legacy_names(stream).items() if client.exists(old)]
-    for pattern, (old_prefix, new_prefix) in legacy_patterns(stream).items():
-        for key in client.scan_iter(match=pattern, count=1000):
-            name = to_str(key)
-            moves.append((name, new_prefix + name.removeprefix(old_prefix)))
+def _moves(stream: str, found: set[str]) -> list[tuple[str, str]]:
+    moves = [(old, new) for old, new in legacy_names(stream).items() if old in found]
+    for old_prefix, new_prefix in legacy_patterns(stream).values():
+        moves += [
+            (name, new_prefix + name.removeprefix(old_prefix)) for name in sorted(found) if name.startswith(old_prefix)
+        ]
     return moves
 
 
@@ -44,7 +55,8 @@ def legacy_keys(client: Any, stream: str) -> list[str]:
     (``unilog acl``) covers only the new names cannot see old ones, nor could a process running as it have used
     them: for it there are none."""
     try:
-        return [old for name in _streams(client, stream) for old, _ in _moves(client, name)]
+        found = _found(client, stream)
+        return [old for name in _streams(client, stream, found) for old, _ in _moves(name, found)]
     except redis.exceptions.NoPermissionError:
         return []
 
@@ -53,10 +65,25 @@ def relayout(client: Any, stream: str) -> tuple[list[tuple[str, str]], list[str]
     """Rename ``stream``'s (and its partitions') old keys; return (renamed (old, new), kept because new existed)."""
     renamed: list[tuple[str, str]] = []
     kept: list[str] = []
-    for name in _streams(client, stream):
-        for old, new in _moves(client, name):
+    found = _found(client, stream)
+    for name in _streams(client, stream, found):
+        for old, new in _moves(name, found):
             if client.renamenx(old, new):
                 renamed.append((old, new))
             else:
                 kept.append(old)
     return renamed, kept
+
+
+class Layout(Adapter):
+    """The key layout: the streamer's check for old names, and the operator's move to the new ones."""
+
+    @issues("scan", "hget")
+    def legacy_keys(self, stream: str) -> list[str]:
+        """``stream``'s keys still in the layout before hash tags (see :func:`legacy_keys`)."""
+        return legacy_keys(self.client, stream)
+
+    @issues("scan", "hget", "renamenx")
+    def relayout(self, stream: str) -> tuple[list[tuple[str, str]], list[str]]:
+        """Rename ``stream``'s old-layout keys (see :func:`relayout`)."""
+        return relayout(self.client, stream)

@@ -6,6 +6,8 @@ Part of the Redis adapter (``unilog.engine``): the library reaches these through
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -23,12 +25,37 @@ from ..errors import (
     RedisReadOnly,
     ServerUnreachable,
     UnsupportedServer,
+    WrongKeyType,
 )
+from ..wire import hwm_key
+from .commands import issues
 
 # A Redis Cluster is named by its own scheme: the client must know before it connects (it discovers the nodes).
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 
 
+def _no_client_commands() -> dict[str, Any]:
+    """Client options that stop redis-py sending ``CLIENT`` commands of its own on each new connection: ``CLIENT
+    SETINFO`` (the library's name and version) and, on RESP3 since redis-py 7, ``CLIENT MAINT_NOTIFICATIONS`` (a
+    managed service's maintenance events; refused by open-source Redis anyway). A user of ``unilog acl`` may not run
+    ``CLIENT``: Redis refuses them, redis-py ignores the refusal, and ``ACL LOG`` records a denial per connection,
+    which hides real ones. unilog needs neither: it retries whole batches itself."""
+    parameters = inspect.signature(redis.Redis.__init__).parameters
+    if "driver_info" in parameters:
+        options: dict[str, Any] = {"driver_info": None}
+    else:
+        options = {"lib_name": None, "lib_version": None}
+    if "maint_notifications_config" in parameters:
+        from redis.maint_notifications import MaintNotificationsConfig
+
+        options["maint_notifications_config"] = MaintNotificationsConfig(enabled=False)
+    return options
+
+
+QUIET = _no_client_commands()
+
+
+@issues("ping")  # redis-py's health check of a connection idle for 30 s
 def connect(url: str, *, socket_timeout: float | None = 10.0) -> redis.Redis:
     """A redis-py client with retries off (see the module docstring) and bytes responses (decoded lazily).
 
@@ -46,6 +73,7 @@ def connect(url: str, *, socket_timeout: float | None = 10.0) -> redis.Redis:
         socket_connect_timeout=10.0,
         health_check_interval=30,
         decode_responses=False,
+        **QUIET,
     )
 
 
@@ -77,6 +105,7 @@ def _cluster(url: str, scheme: str, socket_timeout: float | None) -> redis.Redis
             socket_timeout=socket_timeout,
             socket_connect_timeout=10.0,
             decode_responses=False,
+            **QUIET,
             **options,
         )
     except (redis.RedisError, OSError) as exc:
@@ -85,6 +114,7 @@ def _cluster(url: str, scheme: str, socket_timeout: float | None) -> redis.Redis
         ) from None
 
 
+@issues("info", "ping")
 def ping(client: redis.Redis, url: str) -> str:
     """Check the server answers, accepts the credentials and is recent enough; return its version.
 
@@ -174,4 +204,28 @@ def hint(exc: BaseException) -> str | None:
         )
     if isinstance(exc, redis.AuthenticationError):
         return "Redis refused the credentials: fix the user and password in REDIS_URL"
+    return None
+
+
+def type_checked(stream: str) -> tuple[str, str]:
+    """The keys whose types a ``WRONGTYPE`` refusal on ``stream`` is explained by."""
+    return stream, hwm_key(stream)
+
+
+def refusal(exc: redis.ResponseError, stream: str, kinds: Mapping[str, str]) -> Exception | None:
+    """The one-line error for a refusal no retry can fix, or None: ``kinds`` are the types of the keys of
+    :func:`type_checked` (read by the caller, sync or asyncio, only for a ``WRONGTYPE`` refusal)."""
+    text = str(exc)
+    for key, wanted in zip(type_checked(stream), ("stream", "hash"), strict=True):
+        kind = kinds.get(key, "none")
+        if kind not in (wanted, "none"):
+            return WrongKeyType(
+                f"the Redis key {key!r} holds a {kind}, not a {wanted}: another application uses that "
+                "name; use another stream name (UNILOG_STREAM, emit(stream=...)) or remove that key"
+            )
+    if "READONLY" in text:  # inside a script the reply is a plain error quoting it
+        return read_only(text.rpartition("-")[2] or text)
+    script_refused = "user executing the script can't" in text  # an ACL refusal inside the publish script
+    if "NOPERM" in text or script_refused or isinstance(exc, redis.exceptions.NoPermissionError):
+        return no_permission(text, stream)
     return None
