@@ -1,5 +1,5 @@
 """Retention's bookkeeping: consumers register their checkpoints, and a stream is trimmed only behind the lowest
-(the decision is :func:`unilog.retention.trim`'s; these are its commands)."""
+(the decision is :func:`unilog.stream.retention.trim`'s; these are its commands)."""
 
 from __future__ import annotations
 
