@@ -6,6 +6,7 @@ planted method that issues a command it does not declare is caught both ways."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import shlex
 import threading
 import uuid
@@ -17,6 +18,7 @@ from typing import Any
 import psycopg
 import pytest
 import redis
+import structlog
 from acl_users import acl_users
 
 from unilog import Settings, Streamer, StreamerConfig, acl, admin, emit
@@ -300,7 +302,13 @@ def _stage(settings: Settings) -> None:
 
 
 def _unilog(*argv: str) -> None:
-    assert main(list(argv)) == 0, argv
+    """The command in this process: it configures logging onto this test's captured stdout, which pytest closes
+    after the test, so the defaults come back before the next test logs."""
+    try:
+        assert main(list(argv)) == 0, argv
+    finally:
+        structlog.reset_defaults()
+        logging.basicConfig(level=logging.WARNING, force=True)
 
 
 def _consumers(mon: Monitor, rds: Any, s: str, as_kind: Callable[[str], Settings]) -> None:
