@@ -3,7 +3,7 @@
 * import-linter (its contracts are in ``pyproject.toml``) keeps the layers: the library never imports the harness
   or the demo, the harness uses only the library's public API, the producer side never imports the consumer side;
 * a syntax-tree check (``tests/architecture.py``) keeps every SQL statement in ``unilog/store/`` and every Redis
-  command in ``unilog/engine.py``;
+  command in ``unilog/engine/`` (its generated ``_sync/`` face and ``_async/`` source included);
 * every long-running worker implements :class:`unilog.runtime.Worker` and runs its one loop;
 * no module over 600 lines and no function over 60 in the library, the harness, the demo and the benchmarks.
 
@@ -22,7 +22,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from architecture import ROOT, Violation, library_modules, redis_in, sql_in, violations
+from architecture import REDIS_HOME, ROOT, Violation, library_modules, redis_in, sql_in, violations
 
 from unilog import Consumer, GroupConsumer, PartitionedConsumer, Streamer
 from unilog.runtime import Worker
@@ -130,6 +130,17 @@ def test_the_adapter_check_reads_every_library_module() -> None:
     names = {p.relative_to(ROOT).as_posix() for p in library_modules()}
     assert {"unilog/stream/streamer.py", "unilog/consume/_sync/checkpoint.py", "unilog/cli/__init__.py"} <= names
     assert not any(n.startswith("unilog/harness/") for n in names)
+
+
+def test_the_adapters_generated_face_and_its_source_are_the_adapter() -> None:
+    """The Redis commands of ``unilog/engine/_async/`` and ``_sync/`` count as the adapter's: read, and allowed there."""
+    adapter = [p for p in library_modules() if p.parent.name in ("_async", "_sync") and p.parent.parent == REDIS_HOME]
+    assert {p.relative_to(ROOT).as_posix() for p in adapter} >= {
+        "unilog/engine/_async/groups.py",
+        "unilog/engine/_sync/groups.py",
+    }
+    assert all(redis_in(p.read_text(), p) for p in adapter if p.stem != "__init__"), "each sends commands"
+    assert not any(REDIS_HOME in v.path.parents for v in violations())
 
 
 @pytest.mark.parametrize("worker", [Streamer, Consumer, GroupConsumer, PartitionedConsumer])

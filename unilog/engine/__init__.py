@@ -11,6 +11,13 @@ high-water marks), :mod:`~unilog.engine.read` (reads, ranges, waiting, a stream'
 :mod:`~unilog.engine.layout` (the key layout's move); :class:`RedisStreams` is all of them. Each method declares the
 commands it issues (:mod:`~unilog.engine.commands`), which is where the ACL of each kind of process comes from
 (:mod:`unilog.acl`).
+
+Two faces, one source: the methods the asyncio consumers need too (reads after a checkpoint, registration, dead
+letters, group work, the client and ``explained`` of :class:`~unilog.engine._sync.base.Adapter`) are written once,
+as asyncio code under ``_async/`` (:class:`~unilog.engine.aio.AsyncRedisStreams` is them), and their threaded face
+under ``_sync/`` is generated from it by ``tools/faces.py`` (unasync's renaming: ``await`` dropped, ``AsyncReadingCore``
+-> ``ReadingCore``, ``aclose`` -> ``close``), declarations included; each concern class above adds the methods only
+the threaded face has. ``tests/test_faces.py`` fails when a generated file is stale.
 """
 
 from __future__ import annotations
@@ -35,7 +42,8 @@ from ..wire import (  # noqa: F401 - the adapter's names, used as engine.X acros
     to_str,
     workers_key,
 )
-from .base import Adapter, Entry, Fields  # noqa: F401 - the adapter's names, used as engine.X across the library
+from ._sync.base import Adapter  # noqa: F401 - the adapter's names, used as engine.X across the library
+from .base import Entry, Fields  # noqa: F401 - the adapter's names, used as engine.X across the library
 from .bulk import no_gc, raw_pages  # noqa: F401 - the adapter's names, used as engine.X across the library
 from .groups import Groups
 from .layout import Layout

@@ -1,40 +1,23 @@
-"""What every concern of the Redis adapter shares: the client it holds, and refusals turned into one-line errors."""
+"""What both faces of the Redis adapter share that is not code to generate: the types of an entry, of fields and of
+the clients each face holds.
+
+The adapter's base class is generated like the methods both faces have: :class:`~unilog.engine._sync.base.Adapter`
+(the client, ``explained``, ``close``) from :class:`~unilog.engine._async.base.AsyncAdapter` (see
+:mod:`unilog.engine._async`).
+"""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypeAlias
 
 import redis
-
-from ..wire import to_str
-from .commands import issues
-from .refusals import refusal, type_checked
+from redis import asyncio as aredis
 
 Fields = Mapping[str, Any]
 Entry = tuple[bytes, dict[bytes, bytes]]
 
-
-class Adapter:
-    """A concern of the adapter (publishing, reading, groups, ...): the redis-py client it sends its commands on.
-    :class:`~unilog.engine.RedisStreams` is all of them over one client."""
-
-    def __init__(self, client: redis.Redis) -> None:
-        self.client = client
-
-    @issues("type")  # only after a WRONGTYPE refusal: the types of the keys that explain it
-    @contextlib.contextmanager
-    def explained(self, stream: str) -> Iterator[None]:
-        """Turn refusals no retry can fix into one-line errors naming the key and the fix: a key of another type at
-        the stream's name (or its bookkeeping's), a Redis user without the permission (see
-        :func:`~unilog.engine.refusals.refusal`)."""
-        try:
-            yield
-        except redis.ResponseError as exc:
-            kinds = {k: to_str(self.client.type(k)) for k in type_checked(stream)} if "WRONGTYPE" in str(exc) else {}
-            raise refusal(exc, stream, kinds) or exc from None
-
-    @issues()
-    def close(self) -> None:
-        self.client.close()
+# The client each face holds (a cluster client, redis-py's other class, is used alike: the adapter sends the same
+# commands on it); the generated code names ``Client`` where its asyncio source names ``AsyncClient``.
+Client: TypeAlias = redis.Redis
+AsyncClient: TypeAlias = aredis.Redis

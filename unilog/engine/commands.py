@@ -23,7 +23,10 @@ _CALL = re.compile(r"redis\.p?call\(\s*'([A-Za-z]+)'")
 
 
 def issues(*commands: str, via: Iterable[str] = ()) -> Callable[[F], F]:
-    """Declare the Redis commands the decorated method (or function) issues, and the adapter methods it calls."""
+    """Declare the Redis commands the decorated method (or function) issues, and the adapter methods it calls.
+
+    The declaration is an attribute set on the function, which is returned as it was: a coroutine function stays
+    one, and a declaration in an asyncio source of ``unilog/engine/_async/`` is copied into its generated face."""
     for command in commands:
         if command != command.lower() or " " in command:
             raise ValueError(f"name {command!r} as an ACL rule does: lower case, a subcommand as 'xinfo|stream'")

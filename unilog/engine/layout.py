@@ -19,7 +19,7 @@ import redis
 
 from ..wire import legacy_keys as legacy_names
 from ..wire import legacy_patterns, meta_key, to_str
-from .base import Adapter
+from ._sync.base import Adapter
 from .commands import issues
 
 

@@ -1,56 +1,24 @@
 """Dead letters: entries no consumer could apply, moved to the stream's dead-letter stream with why; listed,
-replayed and dropped by operators."""
+replayed and dropped by operators.
+
+Writing them (both faces do) is generated from :mod:`unilog.engine._async.letters`; handling them is the threaded
+face's only."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..wire import attempts_key, dlq_key, letter_fields, to_str
+from ..wire import dlq_key, to_str
+from ._sync.letters import LettersCore
 from .base import Entry
 from .commands import issues
 from .read import Reading
 
 
-class Letters(Reading):
-    """Writing dead letters (a group's, acknowledged in the same MULTI; a checkpoint consumer's) and handling them
-    (read like any stream: hence :class:`~unilog.engine.read.Reading`)."""
-
-    @issues("multi", "xadd", "xack", "hdel", "exec")
-    def dead_letter(
-        self,
-        stream: str,
-        group: str,
-        entry_id: bytes,
-        fields: dict[bytes, bytes],
-        *,
-        error: str,
-        consumer: str,
-        attempts: int,
-    ) -> str:
-        """Move an entry to the stream's dead-letter stream with why, then acknowledge it (one MULTI)."""
-        letter = letter_fields(fields, entry_id, group=group, consumer=consumer, attempts=attempts, error=error)
-        pipe = self.client.pipeline(transaction=True)
-        pipe.xadd(dlq_key(stream), letter)  # type: ignore[arg-type]
-        pipe.xack(stream, group, entry_id)
-        pipe.hdel(attempts_key(stream, group), to_str(entry_id))
-        letter_id = pipe.execute()[0]
-        return to_str(letter_id)
-
-    @issues("xadd")
-    def dead_letter_entry(
-        self,
-        stream: str,
-        entry_id: bytes,
-        fields: Mapping[bytes, bytes],
-        *,
-        error: str,
-        consumer: str,
-        attempts: int = 1,
-    ) -> str:
-        """Copy an entry a checkpoint consumer cannot apply to the dead letters, with why (no group: nothing to
-        acknowledge); return the dead letter's id."""
-        letter = letter_fields(fields, entry_id, group="", consumer=consumer, attempts=attempts, error=error)
-        return to_str(self.client.xadd(dlq_key(stream), letter))  # type: ignore[arg-type]
+class Letters(Reading, LettersCore):
+    """Writing dead letters (a group's, acknowledged in the same MULTI; a checkpoint consumer's:
+    :class:`~unilog.engine._sync.letters.LettersCore`, generated: both faces have them) and handling them (read like
+    any stream: hence :class:`~unilog.engine.read.Reading`)."""
 
     @issues("xrange", via=("entries",))
     def dead_letters(self, stream: str, letter_id: str | None = None) -> list[Entry]:

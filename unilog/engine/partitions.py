@@ -6,7 +6,7 @@ import time
 
 from ..errors import ConfigurationError
 from ..wire import meta_key, workers_key
-from .base import Adapter
+from ._sync.base import Adapter
 from .commands import issues
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import redis
 
 from ..wire import Packed, PublishRow, _b, _pack, hwm_key, pack_rows, to_str
-from .base import Adapter
+from ._sync.base import Adapter
 from .commands import issues, script_commands
 
 # Appends a batch only past this producer's high-water mark on the stream, so a batch re-sent after a crash, a

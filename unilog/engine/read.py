@@ -1,4 +1,7 @@
-"""Reading a stream: entries after an id, pages of a range, waiting for entries, a stream's length and ends."""
+"""Reading a stream: entries after an id, pages of a range, waiting for entries, a stream's length and ends.
+
+The reads both faces have (after a checkpoint; the missing-stream and rewind checks) are generated from
+:mod:`unilog.engine._async.read`; the rest is the threaded face's only."""
 
 from __future__ import annotations
 
@@ -10,7 +13,8 @@ from typing import Any
 import redis
 
 from ..wire import to_str
-from .base import Adapter, Entry
+from ._sync.read import ReadingCore
+from .base import Entry
 from .commands import issues
 
 PAGE = 10_000  # entries per XRANGE page: large enough to amortize the round trip, small enough to bound memory
@@ -25,52 +29,9 @@ class StreamInfo:
     last_id: str | None
 
 
-# Replies and refusals read the same way by both faces (the asyncio one is in :mod:`unilog.engine.aio`)
-
-
-def read_reply(reply: Any) -> list[Entry]:
-    """The entries of an ``XREAD`` reply on one stream (none when it timed out)."""
-    return list(reply[0][1]) if reply else []
-
-
-def no_such_key(exc: redis.ResponseError) -> bool:
-    """Whether ``exc`` is the refusal of an ``XINFO`` on a stream that does not exist."""
-    return "no such key" in str(exc).lower()
-
-
-def last_generated(info: Any) -> str:
-    """The last id ever added, from an ``XINFO STREAM`` reply."""
-    return to_str(info["last-generated-id"])
-
-
-class Reading(Adapter):
-    """Reading streams: after a checkpoint, by range, blocking for what comes next."""
-
-    @issues("xread", via=("explained",))
-    def read(self, stream: str, after_id: str, count: int, block_ms: int | None) -> list[Entry]:
-        """Up to ``count`` entries after ``after_id``, waiting up to ``block_ms`` if there are none yet."""
-        with self.explained(stream):
-            reply: Any = self.client.xread({stream: after_id}, count=count, block=block_ms)
-        return read_reply(reply)
-
-    @issues("exists", "scan")
-    def missing_stream(self, stream: str, limit: int = 10) -> list[str] | None:
-        """None if ``stream`` exists; else the names of up to ``limit`` streams that do (to spot a typo)."""
-        if self.client.exists(stream):
-            return None
-        names = self.client.scan_iter(match="*", count=1000, _type="STREAM")
-        return sorted(to_str(n) for _, n in zip(range(limit), names, strict=False))
-
-    @issues("xinfo|stream")
-    def last_generated_id(self, stream: str) -> str | None:
-        """The id of the last entry ever added to ``stream`` (kept across trims), or None if it does not exist."""
-        try:
-            info: Any = self.client.xinfo_stream(stream)
-        except redis.ResponseError as exc:
-            if no_such_key(exc):
-                return None
-            raise
-        return last_generated(info)
+class Reading(ReadingCore):
+    """Reading streams: after a checkpoint (:class:`~unilog.engine._sync.read.ReadingCore`, generated: both faces
+    have it), by range, blocking for what comes next."""
 
     @issues("xlen", "xrange", "xrevrange")
     def info(self, stream: str) -> StreamInfo:

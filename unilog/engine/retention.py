@@ -6,17 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 from ..wire import registry_key, to_str
-from .base import Adapter
+from ._sync.retention import RetentionCore
 from .commands import issues
 
 
-class Retention(Adapter):
-    """The registry of consumers' checkpoints on a stream, and trimming."""
-
-    @issues("hset")
-    def register(self, stream: str, consumer: str, last_id: str) -> None:
-        """Record ``consumer``'s checkpoint on ``stream`` (after its commit), so trimming never passes it."""
-        self.client.hset(registry_key(stream), consumer, last_id)
+class Retention(RetentionCore):
+    """The registry of consumers' checkpoints on a stream (a consumer's registration:
+    :class:`~unilog.engine._sync.retention.RetentionCore`, generated: both faces register), and trimming."""
 
     @issues("hdel")
     def unregister(self, stream: str, consumer: str) -> bool:

@@ -1,0 +1,46 @@
+"""What every concern of the Redis adapter holds: the client it sends its commands on, refusals turned into one-line
+errors, and closing the client.
+
+One source, two faces: written here for redis-py's asyncio client, and generated for its threaded one (see
+:mod:`unilog.engine`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+import redis
+
+from ...wire import to_str
+from ..base import AsyncClient
+from ..commands import issues
+from ..refusals import refusal, type_checked
+
+
+class AsyncAdapter:
+    """A concern of the adapter (publishing, reading, groups, ...) over one client: every concern of a face is one
+    class over the same client (:class:`~unilog.engine.RedisStreams`, :class:`~unilog.engine.aio.AsyncRedisStreams`).
+    """
+
+    def __init__(self, client: AsyncClient) -> None:
+        self.client = client
+
+    @issues("type")  # only after a WRONGTYPE refusal: the types of the keys that explain it
+    @contextlib.asynccontextmanager
+    async def explained(self, stream: str) -> AsyncIterator[None]:
+        """Turn refusals no retry can fix into one-line errors naming the key and the fix: a key of another type at
+        the stream's name (or its bookkeeping's), a Redis user without the permission (see
+        :func:`~unilog.engine.refusals.refusal`)."""
+        try:
+            yield
+        except redis.ResponseError as exc:
+            kinds = {}
+            if "WRONGTYPE" in str(exc):
+                kinds = {k: to_str(await self.client.type(k)) for k in type_checked(stream)}
+            raise refusal(exc, stream, kinds) or exc from None
+
+    @issues()
+    async def aclose(self) -> None:
+        """Close the client (its connections)."""
+        await self.client.aclose()

@@ -1,0 +1,100 @@
+"""Working in a consumer group: what a group worker of either face asks of Redis. What groups hold (pending
+summaries, ``XINFO GROUPS``) is threaded only: :class:`~unilog.engine.groups.Groups`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+
+from ...wire import attempts_key, parse_autoclaim, to_str
+from ..base import Entry
+from ..commands import issues
+from ..replies import delivered, group_exists
+from .base import AsyncAdapter
+
+
+class AsyncGroupsCore(AsyncAdapter):
+    """Consumer groups on a stream: each entry to one worker, claimed from a worker that stopped."""
+
+    @issues("xgroup|create", via=("explained",))
+    async def ensure_group(self, stream: str, group: str, start_id: str = "0") -> bool:
+        """Create ``group`` on ``stream`` (and the stream) if missing; return whether it was created."""
+        try:
+            async with self.explained(stream):
+                await self.client.xgroup_create(stream, group, id=start_id, mkstream=True)
+        except redis.ResponseError as exc:
+            if group_exists(exc):
+                return False
+            raise
+        return True
+
+    @issues("xreadgroup", via=("explained",))
+    async def read_group(
+        self, stream: str, group: str, consumer: str, count: int, block_ms: int | None, after: str = ">"
+    ) -> list[Entry]:
+        """New entries for ``consumer`` in ``group`` (``XREADGROUP ... >``), waiting up to ``block_ms``; with
+        ``after="0"``, the entries already delivered to ``consumer`` and not acknowledged (its own pending list)."""
+        async with self.explained(stream):
+            reply: Any = await self.client.xreadgroup(group, consumer, {stream: after}, count=count, block=block_ms)
+        return delivered(reply)
+
+    @issues("xack")
+    async def ack(self, stream: str, group: str, ids: Sequence[bytes | str]) -> int:
+        """Acknowledge ``ids`` in ``group``."""
+        return int(await self.client.xack(stream, group, *ids)) if ids else 0
+
+    @issues("xautoclaim", via=("_pending_but_gone",))
+    async def autoclaim(
+        self, stream: str, group: str, consumer: str, min_idle_ms: int, count: int = 100, start: str = "0-0"
+    ) -> tuple[str, list[Entry], list[bytes]]:
+        """Claim entries idle for ``min_idle_ms`` (their worker died or is stuck): (next start, entries, deleted ids).
+
+        Entries deleted from the stream while pending (trimmed) are returned as deleted ids: Redis 7 reports them
+        separately; Redis 6.2 claims them but replies nil in their place, without their ids (redis-py shows a nil
+        as ``None`` or ``(None, None)``, by version), so their ids are found among ``consumer``'s pending entries
+        that are no longer in the stream.
+        """
+        reply: Any = await self.client.execute_command(
+            "XAUTOCLAIM", stream, group, consumer, min_idle_ms, start, "COUNT", count
+        )
+        entries, deleted, anonymous = parse_autoclaim(reply)
+        if anonymous:
+            deleted += await self._pending_but_gone(stream, group, consumer)
+        return to_str(reply[0]), entries, deleted
+
+    @issues("xpending", "xrange")
+    async def _pending_but_gone(self, stream: str, group: str, consumer: str, page: int = 1000) -> list[bytes]:
+        """Ids pending on ``consumer`` whose entries are no longer in the stream (one pipeline of ``XRANGE`` per
+        page of them)."""
+        gone: list[bytes] = []
+        low = "-"
+        while True:
+            pending: Any = await self.client.xpending_range(stream, group, low, "+", page, consumername=consumer)
+            ids = [p["message_id"] for p in pending]
+            pipe = self.client.pipeline(transaction=False)
+            for eid in ids:
+                pipe.xrange(stream, eid, eid, count=1)
+            found = await pipe.execute() if ids else []
+            gone += [bytes(eid) for eid, entries in zip(ids, found, strict=True) if not entries]
+            if len(ids) < page:
+                return gone
+            low = "(" + to_str(ids[-1])
+
+    @issues("hincrby")
+    async def attempt(self, stream: str, group: str, entry_id: bytes | str) -> int:
+        """Count one more failed attempt at ``entry_id`` in ``group``; return the total (kept in Redis, so it
+        survives the worker)."""
+        return int(await self.client.hincrby(attempts_key(stream, group), to_str(entry_id), 1))
+
+    @issues("xack", "hdel")
+    async def settle(self, stream: str, group: str, ids: Sequence[bytes | str]) -> int:
+        """Acknowledge ``ids`` in ``group`` and forget their failed attempts, in one round trip; return acked."""
+        if not ids:
+            return 0
+        pipe = self.client.pipeline(transaction=False)
+        pipe.xack(stream, group, *ids)
+        pipe.hdel(attempts_key(stream, group), *ids)
+        acked, _ = await pipe.execute()
+        return int(acked)

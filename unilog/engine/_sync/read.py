@@ -1,0 +1,49 @@
+# Generated from unilog/engine/_async/read.py by tools/faces.py: do not edit.
+"""Reading a stream after a checkpoint: what a checkpoint consumer of either face asks of Redis. The rest of reading
+(ranges, waiting over partitions, a stream's ends) is threaded only: :class:`~unilog.engine.read.Reading`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+
+from ...wire import to_str
+from ..base import Entry
+from ..commands import issues
+from ..replies import last_generated, no_such_key, read_reply
+from .base import Adapter
+
+
+class ReadingCore(Adapter):
+    """Reads after a checkpoint, and the checks of a stream that is missing or was rewound."""
+
+    @issues("xread", via=("explained",))
+    def read(self, stream: str, after_id: str, count: int, block_ms: int | None) -> list[Entry]:
+        """Up to ``count`` entries after ``after_id``, waiting up to ``block_ms`` if there are none yet."""
+        with self.explained(stream):
+            reply: Any = self.client.xread({stream: after_id}, count=count, block=block_ms)
+        return read_reply(reply)
+
+    @issues("exists", "scan")
+    def missing_stream(self, stream: str, limit: int = 10) -> list[str] | None:
+        """None if ``stream`` exists; else the names of up to ``limit`` streams that do (to spot a typo)."""
+        if self.client.exists(stream):
+            return None
+        names: list[str] = []
+        for name in self.client.scan_iter(match="*", count=1000, _type="STREAM"):
+            names.append(to_str(name))
+            if len(names) >= limit:
+                break
+        return sorted(names[:limit])
+
+    @issues("xinfo|stream")
+    def last_generated_id(self, stream: str) -> str | None:
+        """The id of the last entry ever added to ``stream`` (kept across trims), or None if it does not exist."""
+        try:
+            info: Any = self.client.xinfo_stream(stream)
+        except redis.ResponseError as exc:
+            if no_such_key(exc):
+                return None
+            raise
+        return last_generated(info)

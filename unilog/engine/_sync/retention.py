@@ -1,0 +1,19 @@
+# Generated from unilog/engine/_async/retention.py by tools/faces.py: do not edit.
+"""Registering a consumer's checkpoint for retention: what a consumer of either face asks of Redis. The rest of
+retention's bookkeeping (the registry read, trimming) is threaded only: :class:`~unilog.engine.retention.Retention`.
+"""
+
+from __future__ import annotations
+
+from ...wire import registry_key
+from ..commands import issues
+from .base import Adapter
+
+
+class RetentionCore(Adapter):
+    """A consumer's registered checkpoint on a stream, which trimming never passes."""
+
+    @issues("hset")
+    def register(self, stream: str, consumer: str, last_id: str) -> None:
+        """Record ``consumer``'s checkpoint on ``stream`` (after its commit), so trimming never passes it."""
+        self.client.hset(registry_key(stream), consumer, last_id)

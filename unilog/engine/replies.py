@@ -1,0 +1,38 @@
+"""Redis's replies and refusals, read the same way by both faces of the adapter: pure functions, no I/O."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+
+from ..wire import to_str
+from .base import Entry
+
+
+def read_reply(reply: Any) -> list[Entry]:
+    """The entries of an ``XREAD`` reply on one stream (none when it timed out)."""
+    return list(reply[0][1]) if reply else []
+
+
+def delivered(reply: Any) -> list[Entry]:
+    """The entries of an ``XREADGROUP`` reply on one stream; a pending entry deleted from the stream (Redis sends
+    its id with no fields) is left out."""
+    if not reply:
+        return []
+    return [(eid, fields) for eid, fields in reply[0][1] if fields is not None]
+
+
+def last_generated(info: Any) -> str:
+    """The last id ever added, from an ``XINFO STREAM`` reply."""
+    return to_str(info["last-generated-id"])
+
+
+def no_such_key(exc: redis.ResponseError) -> bool:
+    """Whether ``exc`` is the refusal of an ``XINFO`` on a stream that does not exist."""
+    return "no such key" in str(exc).lower()
+
+
+def group_exists(exc: redis.ResponseError) -> bool:
+    """Whether ``exc`` is the refusal to create a group that already exists."""
+    return "BUSYGROUP" in str(exc)
