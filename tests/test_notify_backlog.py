@@ -140,4 +140,4 @@ def test_the_listener_is_the_only_session_that_listens() -> None:
         for p in root.rglob("*.py")
         if "harness" not in p.parts and ("store.listen(" in p.read_text() or "LISTEN {" in p.read_text())
     )
-    assert callers == ["store/staging.py", "waiting.py"]
+    assert callers == ["store/staging.py", "stream/waiting.py"]
