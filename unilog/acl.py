@@ -37,6 +37,7 @@ USES: dict[str, tuple[Callable[..., Any], ...]] = {
         R.groups,
         R.pending_summary,
         R.trim,
+        R.memory,
     ),
     # checkpoint consumers (both faces): reads after the checkpoint, the missing-stream and rewind checks, retention
     # registration, dead letters; partitioned workers: partition counts, heartbeats, the wait over partitions;

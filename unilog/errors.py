@@ -164,6 +164,11 @@ class PublishError(UnilogError):
     """Redis rejected or did not confirm a batch; the staged records were kept and will be re-sent."""
 
 
+class RedisOutOfMemory(PublishError):
+    """Redis refused a batch because it reached ``maxmemory``, or the streamer paused before it would (back-pressure):
+    the records stay staged in Postgres and are published once Redis has room."""
+
+
 class InjectedCrash(BaseException):
     """A crash injected by :mod:`unilog.faults` at a named step.
 

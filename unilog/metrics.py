@@ -73,6 +73,14 @@ DEAD_LETTERS = Counter(
     ["stream", "consumer", "reason"],
 )
 STREAM_LOCK = Gauge("unilog_stream_lock_held", "1 while this streamer holds the stream's publishing lock", ["stream"])
+REDIS_MEMORY_RATIO = Gauge(
+    "unilog_redis_memory_ratio", "Redis's used_memory / maxmemory as the streamer last read it (0: no maxmemory)"
+)
+STREAMER_PAUSED = Gauge(
+    "unilog_streamer_paused",
+    "1 while the streamer holds off publishing, by cause (redis_memory)",
+    ["streamer", "reason"],
+)
 
 _served: dict[tuple[str, int], Any] = {}
 _lock = threading.Lock()

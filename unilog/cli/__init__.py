@@ -32,6 +32,7 @@ from ..errors import (
     MalformedEntry,
     MigrationFailed,
     PoisonRecord,
+    RedisOutOfMemory,
     SchemaMissing,
     ServerUnreachable,
     UnilogError,
@@ -48,6 +49,7 @@ _COMMANDS = (migrate, streamer, capture, consumers, consume, dlq, streams, pipel
 
 _ERROR_CODES: list[tuple[type[BaseException], ExitCode]] = [
     (DataLoss, ExitCode.DATA_LOSS),
+    (RedisOutOfMemory, ExitCode.REDIS_FULL),
     (CaptureLost, ExitCode.CAPTURE_LOST),
     (HorizonHeld, ExitCode.HORIZON_HELD),
     (MalformedEntry, ExitCode.MALFORMED),

@@ -36,6 +36,7 @@ class ExitCode(IntEnum):
     MALFORMED = 10  # an entry is not a unilog record and the consumer runs with --on-malformed stop
     POISON = 11  # a record keeps failing its handler and the consumer runs with --on-poison stop (the default)
     CAPTURE_LOST = 12  # WAL capture's slot was dropped or lost its WAL (nothing lost: docs/guides/wal-capture.md)
+    REDIS_FULL = 13  # Redis is out of memory, or the streamer paused for it (--once): the records stay staged
     INTERRUPTED = 130  # Ctrl-C
 
 

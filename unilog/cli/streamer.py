@@ -33,6 +33,7 @@ def cmd_streamer(args: argparse.Namespace) -> int:
         wait_replicas=args.wait_replicas,
         wait_timeout_ms=args.wait_timeout_ms,
         horizon_warn_after=args.horizon_warn_after,
+        redis_memory_limit=args.redis_memory_limit / 100,
     )
     serve_metrics(args)
     with Streamer(settings, config, faults=faults_from(args), name=args.name) as streamer:
@@ -63,6 +64,15 @@ def add(sub: Any) -> None:
         help="warn, naming the session, when records wait this long behind an open transaction (default %(default)s)",
     )
     p.add_argument("--batch-size", type=positive_int, default=StreamerConfig.batch_size, help="default %(default)s")
+    p.add_argument(
+        "--redis-memory-limit",
+        type=float,
+        default=StreamerConfig.redis_memory_limit * 100,
+        metavar="PERCENT",
+        help="pause publishing while Redis's used memory is at or above this percentage of its maxmemory, before it "
+        "refuses writes (0: never pause; with --once, exit code 13 after --max-wait seconds paused; default "
+        "%(default)g)",
+    )
     p.add_argument("--poll-interval", type=float, default=1.0, help="seconds between polls without notifications")
     p.add_argument("--streams", help="comma-separated target streams this streamer publishes (default: all)")
     p.add_argument("--name", default="streamer", help="name in logs and pg_stat_activity")

@@ -49,7 +49,7 @@ from .groups import Groups
 from .layout import Layout
 from .letters import Letters
 from .partitions import Partitions
-from .publish import PUBLISH_LUA, Publishing, PublishResult  # noqa: F401 - the adapter's names
+from .publish import PUBLISH_LUA, MemoryUse, Publishing, PublishResult  # noqa: F401 - the adapter's names
 from .read import PAGE, Reading, StreamInfo  # noqa: F401 - the adapter's names
 from .refusals import (  # noqa: F401 - connecting and classifying refusals
     FATAL,
@@ -57,6 +57,7 @@ from .refusals import (  # noqa: F401 - connecting and classifying refusals
     fatal,
     hint,
     no_permission,
+    out_of_memory,
     ping,
     read_only,
     refusal,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,10 +94,39 @@ class PublishResult:
 PUBLISH_SHA = hashlib.sha1(PUBLISH_LUA.encode()).hexdigest()
 
 
+@dataclass(frozen=True)
+class MemoryUse:
+    """Redis's memory against its ``maxmemory`` (0: no limit), on the fullest node of a cluster."""
+
+    used: int
+    limit: int
+
+    @property
+    def ratio(self) -> float:
+        """``used / limit``; 0.0 without a limit."""
+        return self.used / self.limit if self.limit else 0.0
+
+
+def memory_use(info: Mapping[str, Any]) -> MemoryUse:
+    """The fullest node's :class:`MemoryUse` from an ``INFO memory`` reply (one node's fields, or a cluster's
+    replies by node)."""
+    nodes = [info] if "used_memory" in info else [v for v in info.values() if isinstance(v, Mapping)]
+    uses = [MemoryUse(int(n.get("used_memory", 0)), int(n.get("maxmemory", 0))) for n in nodes]
+    return max(uses, key=lambda u: u.ratio, default=MemoryUse(0, 0))
+
+
 class Publishing(Adapter):
     """Appending batches to a stream, each entry once (see ``PUBLISH_LUA``)."""
 
     _sha = PUBLISH_SHA
+
+    @issues("info")
+    def memory(self) -> MemoryUse:
+        """How full Redis is (``INFO memory``: ``used_memory`` against ``maxmemory``; on a cluster, its primaries'
+        fullest), for the streamer's back-pressure."""
+        if isinstance(self.client, redis.RedisCluster):
+            return memory_use(self.client.info("memory", target_nodes=redis.RedisCluster.PRIMARIES))
+        return memory_use(self.client.info("memory"))
 
     @issues(via=("explained", "_evalsha"))
     def publish(

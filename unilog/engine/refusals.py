@@ -193,6 +193,11 @@ def read_only(detail: str) -> RedisReadOnly:
     )
 
 
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether Redis refused for want of memory (``-OOM``, also when a script quotes it)."""
+    return isinstance(exc, redis.exceptions.OutOfMemoryError) or "OOM command not allowed" in str(exc)
+
+
 def hint(exc: BaseException) -> str | None:
     """What an operator should know about a Redis failure that unilog retries, or None."""
     if isinstance(exc, redis.BusyLoadingError):

@@ -37,12 +37,13 @@ PARTITION_RECHECK = 10.0  # seconds between looks at an unpartitioned stream's s
 
 @dataclass(frozen=True)
 class BatchResult:
-    """What one pass did: records published, whether committed records are still waiting behind the horizon, and
-    whether a stream with staged records is held by another streamer's lock."""
+    """What one pass did: records published, whether committed records are still waiting behind the horizon,
+    whether a stream with staged records is held by another streamer's lock, and whether publishing was held off."""
 
     published: int = 0
     waiting: bool = False
     blocked: bool = False
+    paused: bool = False  # publishing held off: Redis is nearly out of memory (back-pressure)
 
 
 class Capture(Protocol):

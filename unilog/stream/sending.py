@@ -6,7 +6,7 @@ from __future__ import annotations
 import structlog
 
 from .. import engine, store
-from ..errors import PublishError
+from ..errors import PublishError, RedisOutOfMemory
 
 log = structlog.get_logger(__name__)
 
@@ -36,6 +36,12 @@ def send(
             wait_timeout_ms=wait_timeout_ms,
         )
     except (engine.RedisError, OSError) as exc:
+        if engine.out_of_memory(exc):  # the script's error quotes Lua internals: say what happened instead
+            raise RedisOutOfMemory(
+                f"Redis is out of memory (maxmemory reached) and refused the batch of {payload.count} records for "
+                f"{stream}; they stay staged in Postgres and are published once Redis has room (raise maxmemory, or "
+                "find the consumer that holds retention back: unilog status)"
+            ) from None
         raise PublishError(f"Redis did not confirm the batch for {stream}: {exc}") from exc
     if result.replicas < wait_replicas:
         raise PublishError(

@@ -34,11 +34,12 @@ import structlog
 
 from .. import engine, store
 from ..config import Settings, validate_stream_name
-from ..errors import PublishError, UnilogError
+from ..errors import PublishError, RedisOutOfMemory, UnilogError
 from ..faults import NO_FAULTS, Faults
 from ..routing import partition_stream
 from ..runtime import TRANSIENT, Links, Worker
 from . import retention
+from .backpressure import MemoryWatch
 from .capture_table import TableCapture
 from .capture_wal import WalCapture
 from .publisher import BatchResult, Capture, Publisher
@@ -63,7 +64,10 @@ class StreamerConfig:
     while it runs (about 5 us per record measured here: 25 ms for the default 5000); smaller batches trade drain
     rate (see bench/RESULTS.md) for shorter pauses. When committed records have waited ``horizon_warn_after``
     seconds behind an open transaction, a warning names the session that holds them, every
-    ``horizon_warn_interval`` seconds while it lasts (burst mode warns after 5 s).
+    ``horizon_warn_interval`` seconds while it lasts (burst mode warns after 5 s). While Redis's ``used_memory`` is
+    at or above ``redis_memory_limit`` of its ``maxmemory`` (read every ``redis_memory_interval`` seconds), the
+    streamer publishes nothing, so Redis never has to refuse a batch (0: no such pause; see
+    :mod:`unilog.stream.backpressure`).
     """
 
     batch_size: int = 5000
@@ -82,6 +86,8 @@ class StreamerConfig:
     pg_timeout: float | None = 30.0
     horizon_warn_after: float = 30.0  # records held this long behind an open transaction: warn, naming it
     horizon_warn_interval: float = 60.0  # and again at most this often while it lasts
+    redis_memory_limit: float = 0.9
+    redis_memory_interval: float = 1.0
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -90,6 +96,8 @@ class StreamerConfig:
             raise ValueError("pipeline_batches must be at least 1")
         for s in self.streams or ():
             validate_stream_name(s)
+        if not 0 <= self.redis_memory_limit <= 1:
+            raise ValueError("redis_memory_limit must be between 0 (no pause) and 1")
 
 
 class Streamer(Worker):
@@ -142,6 +150,7 @@ class Streamer(Worker):
         self._last_retention = 0.0
         self._horizon_delay = self.config.horizon_poll  # between looks while records wait behind the horizon
         self._horizon = HorizonWatch(name, self.config.horizon_warn_interval)
+        self._memory = MemoryWatch(name, self.config.redis_memory_limit, self.config.redis_memory_interval)
 
     kind = "streamer"
     retryable = RETRYABLE
@@ -210,7 +219,9 @@ class Streamer(Worker):
         """
         conn = self._conn()
         with store.deadline(conn, self.config.pg_timeout):
-            self._retention()
+            self._retention()  # also while paused: trimming frees Redis's memory
+            if self._memory.full(self._engine()):
+                return BatchResult(paused=True)
             return self._capture_mode(conn).run_once(conn)
 
     def _capture_mode(self, conn: psycopg.Connection[Any]) -> Capture:
@@ -263,6 +274,10 @@ class Streamer(Worker):
                 delay = self.config.horizon_poll
                 self._horizon.clear()
                 continue
+            if result.paused:
+                self._paused_too_long(max_wait)
+                time.sleep(self._memory.interval)
+                continue
             if not result.waiting and not (result.blocked and self._staged_elsewhere()):
                 return total
             if result.waiting:
@@ -276,6 +291,16 @@ class Streamer(Worker):
                 )
             time.sleep(delay)
             delay = min(delay * 2, self.config.horizon_poll_max)
+
+    def _paused_too_long(self, max_wait: float | None) -> None:
+        """Burst mode: raise :class:`RedisOutOfMemory` once publishing was held off ``max_wait`` seconds."""
+        since = self._memory.paused_since
+        if max_wait is not None and since is not None and time.monotonic() - since >= max_wait:
+            raise RedisOutOfMemory(
+                f"{self._memory.describe()} for {max_wait:g}s (--max-wait): nothing was published and the records stay "
+                "staged in Postgres; raise maxmemory, let retention trim (unilog status: a consumer may hold it "
+                "back), or raise --redis-memory-limit"
+            )
 
     def _held_report(self) -> tuple[int, dict[str, Any] | None]:
         """(records of this streamer's streams that are committed but not publishable yet, the session holding
@@ -320,6 +345,10 @@ class Streamer(Worker):
         stream instead). A standby (it holds no stream, another streamer does) polls for the lock instead: no
         commit can make it publish, and asleep it would make every producer notify."""
         capture = self._capture
+        if result.paused:  # Redis is nearly full: look again once its memory was read again
+            self._listener.wake()
+            stop_event.wait(self._memory.interval)
+            return
         if self.publisher.standby and not self.publisher.owned and not capture.wakes_itself:
             self._listener.close()  # its NOTIFYs would only pile up
             stop_event.wait(self.config.poll_interval)
