@@ -17,7 +17,9 @@ import time
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from prometheus_client import Counter, Gauge, Histogram, Info, start_http_server
+from prometheus_client import Counter, Gauge, Histogram, Info, make_wsgi_app
+
+from . import health
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 _SIZE_BUCKETS = (1, 10, 50, 100, 500, 1000, 5000, 10000, 50000)
@@ -87,10 +89,38 @@ _lock = threading.Lock()
 
 
 def serve(port: int, addr: str = "127.0.0.1") -> None:
-    """Serve this process's metrics on ``http://addr:port/metrics`` from a daemon thread (once per address)."""
+    """Serve this process's metrics on ``http://addr:port/metrics``, and its ``/healthz`` and ``/readyz``
+    (:mod:`unilog.health`), from a daemon thread (once per address)."""
     with _lock:
         if (addr, port) not in _served:
-            _served[(addr, port)] = start_http_server(port, addr=addr)
+            _served[(addr, port)] = _start(port, addr)
+
+
+def _start(port: int, addr: str) -> Any:
+    import socketserver
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+    metrics_app = make_wsgi_app()
+
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        answer = health.respond(environ.get("PATH_INFO", ""))
+        if answer is None:
+            return list(metrics_app(environ, start_response))
+        status, body = answer
+        headers = [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
+        start_response("200 OK" if status == 200 else "503 Service Unavailable", headers)
+        return [body]
+
+    class Server(socketserver.ThreadingMixIn, WSGIServer):
+        daemon_threads = True
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, *args: Any) -> None:  # a probe every few seconds is not news
+            pass
+
+    server = make_server(addr, port, app, Server, handler_class=Quiet)
+    threading.Thread(target=server.serve_forever, daemon=True, name="unilog-metrics").start()
+    return server
 
 
 def batch_published(stream: str, count: int, seconds: float, first_created_ms: int | None) -> None:

@@ -24,6 +24,7 @@ import structlog
 from . import engine, metrics, store
 from .config import Settings
 from .errors import ConfigurationError, DataLoss, InjectedCrash, PolicyStop, ServerUnreachable, UnilogError
+from .health import HEALTH
 
 log = structlog.get_logger(__name__)
 
@@ -264,21 +265,33 @@ def serve(worker: Worker, stop_event: threading.Event) -> None:
     """The loop every worker shares: passes until ``stop_event`` is set (the pass in progress always finishes),
     with the one failure policy of :func:`failure_action`."""
     backoff = Backoff(worker.max_backoff)
-    while not stop_event.is_set():
-        try:
-            worker.before_pass()
-            result = worker.run_once()
-        except BaseException as exc:
-            action = failure_action(worker, exc, backoff.delay)
-            if action == "restart":
-                worker.restart()
+    loop = health_name(worker)
+    HEALTH.turned(loop)  # the loop exists from here: a first pass that hangs makes /healthz fail too
+    try:
+        while not stop_event.is_set():
+            try:
+                worker.before_pass()
+                result = worker.run_once()
+            except BaseException as exc:
+                action = failure_action(worker, exc, backoff.delay)
+                HEALTH.turned(loop, ready=action != "reconnect", reason=str(exc))
+                if action == "restart":
+                    worker.restart()
+                    continue
+                if action == "reconnect":
+                    worker.recover()
+                backoff.wait(stop_event)
                 continue
-            if action == "reconnect":
-                worker.recover()
-            backoff.wait(stop_event)
-            continue
-        backoff.reset()
-        worker.idle(result, stop_event)
+            HEALTH.turned(loop)
+            backoff.reset()
+            worker.idle(result, stop_event)
+    finally:
+        HEALTH.stopped(loop)
+
+
+def health_name(worker: Any) -> str:
+    """How ``/healthz`` and ``/readyz`` name a worker's loop: its kind and label (``streamer streamer=a``)."""
+    return " ".join([worker.kind, *(f"{k}={v}" for k, v in worker.label.items())])
 
 
 def failure_action(worker: Any, exc: BaseException, delay: float) -> str:

@@ -23,7 +23,8 @@ import structlog
 
 from .config import Settings
 from .engine.aio import AsyncRedisStreams, connect_async
-from .runtime import TRANSIENT, failure_action
+from .health import HEALTH
+from .runtime import TRANSIENT, failure_action, health_name
 from .store import aio as store
 
 log = structlog.get_logger(__name__)
@@ -142,13 +143,15 @@ class AsyncWorker(abc.ABC):
         stop = stop or asyncio.Event()
         await self.connect()
         log.info(f"{self.kind} started", asyncio=True, **self.label)
-        delay = 0.1
+        delay, loop = 0.1, health_name(self)
+        HEALTH.turned(loop)
         try:
             while not stop.is_set():
                 try:
                     await self.run_once()
                 except BaseException as exc:
                     action = failure_action(self, exc, delay)
+                    HEALTH.turned(loop, ready=action != "reconnect", reason=str(exc))
                     if action != "retry":  # a restart and a reconnect start over from committed state
                         await self.close()
                     if action != "restart":
@@ -156,7 +159,9 @@ class AsyncWorker(abc.ABC):
                             await asyncio.wait_for(stop.wait(), delay)
                         delay = min(delay * 2, self.max_backoff)
                     continue
+                HEALTH.turned(loop)
                 delay = 0.1
         finally:
+            HEALTH.stopped(loop)
             await self.close()
         log.info(f"{self.kind} stopped", **self.label)

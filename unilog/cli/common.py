@@ -18,6 +18,7 @@ from .. import engine
 from ..config import Settings
 from ..errors import ConfigurationError
 from ..faults import FaultConfig, Faults
+from ..health import HEALTH, MAX_SILENCE
 
 
 class ExitCode(IntEnum):
@@ -111,12 +112,21 @@ def metrics_args(p: argparse.ArgumentParser) -> None:
         "--metrics-port",
         type=int,
         default=int_env("UNILOG_METRICS_PORT"),
-        help="serve Prometheus metrics on this port (default: $UNILOG_METRICS_PORT; none)",
+        help="serve Prometheus metrics (/metrics) and health probes (/healthz, /readyz) on this port "
+        "(default: $UNILOG_METRICS_PORT; none)",
     )
     p.add_argument(
         "--metrics-addr",
         default=os.environ.get("UNILOG_METRICS_ADDR", "127.0.0.1"),
         help="address the metrics are served on (default: $UNILOG_METRICS_ADDR or 127.0.0.1; 0.0.0.0 for all)",
+    )
+    p.add_argument(
+        "--health-max-silence",
+        type=float,
+        default=MAX_SILENCE,
+        metavar="SECONDS",
+        help="/healthz fails once a loop has not turned for this long (a handler's batch included; "
+        "default %(default)g)",
     )
 
 
@@ -126,6 +136,8 @@ def serve_metrics(args: argparse.Namespace) -> None:
     if port is None:
         return
     from .. import metrics
+
+    HEALTH.max_silence = getattr(args, "health_max_silence", MAX_SILENCE)
 
     try:
         metrics.serve(port, args.metrics_addr)

@@ -1,0 +1,79 @@
+"""Liveness and readiness of this process, for a container orchestrator and the compose file's health checks.
+
+Every worker loop (:func:`unilog.runtime.serve`, :meth:`unilog.runtime_async.AsyncWorker.run`) reports each turn
+here: ``/healthz`` answers 200 while every loop of the process turned within ``max_silence`` seconds (a loop stuck
+in a handler, a hung call or a dead thread stops turning), else 503 naming the silent loop. ``/readyz`` answers 200
+while every loop's last pass reached its servers: a pass that failed to reach Postgres or Redis makes it 503 with
+the error until a pass succeeds again. A standby streamer waiting for the stream's lock, or an idle consumer, is
+ready: that is what it should be doing. Both are served beside ``/metrics`` on the process's ``--metrics-port``
+(:func:`unilog.metrics.serve`). A process with no loop (``unilog metrics``, the exporter) is alive and ready while
+it serves.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass
+
+MAX_SILENCE = 60.0  # seconds a loop may go without turning before /healthz fails; a handler's batch counts as a turn
+
+
+@dataclass
+class _Loop:
+    turned: float
+    ready: bool = True
+    reason: str = ""
+
+
+class Health:
+    """The loops of this process and what they last reported. Thread-safe."""
+
+    def __init__(self, max_silence: float = MAX_SILENCE) -> None:
+        self.max_silence = max_silence
+        self._loops: dict[str, _Loop] = {}
+        self._lock = threading.Lock()
+
+    def turned(self, name: str, *, ready: bool = True, reason: str = "") -> None:
+        """Loop ``name`` finished a pass (``ready``: it reached its servers; else ``reason`` says what failed)."""
+        with self._lock:
+            self._loops[name] = _Loop(time.monotonic(), ready, reason)
+
+    def stopped(self, name: str) -> None:
+        """Loop ``name`` ended on purpose (a stop event): it no longer counts."""
+        with self._lock:
+            self._loops.pop(name, None)
+
+    def names(self) -> list[str]:
+        """The loops that report here now."""
+        with self._lock:
+            return sorted(self._loops)
+
+    def alive(self) -> tuple[bool, dict[str, str]]:
+        """(every loop turned within ``max_silence``, the silent loops with how long they have been silent)."""
+        now = time.monotonic()
+        with self._lock:
+            silent = {n: f"silent {now - loop.turned:.0f}s" for n, loop in self._loops.items()}
+            silent = {n: s for n, s in silent.items() if now - self._loops[n].turned > self.max_silence}
+        return not silent, silent
+
+    def ready(self) -> tuple[bool, dict[str, str]]:
+        """(every loop's last pass reached its servers, the loops that did not with why)."""
+        with self._lock:
+            failing = {n: loop.reason for n, loop in self._loops.items() if not loop.ready}
+        return not failing, failing
+
+
+HEALTH = Health()
+
+
+def respond(path: str) -> tuple[int, bytes] | None:
+    """The status and JSON body for ``/healthz`` and ``/readyz``; None for any other path."""
+    checks = {"/healthz": HEALTH.alive, "/readyz": HEALTH.ready}
+    check = checks.get(path.rstrip("/") or path)
+    if check is None:
+        return None
+    ok, problems = check()
+    body = json.dumps({"status": "ok" if ok else "failing", "loops": problems}).encode()
+    return (200 if ok else 503), body
