@@ -44,6 +44,11 @@ def cmd_capture_status(args: argparse.Namespace) -> int:
             )
         if report["read_index"]:
             print("table-mode index: still present (every emit updates it): `unilog capture wal` again drops it")
+    if report["read_index"] and not report["read_index_valid"]:
+        print(
+            "table-mode index: INVALID (an interrupted build or drop left it): `unilog capture table` drops and "
+            "rebuilds it, `unilog capture wal` drops it"
+        )
     return ExitCode.OK
 
 
