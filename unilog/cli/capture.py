@@ -40,7 +40,8 @@ def cmd_capture_status(args: argparse.Namespace) -> int:
         else:
             print(
                 f"slot {report['slot']}: {state['wal_status']}, streamer pid {state['active_pid'] or '-'}, confirmed "
-                f"{state['confirmed_flush_lsn']}, WAL retained {state['retained_bytes'] or 0} bytes"
+                f"{state['confirmed_flush_lsn']} ({state['confirmed_lag_bytes'] or 0} bytes behind), WAL retained "
+                f"{state['retained_bytes'] or 0} bytes"
             )
         if report["read_index"]:
             print("table-mode index: still present (every emit updates it): `unilog capture wal` again drops it")

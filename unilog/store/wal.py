@@ -64,18 +64,23 @@ def default_slot_name(conn: psycopg.Connection[Any]) -> str:
 
 
 def slot_state(conn: psycopg.Connection[Any], slot: str) -> dict[str, Any] | None:
-    """The slot as ``pg_replication_slots`` shows it, with the WAL it retains, or None if it does not exist."""
+    """The slot as ``pg_replication_slots`` shows it, or None if it does not exist: its streamer's pid (None: no
+    session streams from it), its WAL status, and two distances in bytes from the current WAL position:
+    ``retained_bytes`` (to ``restart_lsn``: the WAL the server keeps on disk for the slot) and
+    ``confirmed_lag_bytes`` (to ``confirmed_flush_lsn``: what the streamer has not confirmed yet), None where the
+    slot has no such position (a lost slot has no ``restart_lsn``)."""
     row = conn.execute(
         """
         SELECT active_pid, wal_status, confirmed_flush_lsn::text, restart_lsn::text,
-               pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint
+               pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint,
+               pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint
         FROM pg_replication_slots WHERE slot_name = %s
         """,
         (slot,),
     ).fetchone()
     if row is None:
         return None
-    keys = ("active_pid", "wal_status", "confirmed_flush_lsn", "restart_lsn", "retained_bytes")
+    keys = ("active_pid", "wal_status", "confirmed_flush_lsn", "restart_lsn", "retained_bytes", "confirmed_lag_bytes")
     return dict(zip(keys, row, strict=True))
 
 
