@@ -238,6 +238,7 @@ def test_a_switch_behind_a_long_transaction_gives_up_on_its_lock_in_one_line(
     reader.execute("SELECT count(*) FROM staged_log_records").fetchone()
     enable_wal(settings)  # on, but the index cannot be dropped under that lock: kept, not an error
     assert capture_status(settings)["mode"] == "wal" and read_index(pg)
+    assert not capture_status(settings)["read_index_valid"], "the concurrent drop's first step: marked invalid"
     reader.rollback()
     enable_wal(settings)
     assert not read_index(pg)
@@ -246,10 +247,15 @@ def test_a_switch_behind_a_long_transaction_gives_up_on_its_lock_in_one_line(
     started = time.monotonic()
     result = unilog(settings, "capture", "table")
     assert result.returncode == 3 and "could not lock staged_log_records" in one_line(result)
-    assert time.monotonic() - started < 30, "gave up instead of queueing every producer behind the lock"
-    assert capture_status(settings)["mode"] == "wal", "the mode did not change"
+    assert time.monotonic() - started < 30, "gave up instead of waiting for the writer without end"
+    status = capture_status(settings)
+    assert status["mode"] == "wal", "the mode did not change"
+    # the build is concurrent: it gave up waiting for the writer after entering its index in the catalog, so the
+    # index is there, invalid (producers never waited for it); the next switch drops it and builds it again
+    assert status["read_index"] and not status["read_index_valid"]
     writer.commit()
     assert unilog(settings, "capture", "table").returncode == 0
+    assert capture_status(settings)["read_index_valid"]
     with streamer(settings) as s:
         s.drain(timeout=10)
     assert [n for _seq, n in published(rds)] == [0] and staged(pg) == 0
@@ -264,12 +270,24 @@ def test_a_switch_back_that_gives_up_halfway_leaves_wal_mode_whole(
         pytest.skip("wal_level is not logical")
     monkeypatch.setattr("unilog.store.wal.DDL_LOCK_TIMEOUT", 0.3)
     enable_wal(settings)
-    holder = psycopg.connect(settings.conninfo)  # SHARE: the index build may run, re-enabling the trigger may not
+    holder = psycopg.connect(settings.conninfo)  # SHARE: neither the concurrent index build nor the trigger may run
+    holder.execute("LOCK TABLE staged_log_records IN SHARE MODE")
+    with pytest.raises(ConfigurationError, match="could not lock staged_log_records"):
+        disable_wal(settings)  # gives up at its first step, the index
+    status = capture_status(settings)
+    assert status["mode"] == "wal" and status["slot_state"] is not None, "still WAL mode, its slot kept"
+    assert not status["read_index"], "refused its lock before entering the index in the catalog"
+    holder.rollback()
+    # halfway: the index is already built (no lock needed for it), re-enabling the trigger gives up. (With a plain
+    # CREATE INDEX, whose SHARE lock a SHARE holder does not block, the lock above stopped the switch here; the
+    # concurrent build's lock conflicts with SHARE, so the index is built first to reach this step.)
+    pg.execute("CREATE INDEX staged_log_records_stream_xid_id ON staged_log_records (stream, xid, id)")
     holder.execute("LOCK TABLE staged_log_records IN SHARE MODE")
     with pytest.raises(ConfigurationError, match="could not lock staged_log_records"):
         disable_wal(settings)
     status = capture_status(settings)
     assert status["mode"] == "wal" and status["slot_state"] is not None, "still WAL mode, its slot kept"
+    assert status["read_index_valid"]
     holder.rollback()
     disable_wal(settings)
     status = capture_status(settings)

@@ -102,6 +102,7 @@ def _families(report: dict[str, Any]) -> Iterator[GaugeMetricFamily]:
         [([s["name"]], s["publishers"]) for s in streams if s["publishers"] is not None],
     )
     yield from _lag_families(report)
+    yield from _capture_families(report.get("capture") or {"mode": "table"})
 
 
 def _lag_families(report: dict[str, Any]) -> Iterator[GaugeMetricFamily]:
@@ -139,3 +140,29 @@ def _lag_families(report: dict[str, Any]) -> Iterator[GaugeMetricFamily]:
         ["stream", "group"],
         [(values, g["dead_letters"]) for values, g in groups],
     )
+
+
+def _capture_families(capture: dict[str, Any]) -> Iterator[GaugeMetricFamily]:
+    """WAL capture's slot (label ``slot``); no samples in table mode, which has no slot."""
+    wal = capture["mode"] == "wal"
+    labels = [capture["slot"]] if wal else []
+    yield _gauge(
+        "unilog_capture_slot_active",
+        "1 while a streamer streams from the WAL capture slot, 0 while none does (the slot retains WAL meanwhile)",
+        ["slot"],
+        [(labels, 1 if capture["active"] else 0)] if wal else [],
+    )
+    for name, key, doc in (
+        (
+            "unilog_capture_slot_retained_bytes",
+            "retained_bytes",
+            "WAL the server keeps for the slot: current WAL position - restart_lsn",
+        ),
+        (
+            "unilog_capture_slot_confirmed_lag_bytes",
+            "confirmed_lag_bytes",
+            "WAL not yet confirmed by the slot's streamer: current WAL position - confirmed_flush_lsn",
+        ),
+    ):
+        value = capture.get(key) if wal else None
+        yield _gauge(name, doc, ["slot"], [] if value is None else [(labels, value)])

@@ -1,4 +1,5 @@
-"""``unilog status``: streams, staged backlog, consumers, groups, lag and dead letters, for people and scripts."""
+"""``unilog status``: streams, staged backlog, consumers, groups, lag, dead letters and the capture mode (in WAL mode
+the slot's health), for people and scripts."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ def collect_status(settings: Settings) -> dict[str, Any]:
         now_ms = time.time() * 1000
         return {
             "staged": _staged(conn),
+            "capture": capture_health(conn),
             "streams": [
                 _stream(api, name, backlog.get(name), now_ms, None if name in parts else conn) for name in names
             ],
@@ -38,6 +40,28 @@ def collect_status(settings: Settings) -> dict[str, Any]:
 def _staged(conn: Any) -> dict[str, Any]:
     records, oldest = store.staged_backlog(conn)
     return {"records": records, "oldest_age_seconds": oldest, "oldest_transaction": store.horizon_holder(conn)}
+
+
+def capture_health(conn: Any) -> dict[str, Any]:
+    """The capture mode, and in WAL mode its slot's health: whether a streamer streams from it (``active``), the WAL
+    the server keeps for it (``retained_bytes``: the current WAL position minus its ``restart_lsn``) and what its
+    streamer has not confirmed (``confirmed_lag_bytes``: minus its ``confirmed_flush_lsn``). Table mode has no slot."""
+    current = store.capture_slot(conn)
+    if current is None:
+        return {"mode": "table", "slot": None}
+    state = store.slot_state(conn, current.slot)
+    if state is None:
+        return {"mode": "wal", "slot": current.slot, "exists": False, "active": False, "active_pid": None}
+    return {
+        "mode": "wal",
+        "slot": current.slot,
+        "exists": True,
+        "active": state["active_pid"] is not None,
+        "active_pid": state["active_pid"],
+        "wal_status": state["wal_status"],
+        "retained_bytes": state["retained_bytes"],
+        "confirmed_lag_bytes": state["confirmed_lag_bytes"],
+    }
 
 
 def _partitions(api: engine.RedisStreams, stream: str) -> list[str]:
@@ -113,6 +137,7 @@ def format_status(report: dict[str, Any]) -> str:
             f"{holder['database']}, {holder['state']}), open {holder['age_seconds']:.1f}s: records committed after it "
             f"began wait for it; its query: {holder['query']!r}"
         )
+    lines.append(format_capture(report.get("capture")))
     lines.append("")
     lines += table(
         ["stream", "length", "first id", "last id", "staged", "publishers", "dead letters"],
@@ -146,6 +171,31 @@ def format_status(report: dict[str, Any]) -> str:
             ],
         )
     return "\n".join(lines)
+
+
+def format_capture(capture: dict[str, Any] | None) -> str:
+    """One line: the capture mode, and in WAL mode the slot's streamer, retained WAL and confirmation lag."""
+    if capture is None or capture["mode"] == "table":
+        return "capture: table mode (no slot)"
+    slot = capture["slot"]
+    if not capture["exists"]:
+        return f"capture: WAL, slot {slot} MISSING: run `unilog capture wal --recreate`"
+    streamer = f"streamer pid {capture['active_pid']}" if capture["active"] else "NO ACTIVE STREAMER"
+    return (
+        f"capture: WAL, slot {slot} ({capture['wal_status']}): {streamer}, WAL retained "
+        f"{_size(capture['retained_bytes'])}, confirmation lag {_size(capture['confirmed_lag_bytes'])}"
+    )
+
+
+def _size(n: int | None) -> str:
+    """Bytes for people: ``512 B``, ``3.2 MiB``; ``-`` for None."""
+    if n is None:
+        return "-"
+    units = ("B", "KiB", "MiB", "GiB", "TiB")
+    value, i = float(n), 0
+    while abs(value) >= 1024 and i < len(units) - 1:
+        value, i = value / 1024, i + 1
+    return f"{n} B" if i == 0 else f"{value:.1f} {units[i]}"
 
 
 def table(header: list[str], rows: list[list[Any]]) -> list[str]:

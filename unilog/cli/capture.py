@@ -40,10 +40,16 @@ def cmd_capture_status(args: argparse.Namespace) -> int:
         else:
             print(
                 f"slot {report['slot']}: {state['wal_status']}, streamer pid {state['active_pid'] or '-'}, confirmed "
-                f"{state['confirmed_flush_lsn']}, WAL retained {state['retained_bytes'] or 0} bytes"
+                f"{state['confirmed_flush_lsn']} ({state['confirmed_lag_bytes'] or 0} bytes behind), WAL retained "
+                f"{state['retained_bytes'] or 0} bytes"
             )
         if report["read_index"]:
             print("table-mode index: still present (every emit updates it): `unilog capture wal` again drops it")
+    if report["read_index"] and not report["read_index_valid"]:
+        print(
+            "table-mode index: INVALID (an interrupted build or drop left it): `unilog capture table` drops and "
+            "rebuilds it, `unilog capture wal` drops it"
+        )
     return ExitCode.OK
 
 

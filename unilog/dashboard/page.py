@@ -1,8 +1,9 @@
 """The dashboard's one page: plain HTML, CSS and JavaScript (no build step, nothing fetched from elsewhere).
 
-It polls ``/api/status`` every two seconds and redraws: streams, consumers with their lag drawn as an SVG line over
-the sampled history, the transaction holding the horizon, and the dead letters with show / replay / drop. Every
-value is inserted as text, never as HTML, so nothing read from the stream can script the page.
+It polls ``/api/status`` every two seconds and redraws: the capture mode (in WAL mode the slot's streamer, retained
+WAL and confirmation lag, with a warning while no streamer streams from it), streams, consumers with their lag drawn
+as an SVG line over the sampled history, the transaction holding the horizon, and the dead letters with show /
+replay / drop. Every value is inserted as text, never as HTML, so nothing read from the stream can script the page.
 """
 
 PAGE = """<!doctype html>
@@ -25,6 +26,10 @@ PAGE = """<!doctype html>
 <div class="muted">updated <span id="updated">never</span><span id="mode"></span></div>
 <div id="problem" class="banner error" hidden></div>
 <div id="horizon" class="banner warn" hidden></div>
+<div id="slot" class="banner warn" hidden></div>
+<h2>Capture</h2>
+<table id="capture"><thead><tr><th>mode</th><th>slot</th><th>streamer</th><th>WAL retained</th>
+<th>confirmation lag</th></tr></thead><tbody></tbody></table>
 <h2>Streams</h2>
 <table id="streams"><thead><tr><th>stream</th><th>length</th><th>staged</th><th>oldest staged (s)</th>
 <th>publishers</th><th>dead letters</th></tr></thead><tbody></tbody></table>
@@ -80,6 +85,26 @@ function drawHorizon(status) {
   if (holder) box.textContent = `Publication is held back by pid ${holder.pid} (${holder.application_name || "-"}, ` +
     `${holder.state}), open ${holder.age_seconds.toFixed(1)} s: ${holder.query}`;
 }
+function bytes(n) {
+  if (n === null || n === undefined) return "-";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"]; let v = n, i = 0;
+  while (Math.abs(v) >= 1024 && i < units.length - 1) { v /= 1024; i++; }
+  return i ? `${v.toFixed(1)} ${units[i]}` : `${n} B`;
+}
+function drawCapture(status) {
+  const c = status.capture || {mode: "table", slot: null}, wal = c.mode === "wal", body = $("#capture tbody");
+  body.replaceChildren();
+  const row = body.insertRow(); row.dataset.mode = c.mode;
+  cell(row, wal ? "WAL" : "table"); cell(row, wal ? c.slot : "no slot");
+  const streamer = !wal ? "-" : !c.exists ? "slot missing" : c.active ? `pid ${c.active_pid}` : "none";
+  cell(row, streamer, "slot-streamer");
+  cell(row, wal ? bytes(c.retained_bytes) : "-", "num slot-retained");
+  cell(row, wal ? bytes(c.confirmed_lag_bytes) : "-", "num slot-lag");
+  const box = $("#slot"); box.hidden = !wal || c.active;
+  if (!box.hidden) box.textContent = c.exists
+    ? `No streamer streams from WAL capture slot ${c.slot}: it retains WAL (${bytes(c.retained_bytes)}) until one does.`
+    : `WAL capture slot ${c.slot} is missing: run unilog capture wal --recreate.`;
+}
 async function post(url) {
   const r = await fetch(url, {method: "POST", headers: {"X-Unilog-Token": TOKEN}});
   if (!r.ok) throw new Error(await r.text());
@@ -120,7 +145,8 @@ async function refresh() {
     const data = await (await fetch("/api/status")).json();
     $("#problem").hidden = !data.error; $("#problem").textContent = data.error || "";
     if (data.status) {
-      drawStreams(data.status); drawConsumers(data.status, data.lag); drawHorizon(data.status);
+      drawCapture(data.status); drawStreams(data.status); drawConsumers(data.status, data.lag);
+      drawHorizon(data.status);
       await drawLetters(data.status);
     }
     $("#updated").textContent = new Date(data.at * 1000).toLocaleTimeString();

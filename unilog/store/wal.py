@@ -27,7 +27,7 @@ from .positions import save_positions
 
 PUBLICATION = "unilog_staged"
 READ_INDEX = "staged_log_records_stream_xid_id"  # table mode's read path; WAL mode drops it
-DDL_LOCK_TIMEOUT = 5.0  # seconds a mode switch waits for the staging table's lock
+DDL_LOCK_TIMEOUT = 5.0  # seconds a mode switch's DDL waits for a lock or for older transactions
 STATUS_INTERVAL = 10.0  # seconds between status updates while idle (the server's wal_sender_timeout is 60 s)
 _PG_EPOCH_US = 946_684_800_000_000  # 2000-01-01 in microseconds since the Unix epoch
 _XLOG_HEADER = struct.Struct("!cQQQ")
@@ -64,18 +64,23 @@ def default_slot_name(conn: psycopg.Connection[Any]) -> str:
 
 
 def slot_state(conn: psycopg.Connection[Any], slot: str) -> dict[str, Any] | None:
-    """The slot as ``pg_replication_slots`` shows it, with the WAL it retains, or None if it does not exist."""
+    """The slot as ``pg_replication_slots`` shows it, or None if it does not exist: its streamer's pid (None: no
+    session streams from it), its WAL status, and two distances in bytes from the current WAL position:
+    ``retained_bytes`` (to ``restart_lsn``: the WAL the server keeps on disk for the slot) and
+    ``confirmed_lag_bytes`` (to ``confirmed_flush_lsn``: what the streamer has not confirmed yet), None where the
+    slot has no such position (a lost slot has no ``restart_lsn``)."""
     row = conn.execute(
         """
         SELECT active_pid, wal_status, confirmed_flush_lsn::text, restart_lsn::text,
-               pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint
+               pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint,
+               pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint
         FROM pg_replication_slots WHERE slot_name = %s
         """,
         (slot,),
     ).fetchone()
     if row is None:
         return None
-    keys = ("active_pid", "wal_status", "confirmed_flush_lsn", "restart_lsn", "retained_bytes")
+    keys = ("active_pid", "wal_status", "confirmed_flush_lsn", "restart_lsn", "retained_bytes", "confirmed_lag_bytes")
     return dict(zip(keys, row, strict=True))
 
 
@@ -121,19 +126,59 @@ def set_notify_trigger(conn: psycopg.Connection[Any], enabled: bool) -> None:
     _locked_ddl(conn, f"ALTER TABLE staged_log_records {action} TRIGGER staged_log_records_notify")
 
 
+def read_index_state(conn: psycopg.Connection[Any]) -> str | None:
+    """Table mode's read index: ``"valid"``, ``"invalid"`` (left by a concurrent build or drop that failed or was
+    interrupted: queries do not use it, producers may still update it) or None (absent)."""
+    row = conn.execute("SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(%s)", (READ_INDEX,)).fetchone()
+    return None if row is None else "valid" if row[0] else "invalid"
+
+
 def has_read_index(conn: psycopg.Connection[Any]) -> bool:
-    row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (READ_INDEX,)).fetchone()
-    return bool(row and row[0])
+    """Whether the read index exists (valid or not)."""
+    return read_index_state(conn) is not None
 
 
 def set_read_index(conn: psycopg.Connection[Any], present: bool) -> None:
-    """Create or drop the (stream, xid, id) index that table-mode passes read by. WAL mode reads the slot and deletes
-    by primary key, so there it only costs every producer an index update; a switch back to table mode rebuilds it
-    (the staging table is small in WAL mode)."""
-    if present:
-        _locked_ddl(conn, f"CREATE INDEX IF NOT EXISTS {READ_INDEX} ON staged_log_records (stream, xid, id)")
-    else:
-        _locked_ddl(conn, f"DROP INDEX IF EXISTS {READ_INDEX}")
+    """Build or drop the (stream, xid, id) index that table-mode passes read by. WAL mode reads the slot and deletes
+    by primary key, so there it only costs every producer an index update; a switch back to table mode rebuilds it.
+
+    Both run ``CONCURRENTLY``: the build takes a lock producers' inserts do not wait for (a plain ``CREATE INDEX``
+    holds every producer for the whole build, which on a large backlog is seconds or minutes), so ``conn`` must be
+    in autocommit mode, and each statement commits. An invalid index, what a concurrent build that failed or was
+    interrupted leaves behind, is dropped first and built again. Each statement gives up after ``DDL_LOCK_TIMEOUT``
+    (:class:`ConfigurationError`, one line) when a long or idle transaction keeps it waiting."""
+    if not conn.autocommit:
+        raise ValueError("set_read_index needs an autocommit connection (CONCURRENTLY runs outside a transaction)")
+    state = read_index_state(conn)
+    if state == "invalid" or (state == "valid" and not present):
+        _concurrent_ddl(conn, f"DROP INDEX CONCURRENTLY IF EXISTS {READ_INDEX}")
+    if present and state != "valid":
+        _concurrent_ddl(
+            conn, f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {READ_INDEX} ON staged_log_records (stream, xid, id)"
+        )
+        if read_index_state(conn) != "valid":  # IF NOT EXISTS found another session's build still running
+            raise ConfigurationError(
+                f"another session is building {READ_INDEX} (see pg_stat_progress_create_index): run the command "
+                "again once it is done"
+            )
+
+
+def _concurrent_ddl(conn: psycopg.Connection[Any], statement: str) -> None:
+    """Run ``CREATE``/``DROP INDEX CONCURRENTLY`` on the staging table (autocommit), giving up after
+    DDL_LOCK_TIMEOUT. Its lock lets producers insert; it waits only for transactions that were open on the table
+    (or held a snapshot) when it began, and a long or idle one would keep it waiting without end."""
+    conn.execute(f"SET lock_timeout = '{int(DDL_LOCK_TIMEOUT * 1000)}ms'")
+    try:
+        conn.execute(statement)
+    except psycopg.errors.LockNotAvailable:
+        raise _not_locked() from None
+    except psycopg.errors.QueryCanceled:
+        raise ConfigurationError(
+            f"changing {READ_INDEX} was cancelled; the invalid index it leaves is dropped by the next run: run the "
+            "command again"
+        ) from None
+    finally:
+        conn.execute("RESET lock_timeout")
 
 
 def _locked_ddl(conn: psycopg.Connection[Any], statement: str) -> None:
@@ -144,10 +189,14 @@ def _locked_ddl(conn: psycopg.Connection[Any], statement: str) -> None:
             conn.execute(f"SET LOCAL lock_timeout = '{int(DDL_LOCK_TIMEOUT * 1000)}ms'")
             conn.execute(statement)
     except psycopg.errors.LockNotAvailable:
-        raise ConfigurationError(
-            f"could not lock staged_log_records within {DDL_LOCK_TIMEOUT:g} s: a long or idle-in-transaction session "
-            "holds it (see pg_stat_activity); end it and run the command again"
-        ) from None
+        raise _not_locked() from None
+
+
+def _not_locked() -> ConfigurationError:
+    return ConfigurationError(
+        f"could not lock staged_log_records within {DDL_LOCK_TIMEOUT:g} s: a long or idle-in-transaction session "
+        "holds it (see pg_stat_activity); end it and run the command again"
+    )
 
 
 def staged_before(conn: psycopg.Connection[Any], from_xid: str) -> bool:

@@ -136,13 +136,16 @@ def _fit_read_index(conn: psycopg.Connection[Any], captured: CaptureSlot) -> Non
     """Table mode's read index exactly while rows staged before the slot are left (a first switch, or a slot
     re-created after an outage: then every staged row predates it). Table-mode passes publish those, reading by
     the index (without it each batch scans the table); after them WAL mode has no use for it, and producers pay
-    its update. ``unilog capture wal`` again, once they are published, drops it."""
+    its update. ``unilog capture wal`` again, once they are published, drops it (and an invalid one, left by an
+    interrupted build or drop, in either case: dropped, or rebuilt)."""
     needed = store.staged_before(conn, captured.from_xid)
-    if needed == store.has_read_index(conn):
-        return
+    state = store.read_index_state(conn)
     if needed:
-        store.set_read_index(conn, True)  # ConfigurationError (one line, exit 3) if it cannot: run the command again
-        log.info("table-mode index built: rows staged before the slot go out through table-mode passes first")
+        if state != "valid":
+            store.set_read_index(conn, True)  # ConfigurationError (one line, exit 3) if it cannot: run it again
+            log.info("table-mode index built: rows staged before the slot go out through table-mode passes first")
+        return
+    if state is None:
         return
     try:
         store.set_read_index(conn, False)
@@ -158,7 +161,7 @@ def disable_wal(settings: Settings) -> None:
         current = store.capture_slot(conn)
         # the table first (each change may give up behind a long transaction): a switch that fails then leaves WAL
         # mode whole, with its slot, rather than table mode with no wake-up and a slot retaining WAL for nobody
-        store.set_read_index(conn, True)  # before table-mode passes start: they read by it
+        store.set_read_index(conn, True)  # before table-mode passes start: they read by it (built concurrently)
         store.set_notify_trigger(conn, True)
         store.forget_capture(conn)
         if current is not None:
@@ -172,7 +175,8 @@ def capture_status(settings: Settings) -> dict[str, Any]:
     with store.connect(settings.conninfo, autocommit=True, application_name="unilog-capture") as conn:
         current = store.capture_slot(conn)
         report: dict[str, Any] = {"mode": "wal" if current else "table", "wal_level": store.wal_level(conn)}
-        report["read_index"] = store.has_read_index(conn)
+        index = store.read_index_state(conn)
+        report["read_index"], report["read_index_valid"] = index is not None, index == "valid"
         if current is not None:
             report |= {"slot": current.slot, "publication": current.publication, "from_xid": current.from_xid}
             report["slot_state"] = store.slot_state(conn, current.slot)
