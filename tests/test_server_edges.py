@@ -99,7 +99,18 @@ def test_redis_out_of_memory_is_retried_with_a_hint_and_loses_nothing(
     client.config_set("maxmemory", "1")  # every write is refused with OOM
     stage(settings)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "unilog", "--log-json", "streamer", "--poll-interval", "0.2"],
+        # the back-pressure pause off: this is about the refusal itself (tests/test_backpressure.py has the pause)
+        [
+            sys.executable,
+            "-m",
+            "unilog",
+            "--log-json",
+            "streamer",
+            "--poll-interval",
+            "0.2",
+            "--redis-memory-limit",
+            "0",
+        ],
         env={
             **os.environ,
             "DATABASE_URL": settings.database_url,
@@ -114,7 +125,8 @@ def test_redis_out_of_memory_is_retried_with_a_hint_and_loses_nothing(
         assert proc.stdout is not None
         for line in proc.stdout:
             if "connection failed; retrying" in line:
-                assert "maxmemory" in line and "records stay staged" in line, line
+                assert "out of memory (maxmemory reached)" in line and "stay staged" in line, line
+                assert "user_script" not in line, "no Lua internals"
                 break
         assert staged(pg) == 3
         client.config_set("maxmemory", "0")
