@@ -3,7 +3,9 @@
 They are entry points in the group ``unilog.commands`` (see pyproject.toml): the library's command line finds them
 when this package is installed and works without them. Each ``add`` function adds one sub-parser whose
 ``func(args)`` returns an exit code; imports of the harness wait until the command runs, so ``unilog --help``
-stays fast.
+stays fast. Each command first checks that the demo extra's packages it needs are importable
+(:func:`require_demo_extra`): without them it stops at once, in one line naming ``pip install "unilog[demo]"``, with
+exit code 3 (``ExitCode.CONFIG``), instead of starting servers for an API that cannot start.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from unilog.cli import ExitCode
+from unilog.errors import ConfigurationError
 from unilog.log import configure_logging
 
 
@@ -30,7 +33,10 @@ def add_demo(sub: Any) -> None:
     p.add_argument(
         "--faults", action=argparse.BooleanOptionalAction, default=True, help="inject the reference's 10%% faults"
     )
-    p.add_argument("--log-dir", help="keep every process's log here (default: a temporary folder)")
+    p.add_argument(
+        "--log-dir",
+        help="keep every process's log here (default: a temporary folder, removed only when the consumers agree)",
+    )
     p.add_argument(
         "--dashboard",
         nargs="?",
@@ -45,7 +51,24 @@ def add_demo(sub: Any) -> None:
     p.set_defaults(func=run_demo_command)
 
 
+def require_demo_extra(command: str, api: str, *also: str) -> None:
+    """Refuse in one line, before any server starts, when what this run needs from the demo extra (pyproject.toml)
+    cannot be imported here: the API's framework and server for ``--api`` (the fleet's ``App.missing_modules``),
+    and the modules in ``also``. A bare ``pip install unilog`` has none of them."""
+    from unilog.harness.app import missing_modules
+
+    from .fleet import APP
+
+    missing = list(dict.fromkeys([*APP.missing_modules(api), *missing_modules(also)]))
+    if missing:
+        raise ConfigurationError(
+            f"unilog {command} needs the demo extra, which is not installed here (no {', '.join(missing)}): "
+            'pip install "unilog[demo]"'
+        )
+
+
 def run_demo_command(args: argparse.Namespace) -> int:
+    require_demo_extra("demo", args.api, *(["flask"] if args.dashboard is not None else []))
     from unilog.harness.demo import run_demo
 
     from .fleet import APP
@@ -179,6 +202,7 @@ def run_chaos_command(args: argparse.Namespace) -> int:
 
     if args.schedule_only:
         return _print_schedule(args)
+    require_demo_extra("chaos", args.api)
     log_dir = Path(args.log_dir) if args.log_dir else Path(tempfile.mkdtemp(prefix=f"unilog-chaos-{args.seed}-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     # the runner's own logs (supervisor, proxies) go to a file, so the terminal shows the live lines and the summary

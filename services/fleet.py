@@ -46,4 +46,7 @@ APP = App(
     source_object="ride",
     state_tables=("consumer_states",),
     asgi_api="api_fastapi:app",
+    # the demo extra's packages each API imports (pyproject.toml): greenlet is SQLAlchemy's asyncio layer's
+    api_requires=("flask",),
+    asgi_requires=("fastapi", "greenlet"),
 )

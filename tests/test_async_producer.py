@@ -111,10 +111,19 @@ def test_a_handle_without_a_transaction_is_refused(settings: Settings, pg: Any) 
     async def scenario() -> None:
         conn = await psycopg.AsyncConnection.connect(settings.conninfo, autocommit=True)
         try:
-            with pytest.raises(NotInTransaction):
+            with pytest.raises(NotInTransaction, match=r"^emit_async\(\) needs an open transaction") as refused:
                 await emit_async(conn, action="create", object="ride", data={})
+            assert "emit()" not in str(refused.value) and "async with conn.transaction()" in str(refused.value)
         finally:
             await conn.close()
+        engine = create_async_engine(sqlalchemy_url(settings.database_url), isolation_level="AUTOCOMMIT")
+        try:
+            async with engine.connect() as sa_conn:
+                with pytest.raises(NotInTransaction, match=r"^emit_async\(\) needs") as refused:
+                    await emit_async(sa_conn, action="create", object="ride", data={})
+                assert "emit()" not in str(refused.value)
+        finally:
+            await engine.dispose()
         with pytest.raises(TypeError, match="emit_async"):
             await emit_async(object(), action="create", object="ride", data={})
 

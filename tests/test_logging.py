@@ -1,4 +1,5 @@
-"""Logging: every batch logs its size and time; passwords never reach the logs."""
+"""Logging: every batch logs its size and time; passwords never reach the logs; a warning each retry would repeat is
+logged once."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ import json
 from typing import Any
 
 import psycopg
+import pytest
 import structlog
 from structlog.testing import capture_logs
 
 from unilog import Consumer, ConsumerConfig, Settings, Streamer, emit
+from unilog.consume.progress import RewindWatch
 from unilog.log import configure_logging
 
 
@@ -61,3 +64,39 @@ def test_console_logs_on_a_tty() -> None:
         structlog.reset_defaults()
     text: Any = out.getvalue()
     assert "hello" in text and not text.lstrip().startswith("{")
+
+
+def test_a_warning_retries_would_repeat_is_logged_once(settings: Settings, rds: Any) -> None:
+    """A consumer that first sees a producer past its position 1 (the history before was trimmed) says so once,
+    not again on each retry of the batch, nor after an in-process restart."""
+    for seq in (5, 6):
+        fields = {"producer": "p-trimmed", "epoch": "1", "seq": str(seq), "action": "a", "object": "o", "data": "{}"}
+        rds.xadd(settings.stream, fields)
+    failures = [RuntimeError("first try"), RuntimeError("second try")]
+
+    def handler(conn: Any, records: Any) -> None:
+        if failures:
+            raise failures.pop(0)
+
+    config = ConsumerConfig(name="once", stream=settings.stream, max_attempts=10)
+    with capture_logs() as logs, Consumer(settings, config, handler) as consumer:
+        for attempt in range(2):
+            with pytest.raises(RuntimeError):
+                consumer.run_once(block_ms=-1)
+            if attempt:
+                consumer.restart()
+        assert consumer.run_once(block_ms=-1).handled == 2
+    warnings = [e for e in logs if e["event"] == "history before this position is not in the stream"]
+    assert len(warnings) == 1, warnings
+    assert warnings[0]["producer"] == "p-trimmed" and tuple(warnings[0]["position"]) == (1, 5)
+
+
+def test_waiting_for_a_rewound_stream_is_logged_once_per_episode() -> None:
+    watch = RewindWatch("c", "s", grace=3600)
+    with capture_logs() as logs:
+        for _ in range(3):
+            watch.check(None, "5-0")  # the stream ends below the checkpoint: waiting for the re-send
+        watch.check("6-0", "5-0")  # re-sent
+        watch.check(None, "5-0")  # and lost again: a new episode
+    waits = [e for e in logs if e["event"].startswith("stream ends below the checkpoint")]
+    assert len(waits) == 2, waits

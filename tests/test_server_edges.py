@@ -1,6 +1,7 @@
 """Servers that refuse: Redis that wants a password (NOAUTH) or gets a wrong one (WRONGPASS), a read-only replica
-where the primary should be (READONLY), Redis out of memory (OOM), and a Postgres role without a privilege. Each
-gives one line naming the problem and the fix, with a named exit code, and nothing staged is lost."""
+where the primary should be (READONLY), Redis out of memory (OOM), a Postgres role without a privilege, and a
+closed Postgres port (libpq's whole message). Each gives one line naming the problem and the fix, with a named exit
+code, and nothing staged is lost."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from cli import one_line, unilog
 
 from unilog import Settings, emit
 from unilog.cli import ExitCode
-from unilog.harness.embedded import EmbeddedRedis, ServerNotFound
+from unilog.harness.embedded import EmbeddedRedis, ServerNotFound, free_port
 
 
 def stage(settings: Settings, n: int = 3) -> None:
@@ -275,3 +276,13 @@ def test_redis_loading_its_data_is_exit_4_in_burst_mode_and_waited_out_by_a_runn
         if server is not None:
             server.terminate()
             server.wait(timeout=30)
+
+
+@pytest.mark.parametrize("command", [["streamer", "--once"], ["migrate"]])
+def test_a_closed_postgres_port_shows_libpqs_whole_message_on_one_line(settings: Settings, command: list[str]) -> None:
+    closed = f"postgresql://unilog:secret@127.0.0.1:{free_port()}/unilog"
+    result = unilog(settings, *command, database_url=closed)
+    assert result.returncode == ExitCode.UNREACHABLE, result.stderr
+    line = one_line(result)
+    assert "Connection refused" in line and "Is the server running" in line, line
+    assert "\t" not in line and "secret" not in line, line

@@ -1,4 +1,4 @@
-"""Logging set-up for unilog processes.
+"""Logging set-up for unilog processes, and :class:`Once` for warnings a retry would repeat.
 
 Library modules only call ``structlog.get_logger(__name__)``; :func:`configure_logging` is called once, by a
 process entry point (the CLI, the demo services), never on import. Output is JSON lines when stdout is not a
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Hashable
 from typing import Any
 
 import structlog
@@ -47,3 +48,27 @@ def _isatty(stream: Any) -> bool:
         return bool(stream.isatty())
     except (AttributeError, ValueError):
         return False
+
+
+class Once:
+    """Which conditions a warning was already logged for, so a warning that every retry of the same work would
+    repeat is logged once per condition: ``if warned.first(key): log.warning(...)``. Keep it where it outlives the
+    retries (on the worker or its settings, not on a batch); :meth:`clear` a condition that has ended, so it is
+    logged again if it comes back."""
+
+    def __init__(self) -> None:
+        self._seen: set[Hashable] = set()
+
+    def first(self, condition: Hashable) -> bool:
+        """True the first time ``condition`` is seen (since it was cleared), False after."""
+        if condition in self._seen:
+            return False
+        self._seen.add(condition)
+        return True
+
+    def clear(self, condition: Hashable | None = None) -> None:
+        """Forget ``condition`` (None: every condition)."""
+        if condition is None:
+            self._seen.clear()
+        else:
+            self._seen.discard(condition)

@@ -20,7 +20,7 @@ from sqlalchemy.exc import DBAPIError
 
 from . import store
 from .config import postgres_conninfo, redact_url, sqlalchemy_url
-from .errors import MigrationFailed, ServerUnreachable
+from .errors import MigrationFailed
 
 log = structlog.get_logger(__name__)
 
@@ -60,11 +60,7 @@ def migrate(database_url: str, *, revision: str = "heads", producer_id: str | No
     except DBAPIError as exc:  # what Postgres refused, in one line: no traceback for a failed migration
         original = exc.orig
         if isinstance(original, psycopg.OperationalError) and original.sqlstate is None:
-            reason = str(original).strip().splitlines()[-1]
-            raise ServerUnreachable(
-                f"cannot connect to Postgres at {redact_url(database_url)}: {reason} "
-                "(is the server running and DATABASE_URL right?)"
-            ) from None
+            raise store.unreachable(conninfo, original) from None
         raise MigrationFailed(f"unilog migrate failed: {_first_line(original)}{_hint(original)}") from None
     finally:
         engine.dispose()

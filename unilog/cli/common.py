@@ -27,7 +27,7 @@ class ExitCode(IntEnum):
     OK = 0
     FAILURE = 1  # an unexpected error, or a check that failed (e.g. the demo's verdict)
     USAGE = 2  # bad command-line arguments (argparse's own code)
-    CONFIG = 3  # a setting is missing or malformed
+    CONFIG = 3  # a setting is missing or malformed (or a command's extra is not installed: pip install "unilog[demo]")
     UNREACHABLE = 4  # Postgres or Redis cannot be reached
     SCHEMA = 5  # the database is not migrated, or `unilog migrate` could not migrate it
     HANDLER = 6  # the consumer's handler cannot be imported

@@ -16,6 +16,7 @@ import structlog
 
 from .. import engine
 from ..errors import MalformedEntry, StreamGap, StreamRewound
+from ..log import Once
 from ..store import Checkpoint
 from .records import REPLAY_FOR, Record
 
@@ -37,13 +38,15 @@ class Sorted:
 @dataclass(frozen=True)
 class Rules:
     """Who sorts: the consumer's ``name``, its ``stream``, its replay ``owner`` tag, its malformed-entry policy, and
-    ``strict_start`` (a producer first seen past its position 1 stops it)."""
+    ``strict_start`` (a producer first seen past its position 1 stops it). ``warned``: the warnings already logged,
+    kept here because the consumer keeps its rules across retries and restarts, which sort the same batch again."""
 
     name: str
     stream: str
     owner: bytes
     on_malformed: str = "dead-letter"
     strict_start: bool = False
+    warned: Once = field(default_factory=Once, compare=False, repr=False)
 
 
 def sort_batch(
@@ -108,13 +111,15 @@ def check_contiguous(rules: Rules, record: Record, last: tuple[int, int] | None,
             "rebuild from the stream alone would miss them (rebuild from the archive instead)"
         )
     if last is None:
-        # a consumer that never saw this producer starts wherever the retained stream starts
-        log.warning(
-            "history before this position is not in the stream",
-            consumer=rules.name,
-            producer=record.producer,
-            position=pos,
-        )
+        # a consumer that never saw this producer starts wherever the retained stream starts: said once, not again
+        # on each retry of the batch (its checkpoint still has no position for the producer until the batch commits)
+        if rules.warned.first(("history", record.producer, pos)):
+            log.warning(
+                "history before this position is not in the stream",
+                consumer=rules.name,
+                producer=record.producer,
+                position=pos,
+            )
         return
     raise StreamGap(
         f"consumer {rules.name!r} on stream {rules.stream!r}: producer {record.producer!r} positions "
@@ -131,16 +136,20 @@ class RewindWatch:
     def __init__(self, name: str, stream: str, grace: float) -> None:
         self.name, self.stream, self.grace = name, stream, grace
         self._since: float | None = None
+        self._warned = Once()  # the waiting is logged once per checkpoint it happens at, not on every check
 
     def check(self, top: str | None, last_id: str) -> None:
         """``top``: the stream's last generated id (None: no such key); ``last_id``: the checkpoint's."""
         if last_id == "0-0" or (top is not None and engine.id_tuple(top) >= engine.id_tuple(last_id)):
             self._since = None
+            self._warned.clear()
             return
         now = time.monotonic()
         if self._since is None:
             self._since = now
         if now - self._since < self.grace:
+            if not self._warned.first(last_id):
+                return
             log.warning(
                 "stream ends below the checkpoint; waiting for the streamer to re-send what it kept staged",
                 consumer=self.name,

@@ -15,6 +15,8 @@ import importlib.util
 import json
 import os
 import sys
+import sysconfig
+import traceback
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from types import ModuleType
 from typing import Any, cast
@@ -176,7 +178,15 @@ def load_object(ref: str, search: Sequence[str] | None = None) -> Any:
 
     A top-level package or module that is not importable is looked for in ``search`` (default: the working
     directory, as ``python -m`` finds it) and imported from there, without changing ``sys.path``; modules it
-    imports by their own top-level names must then be importable (installed, or on ``PYTHONPATH``)."""
+    imports by their own top-level names must then be importable (installed, or on ``PYTHONPATH``). Whatever stops
+    the import (a missing module, a syntax error, an exception the module raises, a missing dependency of it) or
+    the attribute is :class:`~unilog.errors.HandlerNotFound`, in one line."""
+    return _load(ref, search, ("a reference is module:attribute", "name"))
+
+
+def _load(ref: str, search: Sequence[str] | None, form: tuple[str, str]) -> Any:
+    """:func:`load_object`; ``form``: how a reference looks and an attribute name for the example, for the error
+    when ``ref`` names a module."""
     module_name, sep, attr = ref.partition(":")
     if not sep:
         module_name, _, attr = ref.rpartition(".")
@@ -184,11 +194,65 @@ def load_object(ref: str, search: Sequence[str] | None = None) -> Any:
         raise HandlerNotFound(f"{ref!r} must look like package.module:name")
     try:
         module = _import(module_name, [os.getcwd()] if search is None else list(search))
-    except ImportError as exc:
-        raise HandlerNotFound(f"cannot import {module_name!r} for {ref!r}: {exc}") from None
+    except (Exception, SystemExit) as exc:  # anything the module does while it is imported: the user's code
+        raise HandlerNotFound(_import_failed(module_name, ref, exc)) from None
+    found = getattr(module, attr, None)
+    if isinstance(found, ModuleType) or (found is None and not sep and _is_module(ref)):
+        raise HandlerNotFound(f"{ref!r} is a module: {form[0]}, like '{ref}:{form[1]}'")
     if not hasattr(module, attr):
         raise HandlerNotFound(f"{module_name!r} has no {attr!r} ({ref!r})")
-    return getattr(module, attr)
+    return found
+
+
+def _import_failed(module_name: str, ref: str, exc: BaseException) -> str:
+    """One line saying why ``module_name`` could not be imported for ``ref``."""
+    where = f"cannot import {module_name!r} for {ref!r}"
+    if isinstance(exc, ModuleNotFoundError) and exc.name and _names_part_of(exc.name, module_name):
+        return f"{where}: no module named {exc.name!r} (in the working directory or on PYTHONPATH)"
+    if isinstance(exc, ModuleNotFoundError) and exc.name:
+        return f"{where}: it imports {exc.name!r}, which cannot be found (not installed, or not on PYTHONPATH)"
+    if isinstance(exc, SyntaxError):
+        return f"{where}: {type(exc).__name__} in {exc.filename}, line {exc.lineno}: {' '.join(str(exc.msg).split())}"
+    frame = _raising_line(exc)
+    at = f" at {frame.filename}, line {frame.lineno}" if frame is not None else ""
+    return f"{where}: importing it raised {_flat(exc)}{at}"
+
+
+def _raising_line(exc: BaseException) -> traceback.FrameSummary | None:
+    """The line of the application's code that raised ``exc`` while it was imported: the innermost frame below the
+    import machinery outside the standard library and installed packages (``os.environ[...]`` is reported where
+    the module asked, not inside ``os``), else the imported module's own line."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    first = next((i for i, f in enumerate(frames) if f.filename.startswith("<frozen importlib")), None)
+    imported = [f for f in frames[first or 0 :] if not f.filename.startswith("<")]
+    own = [f for f in imported if not f.filename.startswith(_LIBRARIES)]
+    return own[-1] if own else (imported[0] if imported else None)
+
+
+_LIBRARIES = tuple(
+    {
+        os.path.join(path, "")
+        for key, path in sysconfig.get_paths().items()
+        if key in ("stdlib", "platstdlib", "purelib", "platlib")
+    }
+)
+
+
+def _flat(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _names_part_of(missing: str, module_name: str) -> bool:
+    """Whether ``missing`` is ``module_name`` or one of its parent packages (the reference's own module is absent)."""
+    return module_name == missing or module_name.startswith(missing + ".")
+
+
+def _is_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except Exception:  # its parent is not a package
+        return False
 
 
 def _import(module_name: str, search: list[str]) -> ModuleType:
@@ -209,7 +273,7 @@ def _import(module_name: str, search: list[str]) -> ModuleType:
 
 def load_handler(ref: str, search: Sequence[str] | None = None) -> Handler:
     """Import ``module:function`` (or ``module.function``) and return the handler (see :func:`load_object`)."""
-    handler = load_object(ref, search)
+    handler = _load(ref, search, ("a handler reference is module:function", "handle"))
     if not callable(handler):
         raise HandlerNotFound(f"{ref!r} is not callable: a handler is a function (conn, records)")
     return cast(Handler, handler)

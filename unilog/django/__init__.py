@@ -26,6 +26,7 @@ from ..consume.consumer import Consumer, ConsumerConfig
 from ..consume.records import Handler
 from ..errors import ConfigurationError, NotInTransaction
 from ..faults import NO_FAULTS, Faults
+from ..produce.encoding import Encoder
 from ..produce.producer import Producer, _default, raise_if_schema_missing
 from ..runtime import Links
 from ..store import INSERT_STAGED, check_schema
@@ -42,18 +43,21 @@ def emit(
     key: str | None = None,
     using: str = DEFAULT_DB_ALIAS,
     producer: Producer | None = None,
+    default: Encoder | None = None,
 ) -> int:
     """Stage one record in the current ``transaction.atomic()`` block of database ``using``; return its staged id.
 
-    The arguments, validation and errors are :func:`unilog.emit`'s: bad input raises before anything is sent, so
-    the block stays usable."""
+    The arguments, validation, encoding of ``data`` (a model's ``DecimalField``, ``UUIDField``, ``DateTimeField``
+    and ``BinaryField`` values included; ``default`` for other types) and errors are :func:`unilog.emit`'s: bad
+    input raises before anything is sent, so the block stays usable."""
     connection = connections[using]
     if not connection.in_atomic_block:
         raise NotInTransaction(
             "unilog.django.emit() needs transaction.atomic(): outside it Django commits every statement at once, "
             "so the record would be published even if the rest of the work failed"
         )
-    params = (producer or _default).prepare(action=action, object=object, data=data, stream=stream, key=key)
+    settings = producer or _default
+    params = settings.prepare(action=action, object=object, data=data, stream=stream, key=key, default=default)
     try:
         with connection.cursor() as cursor:
             cursor.execute(INSERT_STAGED, params)

@@ -17,7 +17,9 @@ The contract the runners rely on:
 * every record the application stages for one row of ``source_table`` carries ``data["id"]`` = that row's id and
   ``object`` = ``source_object``, and ``canonical_totals`` recomputes from the table what every consumer must hold;
 * ``stage(conn, cid, rng, stream)`` (chaos) inserts one source row and stages its record with ``data["cid"] = cid``
-  in the caller's transaction, and returns the row's id.
+  in the caller's transaction, and returns the row's id;
+* ``api_requires`` and ``asgi_requires`` name the modules each API imports that unilog does not depend on (its web
+  framework): :meth:`App.missing_modules` checks them, and the server the API runs under, before anything starts.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from __future__ import annotations
 import importlib.util
 import shutil
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +60,8 @@ class App:
     group_workers: tuple[str, ...] = ("group0-a", "group0-b")
     spark_name: str = "spark0"
     state_tables: tuple[str, ...] = ()  # the consumers' state: must be empty before a chaos run
+    api_requires: tuple[str, ...] = ()  # modules the WSGI ``api`` imports beyond unilog's dependencies
+    asgi_requires: tuple[str, ...] = ()  # modules the ASGI ``asgi_api`` imports beyond unilog's dependencies
 
     def module(self, name: str) -> str:
         """The importable name of one of the app's modules (or ``module:attribute``)."""
@@ -80,6 +84,26 @@ class App:
             raise ConfigurationError(f"--api must be flask or fastapi, not {kind!r}")
         gunicorn = [python, "-m", "gunicorn", "--bind", f"127.0.0.1:{port}", "--workers", "2", "--threads", "4"]
         return [*gunicorn, "--graceful-timeout", "5", self.module(self.api)]
+
+    def missing_modules(self, kind: str = "flask") -> list[str]:
+        """What serving the ``kind`` API (see :meth:`api_argv`) needs and cannot import here: the server it runs
+        under (gunicorn, uvicorn) and the app's ``api_requires`` or ``asgi_requires``. Checked without importing
+        anything, in a moment, so a runner can refuse before it starts a server."""
+        needs = ("uvicorn", *self.asgi_requires) if kind == "fastapi" else ("gunicorn", *self.api_requires)
+        return missing_modules(needs)
+
+
+def missing_modules(names: Iterable[str]) -> list[str]:
+    """The modules of ``names`` (dotted names allowed) that cannot be imported here, in order; found by
+    ``importlib.util.find_spec`` (a dotted name's parent packages are imported, the modules themselves are not)."""
+    return [name for name in names if not _importable(name)]
+
+
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except Exception:  # a parent package that is missing, or fails to import
+        return False
 
 
 def spark_available() -> bool:

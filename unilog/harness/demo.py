@@ -7,12 +7,14 @@ consumers, the group's workers, the Spark consumer (when pyspark and Java are pr
 are injected as in the reference design: the streamer double-sends 10 % of its batches and each consumer crashes
 before committing 10 % of the time. A terminal view refreshes every second. After ``duration`` seconds (or Ctrl-C)
 the simulator stops, the consumers catch up, and one verdict line says whether every consumer equals the canonical
-totals the app computes from its source table.
+totals the app computes from its source table. The processes' logs go to ``log_dir``, else to a temporary folder
+removed after a run that agreed and kept (and named) otherwise.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -136,7 +138,7 @@ def run_demo(
     out = out or sys.stdout
     spark = app.spark_consumer is not None and (spark_available() if spark is None else spark)
     redis_server = EmbeddedRedisCluster() if redis_cluster else EmbeddedRedis()
-    with tempfile.TemporaryDirectory(prefix="unilog-demo-") as tmp, EmbeddedPostgres() as pg, redis_server as rd:
+    with EmbeddedPostgres() as pg, redis_server as rd:
         redis_url = rd.cluster_url if isinstance(rd, EmbeddedRedisCluster) else rd.url
         app.prepare(pg.url)
         settings = Settings.from_dsn(pg.url, redis_url, app.stream)
@@ -144,7 +146,8 @@ def run_demo(
         admin.declare(settings, app.stream, consumers=consumers, groups=[app.group])
         api_port = free_port()
         env = {**_clean_env(), "DATABASE_URL": pg.url, "REDIS_URL": redis_url, "UNILOG_STREAM": app.stream}
-        fleet = Fleet(log_dir or Path(tmp) / "logs", cwd=Path.cwd(), base_env=env)
+        logs = log_dir or Path(tempfile.mkdtemp(prefix="unilog-demo-logs-"))
+        fleet = Fleet(logs, cwd=Path.cwd(), base_env=env)
         stop = _stop_on_signals()
         ports = metrics_ports(app, spark)
         specs = fleet_specs(app, api_port, rate, faults, seed, spark, ports, api=api)
@@ -170,7 +173,17 @@ def run_demo(
         finally:
             fleet.stop_all(order=["simulator", "api", *app.streamers, *consumers, *app.group_workers])
         _print_verdict(app, snap, fleet, out)
-        return snap.agree
+    _keep_or_remove(logs, keep=log_dir is not None or not snap.agree, out=out)
+    return snap.agree
+
+
+def _keep_or_remove(logs: Path, keep: bool, out: TextIO) -> None:
+    """The processes' logs: a temporary folder is removed only after a run that agreed; an error on the way out
+    leaves it in place (the error may name a log in it)."""
+    if keep:
+        print(f"logs: {logs}", file=out, flush=True)
+    else:
+        shutil.rmtree(logs, ignore_errors=True)
 
 
 def _clean_env() -> dict[str, str]:

@@ -14,6 +14,7 @@ from typing import Any
 import psycopg
 
 from ..store import INSERT_STAGED
+from .encoding import Encoder
 from .producer import Producer, StagedParams, _default, raise_if_schema_missing, require_transaction
 
 try:  # SQLAlchemy's asyncio layer needs greenlet ("sqlalchemy[asyncio]"); without it only psycopg handles work
@@ -31,10 +32,12 @@ async def emit_async(
     stream: str | None = None,
     key: str | None = None,
     producer: Producer | None = None,
+    default: Encoder | None = None,
 ) -> int:
-    """Stage one record in ``tx``'s transaction and return its staged id; see :meth:`unilog.Producer.emit`."""
+    """Stage one record in ``tx``'s transaction and return its staged id; ``data`` is encoded as :func:`unilog.emit`
+    says (``default``: your encoder for other types); see :meth:`unilog.Producer.emit`."""
     settings = producer or _default
-    params = settings.prepare(action=action, object=object, data=data, stream=stream, key=key)
+    params = settings.prepare(action=action, object=object, data=data, stream=stream, key=key, default=default)
     return await _insert(tx, params)
 
 
@@ -43,13 +46,13 @@ async def _insert(tx: Any, params: StagedParams) -> int:
         tx = await tx.connection()  # joins (or begins) the session's transaction
     try:
         if isinstance(tx, psycopg.AsyncConnection):
-            require_transaction(tx)
+            require_transaction(tx, "emit_async()", "async with")
             cursor = await tx.execute(INSERT_STAGED, params)
             row = await cursor.fetchone()
         elif AsyncConnection is not None and isinstance(tx, AsyncConnection):
             raw = await tx.get_raw_connection()
             if isinstance(raw.driver_connection, psycopg.AsyncConnection):
-                require_transaction(raw.driver_connection)
+                require_transaction(raw.driver_connection, "emit_async()", "async with")
             row = (await tx.exec_driver_sql(INSERT_STAGED, params)).fetchone()
         else:
             raise TypeError(

@@ -35,6 +35,7 @@ from .connection import (
     deadline,
     fatal,
     take_migration_lock,
+    unreachable,
 )
 from .groups import (
     Identity,
@@ -201,6 +202,7 @@ __all__ = [
     "try_prune_lock",
     "try_sleep",
     "try_stream_lock",
+    "unreachable",
     "wake",
     "wal_capture_unavailable",
     "wal_level",

@@ -45,8 +45,11 @@ def connect_options(application_name: str, timeout: float | None) -> dict[str, A
 
 
 def unreachable(conninfo: str, exc: Exception) -> ServerUnreachable:
-    """The one-line error for a failed connection attempt: the server (password redacted), the reason, the fix."""
-    reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+    """The one-line error for a failed connection attempt: the server (password redacted), the reason, the fix.
+
+    The reason is libpq's whole message on one line (its lines and tabs become single spaces): its last line alone
+    is often only the hint ("Is the server running on that host...") without the failure before it."""
+    reason = " ".join(str(exc).split()) or type(exc).__name__
     return ServerUnreachable(
         f"cannot connect to Postgres at {redact_url(conninfo)}: {reason} "
         "(is the server running and DATABASE_URL right?)"

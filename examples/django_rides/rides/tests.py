@@ -69,6 +69,22 @@ class EmitTests(TransactionTestCase):
         self.assertEqual(staged(), [{"n": 4}])
         self.assertEqual(Ride.objects.count(), 1)
 
+    def test_model_values_are_encoded_by_the_documented_rules_and_a_default_encoder(self) -> None:
+        ref = uuid.uuid4()
+        with transaction.atomic():
+            ride = Ride.objects.create(distance=Decimal("12.5"))
+            ride.refresh_from_db()  # a DecimalField as the database gives it: Decimal('12.500')
+            emit(
+                action="create",
+                object="ride",
+                data={"ride": ride, "distance": ride.distance, "ref": ref, "raw": b"\x00\xff"},
+                default=lambda obj: {"id": obj.pk, "distance": obj.distance} if isinstance(obj, Ride) else str(obj),
+            )
+        [data] = staged()
+        self.assertEqual(data["distance"], "12.500")  # a string: exact
+        self.assertEqual(data["ride"], {"id": ride.pk, "distance": "12.500"})  # the rules apply to what it returns
+        self.assertEqual((uuid.UUID(data["ref"]), data["raw"]), (ref, "AP8="))
+
 
 class ConsumerTests(TransactionTestCase):
     def setUp(self) -> None:

@@ -343,7 +343,9 @@ def _proxy_for(url: str) -> FaultProxy | None:
 
 
 def wait_for_api(port: int, fleet: Fleet, timeout: float = 60.0) -> None:
-    """Wait until the app's API answers ``GET /health``."""
+    """Wait until the app's API (process ``api``, started and not yet watched) answers ``GET /health``; refuse once
+    it has exited or after ``timeout`` seconds, with the last line of its log (the log is kept: the caller keeps
+    its log folder when it fails)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -351,8 +353,25 @@ def wait_for_api(port: int, fleet: Fleet, timeout: float = 60.0) -> None:
                 if response.status == 200:
                     return
         except OSError:
+            if not fleet.running("api"):
+                break
             time.sleep(0.2)
-    raise UnilogError(f"the API did not come up; see {fleet.log_dir / 'api.log'}")
+    child = fleet.children.get("api")
+    code = child.popen.poll() if child is not None else None
+    if child is not None:
+        child.reader.join(2)  # what it printed before it exited, into its log
+    how = f"it exited with code {code}" if code is not None else f"no answer on port {port} in {timeout:g} s"
+    path = fleet.log_dir / "api.log"
+    raise UnilogError(f"the API did not come up ({how}); its log's last line: {_last_line(path)}; whole log: {path}")
+
+
+def _last_line(path: Path) -> str:
+    """The last non-empty line of a log, whitespace collapsed (for a one-line error)."""
+    try:
+        lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError as exc:
+        return f"(unreadable: {exc.strerror or exc})"
+    return " ".join(lines[-1].split()) if lines else "(empty)"
 
 
 def _chaos_phase(
