@@ -57,14 +57,16 @@ USES: dict[str, tuple[Callable[..., Any], ...]] = {
     ),
     # group workers (both faces): deliveries, claims, acknowledgements, attempt counts, dead letters
     "group": (R.ensure_group, R.read_group, R.ack, R.autoclaim, R.attempt, R.settle, R.dead_letter),
-    # `unilog status`, `metrics` and `dashboard`; dead letters (list, show, replay, drop); consumers (register,
-    # unregister, reset, rebuild) and `unilog.admin.declare`; `unilog stream partition` and `relayout`
+    # `unilog status`, `metrics` and `dashboard` (with what each registration holds: groups' oldest pending entries);
+    # dead letters (list, show, replay, drop); consumers (register, unregister, reset, rebuild) and
+    # `unilog.admin.declare`; `unilog stream partition` and `relayout`
     "operator": (
         R.partitions,
         R.info,
         R.first_after,
         R.entries_after,
         R.groups,
+        R.pending_summary,
         R.dead_letters,
         R.replay_dead_letter,
         R.delete_dead_letter,

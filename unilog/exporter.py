@@ -105,13 +105,41 @@ def _families(report: dict[str, Any]) -> Iterator[GaugeMetricFamily]:
     yield from _capture_families(report.get("capture") or {"mode": "table"})
 
 
+def _registration_families(consumers: list[dict[str, Any]]) -> Iterator[GaugeMetricFamily]:
+    """Each consumer registered for retention (label ``stream``, ``consumer``), whether or not it ever ran."""
+    registered = [([c["stream"], c["name"]], c) for c in consumers if c.get("registered_id") is not None]
+    labels = ["stream", "consumer"]
+    yield _gauge(
+        "unilog_consumer_registered_never_ran",
+        "1 for a consumer registered for retention that has no checkpoint yet (it never ran), 0 once it has one",
+        labels,
+        [(values, 1 if c["never_ran"] else 0) for values, c in registered],
+    )
+    yield _gauge(
+        "unilog_consumer_held_entries",
+        "Entries retention keeps for a registered consumer: after its registered id, up to the last one the next "
+        "holder further along the stream has read (0: it holds nothing)",
+        labels,
+        [(values, c["holds_entries"]) for values, c in registered],
+    )
+    yield _gauge(
+        "unilog_consumer_registration_age_seconds",
+        "How long the first entry after a consumer's registered id has waited (0 when none follows it): grows while "
+        "the registration does not move past it",
+        labels,
+        [(values, c["registration_age_seconds"] or 0.0) for values, c in registered],
+    )
+
+
 def _lag_families(report: dict[str, Any]) -> Iterator[GaugeMetricFamily]:
+    yield from _registration_families(report["consumers"])
+    # a consumer registered ahead of its first run lags by the whole retained stream (its lag after 0-0)
     rows = [([c["stream"], c["name"], "checkpoint"], c) for c in report["consumers"]]
     rows += [([s["name"], g["name"], "group"], g) for s in report["streams"] for g in s["groups"]]
     labels = ["stream", "consumer", "kind"]
     yield _gauge(
         "unilog_consumer_lag_entries",
-        "Entries after the consumer's checkpoint (a group's last delivered)",
+        "Entries after the consumer's checkpoint (a group's last delivered; a registered consumer's id until it runs)",
         labels,
         [(values, row["lag_entries"]) for values, row in rows],
     )

@@ -1,5 +1,10 @@
 """``unilog status``: streams, staged backlog, consumers, groups, lag, dead letters and the capture mode (in WAL mode
-the slot's health), for people and scripts."""
+the slot's health), for people and scripts.
+
+The consumers are those with a checkpoint in Postgres and those registered for retention in Redis (``unilog consumer
+register``, :func:`unilog.admin.declare`), on the streams the report covers: a consumer registered ahead of its
+first run ("registered, never ran") holds the stream's retention before it has a checkpoint. Each registered one
+shows how much of the stream it holds (:func:`unilog.stream.retention.held`)."""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ from typing import Any
 
 from . import dlq, engine, store
 from .config import Settings
+from .stream import retention
 
 
 def collect_status(settings: Settings) -> dict[str, Any]:
@@ -24,13 +30,16 @@ def collect_status(settings: Settings) -> dict[str, Any]:
         parts = [p for n in list(names) for p in _partitions(api, n) if p not in names]
         names += parts
         now_ms = time.time() * 1000
+        registrations: dict[str, dict[str, dict[str, Any]]] = {}
+        streams = [
+            _stream(api, name, backlog.get(name), now_ms, None if name in parts else conn, registrations)
+            for name in names
+        ]
         return {
             "staged": _staged(conn),
             "capture": capture_health(conn),
-            "streams": [
-                _stream(api, name, backlog.get(name), now_ms, None if name in parts else conn) for name in names
-            ],
-            "consumers": [_consumer(api, cp, now_ms) for cp in checkpoints],
+            "streams": streams,
+            "consumers": _consumers(api, checkpoints, registrations, now_ms),
         }
     finally:
         conn.close()
@@ -69,22 +78,54 @@ def _partitions(api: engine.RedisStreams, stream: str) -> list[str]:
     return [f"{stream}.p{i}" for i in range(count)] if count > 1 else []
 
 
-def _lag(api: engine.RedisStreams, stream: str, after_id: str, now_ms: float) -> tuple[int, float]:
-    """(entries after ``after_id``, age in seconds of the first of them: how long the oldest unread one waited)."""
+def _waited(api: engine.RedisStreams, stream: str, after_id: str, now_ms: float) -> float | None:
+    """Age in seconds of the first entry after ``after_id`` (how long the oldest unread one waited); None if none."""
     first = api.first_after(stream, after_id)
     if first is None:
+        return None
+    return round(max(0.0, now_ms - engine.id_tuple(engine.to_str(first[0]))[0]) / 1000, 3)
+
+
+def _lag(api: engine.RedisStreams, stream: str, after_id: str, now_ms: float) -> tuple[int, float]:
+    """(entries after ``after_id``, age in seconds of the first of them: how long the oldest unread one waited)."""
+    waited = _waited(api, stream, after_id, now_ms)
+    if waited is None:
         return 0, 0.0
-    waited = max(0.0, now_ms - engine.id_tuple(engine.to_str(first[0]))[0]) / 1000
-    return api.entries_after(stream, after_id), round(waited, 3)
+    return api.entries_after(stream, after_id), waited
+
+
+def _registrations(api: engine.RedisStreams, stream: str, groups: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The consumers registered on ``stream``: each one's registered id, the entries it holds and whether it is the
+    lowest holder, the one trimming stops at (it then holds the oldest retained entries)."""
+    everyone = retention.holders(api, stream, groups)
+    counts = retention.held(api, stream, everyone)
+    lowest = min((h.floor for h in everyone), key=engine.id_tuple, default=None)
+    return {
+        h.name: {
+            "registered_id": h.floor,
+            "holds_entries": counts[h.name],
+            "holds_oldest": counts[h.name] > 0 and h.floor == lowest,
+        }
+        for h in everyone
+        if h.kind == "consumer"
+    }
 
 
 def _stream(
-    api: engine.RedisStreams, name: str, staged: tuple[int, float | None] | None, now_ms: float, conn: Any
+    api: engine.RedisStreams,
+    name: str,
+    staged: tuple[int, float | None] | None,
+    now_ms: float,
+    conn: Any,
+    registrations: dict[str, dict[str, dict[str, Any]]],
 ) -> dict[str, Any]:
+    """One stream's report; its registered consumers go into ``registrations[name]``."""
     info = api.info(name)
     letters = dlq.list_letters(api, name)
     groups = []
-    for group in api.groups(name):
+    found = api.groups(name)
+    registrations[name] = _registrations(api, name, found)
+    for group in found:
         group_name = str(group["name"])
         lag, waited = _lag(api, name, str(group["last-delivered-id"]), now_ms)
         groups.append(
@@ -113,16 +154,64 @@ def _stream(
     }
 
 
-def _consumer(api: engine.RedisStreams, cp: store.Checkpoint, now_ms: float) -> dict[str, Any]:
-    lag, waited = _lag(api, cp.stream, cp.last_id, now_ms)
+def _consumers(
+    api: engine.RedisStreams,
+    checkpoints: list[store.Checkpoint],
+    registrations: dict[str, dict[str, dict[str, Any]]],
+    now_ms: float,
+) -> list[dict[str, Any]]:
+    """A row per checkpoint and per registration without one (registered, never ran), by name and stream."""
+    rows = []
+    ran = {(cp.stream, cp.name) for cp in checkpoints}
+    for cp in checkpoints:
+        rows.append(_consumer(api, cp.name, cp.stream, cp, registrations.get(cp.stream, {}).get(cp.name), now_ms))
+    for stream, registered in registrations.items():
+        rows += [_consumer(api, n, stream, None, r, now_ms) for n, r in registered.items() if (stream, n) not in ran]
+    return sorted(rows, key=lambda row: (row["name"], row["stream"]))
+
+
+def _consumer(
+    api: engine.RedisStreams,
+    name: str,
+    stream: str,
+    cp: store.Checkpoint | None,
+    registration: dict[str, Any] | None,
+    now_ms: float,
+) -> dict[str, Any]:
+    """A consumer's row: its checkpoint (``last_id`` None: registered, never ran), lag after the checkpoint (after
+    the registered id if it never ran), and its registration: the registered id (None: retention does not wait for
+    it), the entries it holds, whether they are the oldest retained, and ``registration_age_seconds``: how long the
+    first entry after the registered id has waited (0 when none follows it)."""
+    registered_id = registration["registered_id"] if registration else None
+    lag, waited = _lag(api, stream, cp.last_id if cp else str(registered_id), now_ms)
+    age = None
+    if registered_id is not None:
+        age = waited if cp is None else (_waited(api, stream, registered_id, now_ms) or 0.0)
     return {
-        "name": cp.name,
-        "stream": cp.stream,
-        "last_id": cp.last_id,
-        "positions": {p: f"{e}:{s}" for p, (e, s) in cp.positions.items()},
+        "name": name,
+        "stream": stream,
+        "last_id": cp.last_id if cp else None,
+        "never_ran": cp is None,
+        "positions": {p: f"{e}:{s}" for p, (e, s) in cp.positions.items()} if cp else {},
         "lag_entries": lag,
         "lag_seconds": waited,
+        "registered_id": registered_id,
+        "holds_entries": registration["holds_entries"] if registration else 0,
+        "holds_oldest": bool(registration and registration["holds_oldest"]),
+        "registration_age_seconds": age,
     }
+
+
+def holds_text(consumer: dict[str, Any]) -> str:
+    """What a consumer's registration holds, in words: ``holds 12 entries (the oldest retained)``, ``holds nothing``,
+    or ``not registered`` (retention does not wait for it)."""
+    if consumer.get("registered_id") is None:
+        return "not registered"
+    n = consumer["holds_entries"]
+    if not n:
+        return "holds nothing"
+    oldest = " (the oldest retained)" if consumer["holds_oldest"] else ""
+    return f"holds {n} {'entry' if n == 1 else 'entries'}{oldest}"
 
 
 def format_status(report: dict[str, Any]) -> str:
@@ -156,9 +245,20 @@ def format_status(report: dict[str, Any]) -> str:
     )
     lines.append("")
     lines += table(
-        ["consumer", "stream", "checkpoint", "lag (entries)", "lag (s)"],
-        [[c["name"], c["stream"], c["last_id"], c["lag_entries"], c["lag_seconds"]] for c in report["consumers"]]
-        or [["(none)", "", "", "", ""]],
+        ["consumer", "stream", "checkpoint", "registered", "lag (entries)", "lag (s)", "retention"],
+        [
+            [
+                c["name"],
+                c["stream"],
+                "registered, never ran" if c["last_id"] is None else c["last_id"],
+                c["registered_id"] or "-",
+                c["lag_entries"],
+                c["lag_seconds"],
+                holds_text(c),
+            ]
+            for c in report["consumers"]
+        ]
+        or [["(none)", "", "", "", "", "", ""]],
     )
     groups = [(s["name"], g) for s in report["streams"] for g in s["groups"]]
     if groups:

@@ -1,9 +1,11 @@
 """The dashboard's one page: plain HTML, CSS and JavaScript (no build step, nothing fetched from elsewhere).
 
 It polls ``/api/status`` every two seconds and redraws: the capture mode (in WAL mode the slot's streamer, retained
-WAL and confirmation lag, with a warning while no streamer streams from it), streams, consumers with their lag drawn
-as an SVG line over the sampled history, the transaction holding the horizon, and the dead letters with show /
-replay / drop. Every value is inserted as text, never as HTML, so nothing read from the stream can script the page.
+WAL and confirmation lag, with a warning while no streamer streams from it), streams, consumers (those registered
+for retention too, a registration without a checkpoint marked "registered, never ran") with their lag drawn as an
+SVG line over the sampled history and what each registration holds of the stream, the transaction holding the
+horizon, and the dead letters with show / replay / drop. Every value is inserted as text, never as HTML, so
+nothing read from the stream can script the page.
 """
 
 PAGE = """<!doctype html>
@@ -34,8 +36,8 @@ PAGE = """<!doctype html>
 <table id="streams"><thead><tr><th>stream</th><th>length</th><th>staged</th><th>oldest staged (s)</th>
 <th>publishers</th><th>dead letters</th></tr></thead><tbody></tbody></table>
 <h2>Consumers and groups</h2>
-<table id="consumers"><thead><tr><th>consumer</th><th>lag (entries)</th><th>lag (s)</th><th>lag, last minutes</th>
-</tr></thead><tbody></tbody></table>
+<table id="consumers"><thead><tr><th>consumer</th><th>position</th><th>lag (entries)</th><th>lag (s)</th>
+<th>lag, last minutes</th><th>retention</th></tr></thead><tbody></tbody></table>
 <h2>Dead letters</h2>
 <table id="letters"><thead><tr><th>stream</th><th>id</th><th>owner</th><th>position</th><th>attempts</th>
 <th>error</th><th></th></tr></thead><tbody></tbody></table>
@@ -69,14 +71,25 @@ function drawStreams(status) {
     cell(row, s.staged_oldest_age_seconds, "num"); cell(row, s.publishers, "num"); cell(row, s.dead_letters, "num");
   }
 }
+function holds(c) {
+  if (c.registered_id === null || c.registered_id === undefined) return "not registered";
+  if (!c.holds_entries) return "holds nothing";
+  return `holds ${c.holds_entries} ${c.holds_entries === 1 ? "entry" : "entries"}` +
+    (c.holds_oldest ? " (the oldest retained)" : "");
+}
 function drawConsumers(status, lag) {
   const body = $("#consumers tbody"); body.replaceChildren();
-  const rows = status.consumers.map(c => [`${c.stream}/${c.name}`, c]);
-  for (const s of status.streams) for (const g of s.groups) rows.push([`${s.name}/${g.name} (group)`, g]);
-  for (const [key, c] of rows) {
+  const rows = status.consumers.map(c => [`${c.stream}/${c.name}`, c, c.never_ran ? "registered, never ran" :
+    c.last_id, holds(c)]);
+  for (const s of status.streams) for (const g of s.groups) {
+    rows.push([`${s.name}/${g.name} (group)`, g, g.last_delivered_id, "-"]);
+  }
+  for (const [key, c, position, retention] of rows) {
     const row = body.insertRow(); row.dataset.consumer = key;
-    cell(row, key); cell(row, c.lag_entries, "num lag-entries"); cell(row, c.lag_seconds, "num lag-seconds");
-    row.insertCell().appendChild(chart(lag[key] || []));
+    if (c.never_ran) row.dataset.neverRan = "true";
+    cell(row, key); cell(row, position, "position");
+    cell(row, c.lag_entries, "num lag-entries"); cell(row, c.lag_seconds, "num lag-seconds");
+    row.insertCell().appendChild(chart(lag[key] || [])); cell(row, retention, "retention");
   }
 }
 function drawHorizon(status) {

@@ -81,9 +81,10 @@ class Reading(ReadingCore):
         return next(self.entries(stream, "-" if after_id == "0-0" else "(" + after_id, page=1), None)
 
     @issues(via=("pages",))
-    def entries_after(self, stream: str, after_id: str) -> int:
-        """How many entries follow ``after_id`` (a consumer's lag in entries); linear in the lag."""
-        return sum(len(chunk) for chunk in self.pages(stream, "(" + after_id))
+    def entries_after(self, stream: str, after_id: str, end: str = "+") -> int:
+        """How many entries follow ``after_id`` (a consumer's lag in entries), up to ``end`` (an id, included; ``+``:
+        the stream's end); linear in the count."""
+        return sum(len(chunk) for chunk in self.pages(stream, "(" + after_id, end))
 
     @issues("xread")
     def wait_for_entries(self, after: Mapping[str, str], block_ms: int) -> bool:

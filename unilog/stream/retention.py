@@ -4,15 +4,78 @@ Checkpoint consumers register their checkpoint in Redis after each commit; a gro
 pending entry (or its last delivered one, if nothing is pending). The streamer that holds a stream trims it
 (``XTRIM MINID``) behind the lowest of these, never by length, which would drop unread entries; only an operator's
 hard cap (``max_len``) may, and the consumers it passes stop with ``StreamGap`` instead of skipping.
+
+:func:`holders` lists who holds a stream and where; :func:`trim` trims behind the lowest of them, and
+:func:`held` says how much of the stream each registration holds (what ``unilog status`` shows).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
 
 import structlog
 
 from .. import engine
 
 log = structlog.get_logger(__name__)
+
+_MAX_SEQ = 2**64 - 1
+
+
+@dataclass(frozen=True)
+class Holder:
+    """One holder of a stream's retention: a registered consumer (``kind`` ``"consumer"``) or a group (``"group"``).
+
+    Trimming never passes ``floor`` (that entry and every later one are kept); the holder still needs the entries
+    after ``read_to`` (a registration's id, a group's last delivered entry, or the entry just before its oldest
+    pending one)."""
+
+    kind: str
+    name: str
+    floor: str
+    read_to: str
+
+
+def _before(entry_id: str) -> str:
+    """The greatest id below ``entry_id`` (``0-0`` for the least)."""
+    ms, seq = engine.id_tuple(entry_id)
+    if seq:
+        return f"{ms}-{seq - 1}"
+    return f"{ms - 1}-{_MAX_SEQ}" if ms else "0-0"
+
+
+def holders(api: engine.RedisStreams, stream: str, groups: list[dict[str, Any]] | None = None) -> list[Holder]:
+    """Who holds ``stream``: its registered consumers (at their registered ids) and its consumer groups (at their
+    oldest pending entry, or their last delivered one if nothing is pending). ``groups``: ``XINFO GROUPS`` if the
+    caller read it already."""
+    found = [Holder("consumer", name, last_id, last_id) for name, last_id in sorted(api.registered(stream).items())]
+    for group in api.groups(stream) if groups is None else groups:
+        name, delivered = str(group["name"]), str(group["last-delivered-id"])
+        pending_min = api.pending_summary(stream, name)["min"] if int(group.get("pending", 0)) else None
+        if pending_min and engine.id_tuple(pending_min) <= engine.id_tuple(delivered):
+            found.append(Holder("group", name, pending_min, _before(pending_min)))
+        else:
+            found.append(Holder("group", name, delivered, delivered))
+    return found
+
+
+def held(api: engine.RedisStreams, stream: str, everyone: list[Holder]) -> dict[str, int]:
+    """How many entries each registered consumer holds: those after its registered id up to the last one the next
+    holder further along the stream (a registration or a group) has read, or to the stream's end if none is further.
+
+    Retention keeps them for it: no holder further along still needs them. The lowest registration holds the
+    stream's oldest entries; one at the end of the stream holds none; summed over every holder, what they hold is
+    the stream after the lowest of them."""
+    counts = {}
+    for holder in everyone:
+        if holder.kind != "consumer":
+            continue
+        at = engine.id_tuple(holder.read_to)
+        further = [h.read_to for h in everyone if engine.id_tuple(h.read_to) > at]
+        end = min(further, key=engine.id_tuple) if further else "+"
+        counts[holder.name] = api.entries_after(stream, holder.read_to, end)
+    return counts
 
 
 def trim(api: engine.RedisStreams, stream: str, max_len: int | None = None) -> int:
@@ -21,13 +84,7 @@ def trim(api: engine.RedisStreams, stream: str, max_len: int | None = None) -> i
     A group holds the stream at its oldest pending entry, or at its last delivered entry if nothing is pending,
     so nothing a group has not acknowledged is trimmed. Returns entries removed.
     """
-    floors = list(api.registered(stream).values())
-    for group in api.groups(stream):
-        floors.append(str(group["last-delivered-id"]))
-        if int(group.get("pending", 0)):
-            pending_min = api.pending_summary(stream, str(group["name"]))["min"]
-            if pending_min:
-                floors.append(pending_min)
+    floors = [holder.floor for holder in holders(api, stream)]
     removed = 0
     if floors:
         lowest = min(floors, key=engine.id_tuple)

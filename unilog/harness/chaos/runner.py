@@ -206,8 +206,8 @@ def _prepare(app: App, config: ChaosConfig, servers: _Servers) -> None:
     for stream in status.get("streams", []):
         if stream["name"] == app.stream and (stream["length"] or stream["dead_letters"]):
             found[f"redis {app.stream}"] = stream["length"]
-    for checkpoint in status.get("consumers", []):
-        if checkpoint["name"] in consumers:
+    for checkpoint in status.get("consumers", []):  # a registration alone (never ran) is no checkpoint
+        if checkpoint["name"] in consumers and not checkpoint.get("never_ran"):
             found["unilog_checkpoints"] = found.get("unilog_checkpoints", 0) + 1
     if found:
         raise ConfigurationError(
