@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from . import sysinfo
+from .bigtx import run_bigtx
 from .commits import run_commits
 from .consume import run_consume
 from .core import FULL, QUICK, Profile, Results, log, worker_init
@@ -38,6 +39,7 @@ WORKLOADS: dict[str, Workload] = {
     "produce_clients": run_produce_clients,
     "consume": run_consume,
     "memory": run_memory,
+    "bigtx": run_bigtx,
     "commits": run_commits,
     "spark": run_spark,
     "observe": run_observe,

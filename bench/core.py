@@ -44,6 +44,7 @@ class Profile:
     slice_seconds: float = 0.5  # produce_clients: one variant's slice of a round
     slice_rounds: int = 40
     commits_size: int = 100_000  # commits: single-record transactions through a fleet with a standby streamer
+    bigtx_size: int = 1_000_000  # bigtx: the records of the one large transaction
     side_reps: int | None = None  # rounds of the variants no target reads (None: every round)
     observe_reps: int | None = None  # observe's rounds (None: drain_reps, consume_reps)
     shards_reps: int | None = None  # shards' rounds (None: drain_reps)
@@ -76,6 +77,7 @@ QUICK = Profile(
     slice_seconds=0.2,
     slice_rounds=4,
     commits_size=50_000,
+    bigtx_size=200_000,
     side_reps=1,
     observe_reps=1,
     shards_reps=1,

@@ -9,6 +9,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from .bigtx import MODES as BIGTX_MODES
+from .bigtx import SMALL as BIGTX_SMALL
+from .bigtx import bigtx_case
 from .core import Profile, Results, Summary, median_interval
 
 TODO_LINE = "Not measured: partitioned consumers (their per-partition path is the checkpoint consumer's)."
@@ -49,6 +52,7 @@ def targets(results: Results, profile: Profile) -> list[Target]:
         *_horizon_targets(results),
         *_spark_targets(results),
         _memory_target(results, profile),
+        *_bigtx_targets(results, profile),
         *_commits_targets(results),
     ]
 
@@ -141,6 +145,20 @@ def _memory_target(results: Results, profile: Profile) -> Target:
     case = f"{profile.memory_size:,} records"
     rss = results.median("memory", case, "streamer", "peak RSS MB")
     return Target(f"memory: streamer peak RSS through {case}", rss, "<", 150, " MB")
+
+
+def _bigtx_targets(results: Results, profile: Profile) -> list[Target]:
+    """Issue 26: one large transaction goes out without the streamer's memory growing with it, in either mode."""
+    big, small = bigtx_case(profile.bigtx_size), bigtx_case(BIGTX_SMALL)
+    out = []
+    for mode in BIGTX_MODES:
+        rss_big = results.median("bigtx", big, mode, "peak RSS MB")
+        rss_small = results.median("bigtx", small, mode, "peak RSS MB")
+        if rss_big is None or not rss_small:
+            continue
+        name = f"bigtx {mode} mode: streamer peak RSS, {big} / {BIGTX_SMALL:,} ({rss_big:.0f} / {rss_small:.0f} MB)"
+        out.append(Target(name, rss_big / rss_small, "<", 1.5, "x"))
+    return out
 
 
 def ratios(results: Results) -> list[str]:

@@ -6,6 +6,7 @@ server (restart, WAL removal) starts one. Skipped, saying why, on a server given
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -19,7 +20,7 @@ from cli import one_line, unilog
 from unilog import Settings, Streamer, StreamerConfig, emit
 from unilog.errors import CaptureLost, ConfigurationError, InjectedCrash
 from unilog.faults import Faults
-from unilog.stream.capture import capture_status, disable_wal, enable_wal
+from unilog.stream.capture import WalCapture, capture_status, disable_wal, enable_wal
 
 STREAM = "test-stream"
 
@@ -42,8 +43,6 @@ def emit_n(settings: Settings, n: int, start: int = 0, key: str | None = None) -
 
 def published(rds: redis.Redis, stream: str = STREAM) -> list[tuple[int, int]]:
     """(seq, n) of every entry, in stream order."""
-    import json
-
     return [(int(f["seq"]), json.loads(f["data"])["n"]) for _id, f in rds.xrange(stream)]
 
 
@@ -112,6 +111,27 @@ def test_a_large_transaction_is_split_across_batches_and_confirmed_once_whole(
     with streamer(wal, batch_size=10) as s:
         assert s.drain(timeout=10) == 5, "the transaction again from the slot; its first 20 rows are gone: skipped"
     assert published(rds) == [(i + 1, i) for i in range(25)]
+
+
+def test_a_large_transaction_is_never_held_whole(wal: Settings, pg: Any, rds: redis.Redis) -> None:
+    """Issue 26: the WAL pass decodes, publishes and deletes a large transaction a batch at a time as it arrives;
+    before, the decoder held all of it until its commit message (200,000 rows here, about 90 MB)."""
+    size, batch = 200_000, 2000
+    pg.execute(
+        "INSERT INTO staged_log_records (action, object, data) "
+        "SELECT 'create', 'ride', jsonb_build_object('n', g) FROM generate_series(0, %s - 1) AS g",
+        (size,),
+    )
+    with streamer(wal, batch_size=batch) as s:
+        assert s.drain(timeout=120) == size
+        capture = s.capture
+        assert isinstance(capture, WalCapture)
+        assert 0 < capture.held_peak <= 2 * batch, "decoded rows held at once: at most two batches"
+        assert capture.held_rows == 0
+    assert staged(pg) == 0
+    assert rds.xlen(STREAM) == size
+    last = rds.xrevrange(STREAM, count=1)[0][1]
+    assert (int(last["seq"]), json.loads(last["data"])["n"]) == (size, size - 1), "in order, positions dense"
 
 
 def until_published(s: Streamer) -> int:

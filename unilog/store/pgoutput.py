@@ -3,8 +3,10 @@
 Only what WAL capture needs: ``B`` (begin), ``R`` (relation: the column names), ``I`` (insert) and ``C`` (commit).
 Other messages (origin, type, and the update/delete/truncate a publication limited to inserts never sends) are
 skipped. Transactions arrive whole and in commit order, each ``C`` carrying the LSN just past its commit, which is
-what a streamer confirms once the transaction's records are published. Pure functions and a small state machine:
-no I/O, tested byte for byte against a real server's output.
+what a streamer confirms once the transaction's records are published. Protocol version 1 without ``streaming``
+sends a transaction only once it has committed, so its rows may be handed on before its ``C`` is read: a decoder
+with ``part_rows`` returns a large transaction in parts of that many rows, and holds no more than one part. Pure
+functions and a small state machine: no I/O, tested byte for byte against a real server's output.
 """
 
 from __future__ import annotations
@@ -34,28 +36,36 @@ class WalRow:
 
 @dataclass(frozen=True, slots=True)
 class WalTransaction:
-    """A committed transaction's staged records, in insert order; ``end_lsn`` is the LSN just past its commit."""
+    """A committed transaction's staged records, in insert order, or one part of them: ``end_lsn`` is the LSN just
+    past its commit on the transaction's last (or only) part, None on the parts before it."""
 
     xid: int
-    end_lsn: int
+    end_lsn: int | None
     rows: tuple[WalRow, ...]
 
 
 @dataclass
 class Decoder:
-    """Feeds on pgoutput messages one at a time and returns each transaction once its commit arrives."""
+    """Feeds on pgoutput messages one at a time and returns each transaction once its commit arrives; with
+    ``part_rows``, a transaction of more rows comes in parts of ``part_rows`` rows (the last one at its commit)."""
 
     relations: dict[int, tuple[int, ...] | None] = field(default_factory=dict)  # relid -> column indexes, or None
+    part_rows: int | None = None  # None: each transaction whole, however large
     _xid: int = 0
     _rows: list[WalRow] = field(default_factory=list)
     in_transaction: bool = False  # a begin was read and its commit not yet
 
+    @property
+    def open_rows(self) -> int:
+        """Rows of the transaction being read that no returned part holds yet."""
+        return len(self._rows)
+
     def feed(self, message: bytes) -> WalTransaction | None:
-        """Take one message; return the transaction it completes (a ``C``), else None."""
+        """Take one message; return the transaction it completes (a ``C``) or the part it fills up, else None."""
         kind = message[:1]
         if kind == b"I":
-            self._insert(message)
-        elif kind == b"B":
+            return self._insert(message)
+        if kind == b"B":
             self._xid, self._rows = _I32.unpack_from(message, 17)[0] & 0xFFFFFFFF, []
             self.in_transaction = True
         elif kind == b"C":
@@ -88,19 +98,25 @@ class Decoder:
             raise DecodeError(f"{STAGING_TABLE} in the WAL lacks columns {missing}: run `unilog migrate`")
         self.relations[relid] = tuple(columns.index(c) for c in _REQUIRED)
 
-    def _insert(self, message: bytes) -> None:
+    def _insert(self, message: bytes) -> WalTransaction | None:
+        """Decode an insert; return the part it follows when that part is full (a part goes only once a row comes
+        after it: the commit's part is then never empty, unless the whole transaction staged nothing)."""
         relid = _I32.unpack_from(message, 1)[0]
         if relid not in self.relations:
             raise DecodeError(f"insert into relation {relid} before its relation message")
         indexes = self.relations[relid]
         if indexes is None:
-            return
+            return None
         values = _tuple_data(message, 6)  # after relid and the 'N' marker
         id_, stream, action, obj, data, key, created, traceparent, tracestate = (values[i] for i in indexes)
         if id_ is None or action is None or obj is None or data is None or created is None:
             raise DecodeError(f"a staged row in the WAL has a NULL where unilog needs a value (id {id_})")
         row: StagedRow = (int(id_), action, obj, data, key, created_ms(created), traceparent, tracestate)
+        part = None
+        if self.part_rows is not None and len(self._rows) >= self.part_rows:
+            part, self._rows = WalTransaction(self._xid, None, tuple(self._rows)), []
         self._rows.append(WalRow(stream or "", row))
+        return part
 
 
 def _cstring(buf: bytes, pos: int) -> tuple[str, int]:

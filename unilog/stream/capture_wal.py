@@ -11,6 +11,9 @@ its own records. Guarantees, as in table mode (the mode switches are :mod:`unilo
   is confirmed to the slot. A crash before the delete re-reads the same transactions from the slot and re-sends the
   records with the same positions (the broker drops them); a crash after it re-reads records whose rows are gone,
   and skips them.
+* **Memory does not grow with a transaction.** The slot's stream sends a transaction only once it has committed, so a
+  large one is decoded, published and deleted a batch at a time as it arrives; the slot is confirmed past it once
+  its last part is deleted. At most two batches of decoded rows are held (:attr:`WalCapture.held_peak`).
 * **Rows that may predate the slot go first**, by table-mode passes, while any row below the slot's ``from_xid``
   is staged.
 * **A lost slot is never skipped silently**: :class:`~unilog.errors.CaptureLost` (raised by the replication stream)
@@ -34,7 +37,7 @@ from .publisher import BatchResult, Capture, Publisher
 
 log = structlog.get_logger(__name__)
 
-MAX_MESSAGES = 50_000  # messages taken from the socket per read: bounds a pass's memory on a large backlog
+MAX_MESSAGES = 50_000  # messages taken from the socket per read (fewer when decoded rows would pass two batches)
 
 
 class WalCapture:
@@ -65,11 +68,17 @@ class WalCapture:
         self.predrain = predrain
         self.conninfo, self.batch_size, self.timeout = conninfo, batch_size, timeout
         self._reader: ReplicationStream | None = None
-        self._decoder = Decoder()
-        self._pending: deque[WalTransaction] = deque()  # received whole, not yet published
+        self._decoder = Decoder(part_rows=batch_size)
+        self._pending: deque[WalTransaction] = deque()  # transactions and parts of one received, not yet published
         self._pending_rows = 0
-        self._head_offset = 0  # rows of the first pending transaction already published (a split transaction)
+        self._head_offset = 0  # rows of the first pending part already published (split across batches)
         self._predrained = False
+        self.held_peak = 0  # the most decoded rows held at once (pending, and the decoder's open part)
+
+    @property
+    def held_rows(self) -> int:
+        """Decoded rows held now: pending publication, and read of a transaction but in no part yet."""
+        return self._pending_rows + self._decoder.open_rows
 
     # -- one pass ----------------------------------------------------------------------------------------------------
 
@@ -104,9 +113,11 @@ class WalCapture:
         return self._reader
 
     def _receive(self, reader: ReplicationStream, wait: float) -> None:
-        """Move what arrived into whole transactions, until a batch's worth is pending."""
+        """Decode what arrived into transactions and parts of a large one, until a batch's worth is pending. A read
+        takes no more messages than there is room for rows within two batches (less than one is pending, the
+        decoder's open part is at most one), so that bounds the rows held, whatever a transaction's size."""
         while self._pending_rows < self.batch_size:
-            messages = reader.read(MAX_MESSAGES, wait)
+            messages = reader.read(min(MAX_MESSAGES, 2 * self.batch_size - self.held_rows), wait)
             if not messages:
                 return
             wait = 0
@@ -115,6 +126,7 @@ class WalCapture:
                 if done is not None:
                     self._pending.append(done)
                     self._pending_rows += len(done.rows)
+            self.held_peak = max(self.held_peak, self.held_rows)
 
     def _confirm_idle(self, reader: ReplicationStream) -> None:
         """Nothing pending and no transaction half-read: everything the server sent is handled, so its position
@@ -131,15 +143,17 @@ class WalCapture:
         room = self.batch_size
         while self._pending and room > 0:
             head = self._pending[0]
-            xids.append(head.xid)
+            if not xids or xids[-1] != head.xid:
+                xids.append(head.xid)
             part = head.rows[self._head_offset : self._head_offset + room]
             rows.extend(part)
             room -= len(part)
             self._head_offset += len(part)
-            if self._head_offset >= len(head.rows):  # the whole transaction is in this batch or was before
+            if self._head_offset >= len(head.rows):  # the whole part is in this batch or was before
                 self._pending.popleft()
                 self._head_offset = 0
-                confirm, finished = head.end_lsn, finished + 1
+                if head.end_lsn is not None:  # a transaction's last part: the slot may go past its commit
+                    confirm, finished = head.end_lsn, finished + 1
         self._pending_rows -= len(rows)
         return rows, confirm, finished, xids
 
@@ -209,7 +223,7 @@ class WalCapture:
 
     def wait(self, timeout: float) -> bool:
         """Sleep until the slot sends something (a commit to publish) or ``timeout`` passes; return whether a
-        whole transaction is pending."""
+        transaction, or a part of a large one, is pending."""
         if self._reader is None:
             time.sleep(min(timeout, 0.05))
         else:
@@ -227,7 +241,7 @@ class WalCapture:
         if self._reader is not None:
             self._reader.close()
         self._reader = None
-        self._decoder = Decoder()
+        self._decoder = Decoder(part_rows=self.batch_size)
         self._pending.clear()
         self._pending_rows = self._head_offset = 0
 

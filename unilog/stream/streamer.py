@@ -170,6 +170,12 @@ class Streamer(Worker):
         return self.publisher.published_total
 
     @property
+    def capture(self) -> Capture:
+        """The capture this streamer's passes use: table mode's, or WAL mode's (a
+        :class:`~unilog.stream.capture_wal.WalCapture`) once a pass found the database in WAL mode."""
+        return self._capture
+
+    @property
     def label(self) -> dict[str, Any]:
         return {"streamer": self.name}
 
