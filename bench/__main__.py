@@ -15,7 +15,7 @@ from . import sysinfo
 from .bigtx import run_bigtx
 from .commits import run_commits
 from .consume import run_consume
-from .core import FULL, QUICK, Profile, Results, log, worker_init
+from .core import FULL, QUICK, Profile, Results, log, preload, worker_init
 from .curves import run_curves
 from .drain import run_drain, run_drain_streams
 from .env import BenchEnv
@@ -50,7 +50,8 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 SETUP = [
     "one embedded Postgres (fsync on, synchronous_commit on) and one Redis (appendonly yes, appendfsync always,"
     " auto-aof-rewrite off: the AOF is rewritten between trials instead) for the whole run, on this host",
-    "variants of a workload run interleaved (A B C A B C ...); each drain/consume trial in a fresh process",
+    "variants of a workload run interleaved (A B C A B C ...); each drain/consume trial in a fresh process, forked"
+    " from a forkserver that only imported the workloads' modules",
     "drain trials start from empty tables and Redis; backlog staged in one statement, then VACUUM ANALYZE, CHECKPOINT",
 ]
 
@@ -99,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     profile = QUICK if args.quick else FULL
     worker_init()
+    preload()
     started = time.monotonic()
     out = args.out or RESULTS_DIR / f"{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}-{profile.name}.json"
     log(f"starting Postgres (fsync on) and Redis (appendonly yes, appendfsync always); {profile.name} mode")
