@@ -173,17 +173,18 @@ def run_demo(
         finally:
             fleet.stop_all(order=["simulator", "api", *app.streamers, *consumers, *app.group_workers])
         _print_verdict(app, snap, fleet, out)
-    _keep_or_remove(logs, keep=log_dir is not None or not snap.agree, out=out)
+    _keep_or_remove(logs, keep=log_dir is not None or not snap.agree, announce=log_dir is None, out=out)
     return snap.agree
 
 
-def _keep_or_remove(logs: Path, keep: bool, out: TextIO) -> None:
-    """The processes' logs: a temporary folder is removed only after a run that agreed; an error on the way out
-    leaves it in place (the error may name a log in it)."""
-    if keep:
-        print(f"logs: {logs}", file=out, flush=True)
-    else:
+def _keep_or_remove(logs: Path, keep: bool, announce: bool, out: TextIO) -> None:
+    """The processes' logs: a temporary folder is removed only after a run that agreed, else kept and named
+    (``announce``: the user did not choose the folder); an error on the way out leaves it in place (the error may
+    name a log in it). The verdict stays the last line of a run that agreed."""
+    if not keep:
         shutil.rmtree(logs, ignore_errors=True)
+    elif announce:
+        print(f"logs: {logs}", file=out, flush=True)
 
 
 def _clean_env() -> dict[str, str]:
