@@ -165,14 +165,6 @@ class Batch(Sequence[Record]):
             yield record
 
 
-MALFORMED_POLICIES = ("dead-letter", "stop")
-
-
-def check_malformed_policy(policy: str) -> None:
-    if policy not in MALFORMED_POLICIES:
-        raise ValueError(f"on_malformed must be one of {', '.join(MALFORMED_POLICIES)}, not {policy!r}")
-
-
 def load_object(ref: str, search: Sequence[str] | None = None) -> Any:
     """Import ``module:attribute`` (or ``module.attribute``) and return the attribute.
 
