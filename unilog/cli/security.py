@@ -40,7 +40,9 @@ def cmd_acl(args: argparse.Namespace) -> int:
     if not streams:
         raise ConfigurationError("name the streams: --streams orders,payments (partitions are included)")
     users = {kind: getattr(args, f"{kind}_user") or f"{args.prefix}{kind}" for kind in acl.KINDS}
-    for line in acl.acl_lines(users, streams, args.password):
+    if args.admin_password and not args.aclfile:
+        raise ConfigurationError("--admin-password is for --aclfile (the default user's line of an ACL file)")
+    for line in acl.acl_lines(users, streams, args.password, aclfile=args.aclfile, admin_password=args.admin_password):
         print(line)
     return ExitCode.OK
 
@@ -60,6 +62,12 @@ def add(sub: Any) -> None:
     a.add_argument("--streams", help="comma-separated streams the users may touch (with their partitions)")
     a.add_argument("--prefix", default="unilog-", help="user names are PREFIX + kind (default %(default)s)")
     a.add_argument("--password", default="<password>", help="the password to put in the lines (default a placeholder)")
+    a.add_argument(
+        "--aclfile",
+        action="store_true",
+        help="print an ACL file for redis-server --aclfile: password hashes, and the default user off",
+    )
+    a.add_argument("--admin-password", help="with --aclfile: the default user keeps every right, under this password")
     for kind in ("streamer", "consumer", "group", "operator"):
         a.add_argument(f"--{kind}-user", metavar="USER", help=f"the {kind}'s user name")
     a.set_defaults(func=cmd_acl)
