@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
+from ..config import postgres_conninfo
 from ..errors import ConfigurationError
-from .common import ExitCode, connection_args, settings_from
+from .common import ExitCode
 
 
 def cmd_grant(args: argparse.Namespace) -> int:
@@ -16,8 +18,9 @@ def cmd_grant(args: argparse.Namespace) -> int:
     wanted = [(kind, getattr(args, kind)) for kind in roles.KINDS if getattr(args, kind)]
     if not wanted:
         raise ConfigurationError("name at least one role: --producer, --streamer, --consumer or --operator ROLE")
-    settings = settings_from(args)
-    with store.connect(settings.conninfo, application_name="unilog-grant") as conn, conn.transaction():
+    # Postgres only: a release step granting roles has no Redis to name (DATABASE_URL as `unilog migrate` reads it)
+    conninfo = postgres_conninfo(args.database_url or os.environ.get("DATABASE_URL", ""))
+    with store.connect(conninfo, application_name="unilog-grant") as conn, conn.transaction():
         store.check_schema(conn)
         for kind, role in wanted:
             if not roles.role_exists(conn, role):
@@ -56,7 +59,7 @@ def add(sub: Any) -> None:
     p.add_argument("--operator", metavar="ROLE", help="status, reset, rebuild, dead letters")
     p.add_argument("--create", action="store_true", help="create roles that do not exist (LOGIN, no password)")
     p.add_argument("--verbose", "-v", action="store_true", help="print every GRANT")
-    connection_args(p)
+    p.add_argument("--database-url", help="default: $DATABASE_URL")
     p.set_defaults(func=cmd_grant)
     a = sub.add_parser("acl", help="print ACL SETUSER lines: a Redis user per kind of process, its commands and keys")
     a.add_argument("--streams", help="comma-separated streams the users may touch (with their partitions)")
