@@ -24,7 +24,6 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-
 from unilog_demo.rides import CANONICAL_SQL
 
 ROOT = Path(__file__).parent.parent

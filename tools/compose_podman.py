@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import configparser
 import contextlib
+import functools
 import os
 import re
 import shutil
@@ -32,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -148,39 +149,29 @@ def build_images(rebuild: bool = False) -> dict[str, float]:
     check_tools()
     prepare_podman()
     took: dict[str, float] = {}
-    started = time.monotonic()
     if rebuild or not image_exists(BASE_IMAGE):
-        build_base()
-        took[BASE_IMAGE] = time.monotonic() - started
+        took[BASE_IMAGE] = replace_image(BASE_IMAGE, build_base)
     for tag, folder in STANDIN_IMAGES.values():
         if rebuild or not image_exists(tag):
-            started = time.monotonic()
             # no trust-store mount here: their packages' scripts write /etc/ssl/certs (and they need no pip)
-            run(["podman", "build", "-q", "--build-arg", f"BASE={BASE_IMAGE}", "-t", tag, str(STANDINS / folder)])
-            took[tag] = time.monotonic() - started
-    started = time.monotonic()
-    before = image_id(APP_IMAGE)
-    run(
-        [
-            "podman",
-            "build",
-            "-q",
-            "-v",
-            "/etc/ssl/certs:/etc/ssl/certs:ro",
-            "--build-arg",
-            f"PYTHON_IMAGE={STANDIN_IMAGES['PYTHON_IMAGE'][0]}",
-            "--build-arg",
-            "SPARK=0",
-            "-t",
-            APP_IMAGE,
-            str(ROOT),
-        ],
-        timeout=1200,
-    )
-    took[APP_IMAGE] = time.monotonic() - started
-    if before and before != image_id(APP_IMAGE):  # the previous build, untagged now: its own layers only
-        subprocess.run(["podman", "rmi", before], capture_output=True, timeout=120)
+            argv = ["podman", "build", "-q", "--build-arg", f"BASE={BASE_IMAGE}", "-t", tag, str(STANDINS / folder)]
+            took[tag] = replace_image(tag, functools.partial(run, argv))
+    app = [
+        *("podman", "build", "-q", "-v", "/etc/ssl/certs:/etc/ssl/certs:ro"),
+        *("--build-arg", f"PYTHON_IMAGE={STANDIN_IMAGES['PYTHON_IMAGE'][0]}", "--build-arg", "SPARK=0"),
+        *("-t", APP_IMAGE, str(ROOT)),
+    ]
+    took[APP_IMAGE] = replace_image(APP_IMAGE, functools.partial(run, app, timeout=1200))
     return took
+
+
+def replace_image(tag: str, build: Callable[[], object]) -> float:
+    """Build ``tag``; remove the image it named before, untagged now (its own layers only). Seconds taken."""
+    started, before = time.monotonic(), image_id(tag)
+    build()
+    if before and before != image_id(tag):
+        subprocess.run(["podman", "rmi", before], capture_output=True, timeout=120)
+    return time.monotonic() - started
 
 
 @contextlib.contextmanager

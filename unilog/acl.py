@@ -101,7 +101,9 @@ def key_patterns(stream: str) -> list[str]:
     return keys
 
 
-def acl_line(kind: str, user: str, streams: Sequence[str], password: str = "<password>", *, aclfile: bool = False) -> str:
+def acl_line(
+    kind: str, user: str, streams: Sequence[str], password: str = "<password>", *, aclfile: bool = False
+) -> str:
     """One ``ACL SETUSER`` line: ``user`` may run ``kind``'s commands on ``streams``' keys, with ``password``.
 
     ``aclfile``: the same user as a line of a Redis ACL file (``user NAME ...``, for ``redis-server --aclfile``),
