@@ -32,7 +32,7 @@ from unilog.stream.capture import enable_wal
 TABLE = """
 CREATE TABLE accounts (
     id bigint PRIMARY KEY, balance int NOT NULL, note text, amount numeric(12, 2), opened timestamptz NOT NULL,
-    ref uuid, blob bytea, tags text[], plain int, doc jsonb
+    ref uuid, blob bytea, tags text[], plain int, doc json
 );
 CREATE TABLE mirror (id bigint PRIMARY KEY, balance int NOT NULL, actions int NOT NULL DEFAULT 1);
 """
@@ -224,7 +224,7 @@ def test_a_killed_command_resumes_where_its_last_page_committed(settings: Settin
 
 def test_cancel_stops_a_running_backfill_and_status_shows_it(settings: Settings, pg: Any) -> None:
     make_table(pg, 2000)
-    cursor = start(settings, BackfillConfig("accounts", "id", batch_size=20, rate=400))
+    cursor = start(settings, BackfillConfig("accounts", "id", batch_size=10, rate=100))
     stop = threading.Event()
     worker = Backfill(settings, cursor["name"])
     thread = threading.Thread(target=worker.run, args=(stop,))
