@@ -156,7 +156,7 @@ class Updater:
                             if n == 0:
                                 time.sleep(0.002)  # the first row stays locked, the transaction's id taken
                     self.commits += 1
-        except BaseException as exc:  # noqa: BLE001 (reported by __exit__)
+        except BaseException as exc:  # reported by __exit__
             self.error = exc
 
 

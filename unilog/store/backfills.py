@@ -118,7 +118,7 @@ def page_query(table: Table, columns: list[Column], key: Column, where: str | No
     if where:
         conditions.append(_where(where))
     if after:
-        conditions.append(sql.SQL("{} > %s::{}").format(key_ident, sql.SQL(key.type_sql)))  # type: ignore[arg-type]
+        conditions.append(sql.SQL("{} > %s::{}").format(key_ident, sql.SQL(key.type_sql)))
     filtered = sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conditions) if conditions else sql.SQL("")
     return sql.SQL("SELECT {}::text AS unilog_key, {} FROM {}{} ORDER BY {} LIMIT %s FOR SHARE OF {}").format(
         key_ident,
@@ -132,7 +132,7 @@ def page_query(table: Table, columns: list[Column], key: Column, where: str | No
 
 def _where(where: str) -> sql.Composable:
     """The operator's ``--where`` in parentheses, its ``%`` escaped (statements here always pass parameters)."""
-    return sql.SQL("(") + sql.SQL(where.replace("%", "%%")) + sql.SQL(")")  # type: ignore[arg-type]
+    return sql.SQL("(") + sql.SQL(where.replace("%", "%%")) + sql.SQL(")")
 
 
 def check_page(
