@@ -25,6 +25,7 @@ from cli import TESTS, one_line, unilog
 from unilog import Consumer, ConsumerConfig, Record, Settings, Streamer, StreamerConfig, emit
 from unilog.backfill import Backfill, BackfillConfig, backfills, cancel, start
 from unilog.cli import ExitCode
+from unilog.dashboard import History, create_app
 from unilog.errors import BackfillRefused, InjectedCrash
 from unilog.faults import Faults
 from unilog.stream.capture import enable_wal
@@ -222,6 +223,16 @@ def test_a_killed_command_resumes_where_its_last_page_committed(settings: Settin
     assert row["status"] == "done" and row["rows_done"] == 3000
 
 
+def dashboard_backfills(settings: Settings) -> list[dict[str, Any]]:
+    """The running backfills in the dashboard's `/api/status`, which its page draws as the Backfills table."""
+    history = History(settings)
+    client = create_app(settings, history, read_only=True).test_client()
+    page = client.get("/").get_data(as_text=True)
+    assert 'id="backfills"' in page and "drawBackfills(data.status)" in page
+    history.sample()
+    return list(client.get("/api/status").get_json()["status"]["backfills"])
+
+
 def test_cancel_stops_a_running_backfill_and_status_shows_it(settings: Settings, pg: Any) -> None:
     make_table(pg, 2000)
     cursor = start(settings, BackfillConfig("accounts", "id", batch_size=10, rate=100))
@@ -236,6 +247,8 @@ def test_cancel_stops_a_running_backfill_and_status_shows_it(settings: Settings,
         assert running["name"] == "accounts.id" and running["active"] and 0 < running["rows_done"] < 2000
         text = unilog(settings, "backfill", "status").stdout
         assert "accounts.id" in text and "running" in text
+        (shown,) = dashboard_backfills(settings)
+        assert shown["name"] == "accounts.id" and shown["active"] and shown["rows_estimate"] == 2000
         assert cancel(settings, "accounts.id") is True
         thread.join(10)
         assert not thread.is_alive() and worker.outcome == "cancelled"
