@@ -112,7 +112,9 @@ def test_where_stream_object_and_action_are_the_records(settings: Settings, pg: 
     make_table(pg, 300)
     cursor = start(
         settings,
-        BackfillConfig("public.accounts", "id", where="note LIKE 'row 1%'", stream="other", object="acct", action="snap"),
+        BackfillConfig(
+            "public.accounts", "id", where="note LIKE 'row 1%'", stream="other", object="acct", action="snap"
+        ),
     )
     with Backfill(settings, cursor["name"]) as b:
         b.drain()
@@ -187,7 +189,10 @@ def test_a_crash_before_commit_stages_nothing_of_the_page_and_the_resume_goes_on
     make_table(pg, 1000)
     cursor = start(settings, BackfillConfig("accounts", "id", batch_size=100))
     faults = Faults.scripted(backfill__crash_before_commit=[False, False, True])
-    with Backfill(settings, cursor["name"], faults=faults, restart_after_crash=False) as b, pytest.raises(InjectedCrash):
+    with (
+        Backfill(settings, cursor["name"], faults=faults, restart_after_crash=False) as b,
+        pytest.raises(InjectedCrash),
+    ):
         b.drain()
     assert sum(backfill_counts(pg).values()) == 200, "two pages committed, the third rolled back"
     (state,) = backfills(settings)
