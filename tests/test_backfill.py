@@ -28,6 +28,8 @@ from unilog.cli import ExitCode
 from unilog.dashboard import History, create_app
 from unilog.errors import BackfillRefused, InjectedCrash
 from unilog.faults import Faults
+from unilog.harness.embedded import EmbeddedPostgres
+from unilog.schema import migrate
 from unilog.stream.capture import enable_wal
 
 TABLE = """
@@ -319,3 +321,31 @@ def test_a_role_without_select_on_the_table_is_refused_in_one_line(settings: Set
     assert result.returncode == ExitCode.CONFIG, result.stderr
     assert "lacks SELECT and UPDATE on table public.accounts" in one_line(result)
     assert pg.execute("SELECT count(*) FROM staged_log_records").fetchone()[0] == 0
+
+
+def test_a_postgres_restart_mid_backfill_is_retried_and_stages_each_row_once(settings: Settings, tmp_path: Any) -> None:
+    """On a Postgres of its own (the session's is shared): restarted while the backfill pages, the process
+    reconnects and goes on from its last committed page."""
+    with EmbeddedPostgres(tmp_path / "pg") as server:
+        migrate(server.url)
+        own = settings.with_(database_url=server.url)
+        with psycopg.connect(server.url, autocommit=True) as pg:
+            make_table(pg, 2000)
+        cursor = start(own, BackfillConfig("accounts", "id", batch_size=20, rate=1000))
+        worker = Backfill(own, cursor["name"], pg_timeout=10)
+        worker.max_backoff = 0.5
+        stop = threading.Event()
+        thread = threading.Thread(target=worker.run, args=(stop,))
+        thread.start()
+        try:
+            time.sleep(0.5)
+            assert 0 < worker.staged_total < 2000
+            server.restart("immediate")  # the page in progress dies with its session
+            thread.join(60)
+            assert not thread.is_alive() and worker.outcome == "done"
+        finally:
+            stop.set()
+            thread.join(10)
+            worker.close()
+        with psycopg.connect(server.url, autocommit=True) as pg:
+            assert backfill_counts(pg) == Counter({str(i): 1 for i in range(1, 2001)})
