@@ -200,8 +200,9 @@ def test_a_crash_before_commit_stages_nothing_of_the_page_and_the_resume_goes_on
     (state,) = backfills(settings)
     assert state["rows_done"] == 200 and state["last_key"] == "200" and state["status"] == "running"
     assert not state["active"], "the crashed process let go of the backfill"
-    again = start(settings, BackfillConfig("accounts", "id", batch_size=100))
+    again = start(settings, BackfillConfig("accounts", "id", batch_size=100, rate=50_000))
     assert again["rows_done"] == 200, "the same command resumes the running backfill"
+    assert (again["rate"], backfills(settings)[0]["rate"]) == (50_000, 50_000), "with the command's pace"
     with Backfill(settings, cursor["name"]) as b:
         assert b.drain() == 800
     assert backfill_counts(pg) == Counter({str(i): 1 for i in range(1, 1001)})

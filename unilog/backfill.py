@@ -87,7 +87,8 @@ class BackfillConfig:
     """What to backfill and how fast. ``table`` may be schema-qualified; ``key`` names a column covered by a
     unique index of its own (the primary key, say); ``where`` is SQL the rows must match (the operator's own SQL,
     run with the role's privileges); ``stream`` None: the default stream; ``object`` None: the table's name;
-    ``batch_size`` rows per page (one transaction); ``rate`` at most that many rows per second (None: no limit);
+    ``batch_size`` rows per page (one transaction, its rows locked until it commits: an application update of one
+    waits up to a page); ``rate`` at most that many rows per second on average (None: no limit);
     ``name`` None: :func:`default_name`."""
 
     table: str
@@ -96,7 +97,7 @@ class BackfillConfig:
     stream: str | None = None
     object: str | None = None
     action: str = "backfill"
-    batch_size: int = 1000
+    batch_size: int = 200
     rate: float | None = None
     name: str | None = None
 
@@ -204,14 +205,15 @@ def _check_types(conn: psycopg.Connection[Any], table: sql.Table, columns: list[
     ]
     if refused:
         raise BackfillRefused(
-            f"columns of {table.qualified} that a record's data cannot hold: {', '.join(refused)} (backfill a view "
-            "that casts them, e.g. to text)"
+            f"columns of {table.qualified} that a record's data cannot hold: {', '.join(refused)} (emit's types: "
+            "numbers, text, numeric, uuid, dates and times, bytea, json, arrays of them, enums)"
         )
 
 
 def start(settings: Settings, config: BackfillConfig) -> dict[str, Any]:
     """Check ``config`` (:func:`check`) and create its cursor, or find the running backfill of the same name to
-    resume (it must be of the same table, key and ``where``); return the cursor row. A finished or cancelled
+    resume (it must be of the same table, key and ``where``; it takes ``config``'s batch size and rate); return the
+    cursor row. A finished or cancelled
     backfill of that name starts over. Nothing is staged here: run :class:`Backfill` with the name."""
     name = config.backfill_name
     with store.connect(settings.conninfo, autocommit=True, application_name="unilog-backfill") as conn:
@@ -229,7 +231,8 @@ def start(settings: Settings, config: BackfillConfig) -> dict[str, Any]:
                     f"backfill {name!r} is running on {existing['table']} (key {existing['key']}, where "
                     f"{existing['where']!r}): cancel it (`unilog backfill cancel {name}`) or give another --name"
                 )
-            return existing
+            sql.set_pace(conn, name, config.batch_size, config.rate)
+            return {**existing, "batch_size": config.batch_size, "rate": config.rate}
         spec = {
             "name": name,
             "table": plan.table.qualified,

@@ -77,7 +77,7 @@ def _run(args: argparse.Namespace) -> int:
             stream=args.stream,
             object=args.object,
             action=args.action,
-            batch_size=args.batch_size,
+            batch_size=_default_batch(args.rate) if args.batch_size is None else args.batch_size,
             rate=args.rate,
             name=args.name,
         )
@@ -104,6 +104,12 @@ def _report(worker: Any, name: str) -> int:
     else:
         print(f"unilog: backfill {name} stopped after {worker.staged_total} rows: `unilog backfill --resume {name}`")
     return ExitCode.OK
+
+
+def _default_batch(rate: float | None) -> int:
+    """Pages of 200 rows; with ``--rate``, a tenth of a second's rows (at least 1), so the pace is even and each
+    page holds its row locks briefly."""
+    return 200 if rate is None else max(1, min(200, int(rate / 10)))
 
 
 class _LogProgress:
@@ -192,7 +198,12 @@ def add(sub: Any) -> None:
     p.add_argument("--stream", help="the stream (default: the streamer's default stream)")
     p.add_argument("--object", metavar="NAME", help="the records' object (default: the table's name)")
     p.add_argument("--action", metavar="NAME", default="backfill", help="the records' action (default: backfill)")
-    p.add_argument("--batch-size", type=int, default=1000, metavar="N", help="rows per page (default: 1000)")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        metavar="N",
+        help="rows per page, one transaction that locks them (default: 200; with --rate, a tenth of a second's rows)",
+    )
     p.add_argument("--rate", type=float, metavar="R", help="at most R rows per second (default: no limit)")
     p.add_argument("--name", dest="backfill_name", metavar="NAME", help="the backfill's name (default: TABLE.KEY)")
     p.add_argument("--resume", metavar="NAME", help="resume the running (stopped or killed) backfill NAME")

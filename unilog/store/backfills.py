@@ -230,6 +230,14 @@ def advance_backfill(conn: psycopg.Connection[Any], name: str, last_key: str, ro
     )
 
 
+def set_pace(conn: psycopg.Connection[Any], name: str, batch_size: int, rate: float | None) -> None:
+    """Give backfill ``name`` a new page size and rate (a resume with other options)."""
+    conn.execute(
+        "UPDATE unilog_backfills SET batch_size = %s, rate = %s, updated_at = now() WHERE name = %s",
+        (batch_size, rate, name),
+    )
+
+
 def finish_backfill(conn: psycopg.Connection[Any], name: str, status: str) -> bool:
     """Set a running backfill's final ``status`` (``done``, ``cancelled``); False if it was not running."""
     row = conn.execute(
