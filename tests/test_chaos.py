@@ -329,14 +329,14 @@ def test_a_chaos_run_with_the_backfill_step_passes(tmp_path: Path) -> None:
     commit, its process killed and restarted, Postgres restarted), mirrored from the stream: equal row by row."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("UNILOG_", "DATABASE_URL", "REDIS_URL"))}
     report_path = tmp_path / "report.json"
-    argv = [sys.executable, "-m", "unilog", "chaos", "--backfill", "3000", "--duration", "40", "--seed", "27"]
+    argv = [sys.executable, "-m", "unilog", "chaos", "--backfill", "2000", "--duration", "40", "--seed", "27"]
     argv += ["--no-spark", "--report", str(report_path), "--log-dir", str(tmp_path)]
     result = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
     report = json.loads(report_path.read_text())
     assert report["verdict"]["ok"] and report["quiesced"] and report["backfill_settled"]
     counts = report["verdict"]["counts"]
-    assert counts["backfill_rows"] == 3000 and counts["mirror_differences"] == 0
+    assert counts["backfill_rows"] == 2000 and counts["mirror_differences"] == 0
     assert report["faults"]["library"].get("backfill.crash_before_commit", 0) >= 1
     assert any(e["target"] == "backfill" and e["status"] == "done" for e in report["executed"])
 
