@@ -24,6 +24,16 @@ from .common import settings_from as _settings
 log = structlog.get_logger(__name__)
 
 _ACTIONS = ("status", "cancel")
+DESCRIPTION = """Stage one record per existing row of TABLE (action backfill, key the key's value as text, data the
+row as JSON), in pages of --batch-size rows read in key order, each page one transaction that locks its rows, so
+the records order against the application's own changes (docs/guides/backfill.md).
+
+  unilog backfill TABLE --key COLUMN [...]   start it, or resume the running one of the same name
+  unilog backfill --resume NAME              resume by name
+  unilog backfill status [NAME] [--json]     every backfill: running, stopped, done, cancelled
+  unilog backfill cancel NAME                stop it after the page in progress
+
+A table named status or cancel is given with its schema (public.status)."""
 
 
 def cmd_backfill(args: argparse.Namespace) -> int:
@@ -188,7 +198,7 @@ def add(sub: Any) -> None:
     p = sub.add_parser(
         "backfill",
         help="stage a record per existing row of a table (or: backfill status, backfill cancel NAME)",
-        description=__doc__,
+        description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("target", nargs="?", metavar="TABLE", help="the table (schema-qualified allowed); or status, cancel")
