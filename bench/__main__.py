@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from . import sysinfo
+from .backfill import run_backfill
 from .bigtx import run_bigtx
 from .commits import run_commits
 from .consume import run_consume
@@ -40,6 +41,7 @@ WORKLOADS: dict[str, Workload] = {
     "consume": run_consume,
     "memory": run_memory,
     "bigtx": run_bigtx,
+    "backfill": run_backfill,
     "commits": run_commits,
     "spark": run_spark,
     "observe": run_observe,

@@ -116,6 +116,13 @@ _CHAOS_OPTIONS: list[tuple[str, Any, Any, str]] = [
     ("--pause-rate", float, None, "process SIGSTOP/SIGCONT pauses per minute (default 5)"),
     ("--master-kill-rate", float, None, "with --redis-cluster: master kills a minute (default 2, 10 s apart at least)"),
     ("--quiesce-timeout", float, 180.0, "seconds to wait for the system to settle"),
+    (
+        "--backfill",
+        int,
+        0,
+        "rows of the backfill step's table (0: no step): backfilled under faults while an updater changes it, "
+        "mirrored from the stream, checked row by row",
+    ),
 ]
 _CHAOS_SWITCHES = [
     ("--server-faults", "Redis restarts and pauses, Postgres immediate restarts"),
@@ -231,6 +238,7 @@ def run_chaos_command(args: argparse.Namespace) -> int:
         redis_cluster=args.redis_cluster,
         api=args.api,
         capture=args.capture,
+        backfill_rows=args.backfill,
     )
     result = run_chaos(APP, config, stop=stop)
     return ExitCode.OK if result.verdict.ok else ExitCode.FAILURE  # 1: the checker found a violation

@@ -220,6 +220,7 @@ PUBLIC_MODULES = {
     "unilog",
     "unilog.admin",
     "unilog.archive",
+    "unilog.backfill",
     "unilog.cli",
     "unilog.config",
     "unilog.dashboard",

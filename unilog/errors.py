@@ -166,6 +166,12 @@ class MalformedEntry(PolicyStop):
         self.stream, self.entry_id, self.reason = stream, entry_id, reason
 
 
+class BackfillRefused(UnilogError):
+    """A backfill cannot start or go on: its table or key column does not exist, the key is not unique or has no
+    order, ``--where`` does not parse, a column's type cannot be encoded, or no backfill has the name given. Nothing
+    of the refused page was staged; the message names the problem."""
+
+
 class PublishError(UnilogError):
     """Redis rejected or did not confirm a batch; the staged records were kept and will be re-sent."""
 

@@ -16,6 +16,8 @@ Points:
     Crash after the handler ran and before the state-and-checkpoint transaction commits (the reference's 10 %).
 ``consumer.crash_after_dead_letter``
     A checkpoint consumer crashes after it dead-lettered a poison record and before its checkpoint passed it.
+``backfill.crash_before_commit``
+    A backfill crashes after it staged a page's records and before the page (records and cursor) commits.
 ``group.crash_before_ack``
     A group worker crashes after its transaction committed and before it acknowledged the entries in Redis.
 
@@ -46,6 +48,7 @@ POINTS = (
     "consumer.crash_before_commit",
     "consumer.crash_after_dead_letter",
     "group.crash_before_ack",
+    "backfill.crash_before_commit",
 )
 
 

@@ -89,6 +89,19 @@ STREAMER_PAUSED = Gauge(
     "1 while the streamer holds off publishing, by cause (redis_memory)",
     ["streamer", "reason"],
 )
+BACKFILL_ROWS = Counter(
+    "unilog_backfill_rows", "Rows a backfill staged a record for, in pages that committed", ["backfill"]
+)
+BACKFILL_ESTIMATE = Gauge(
+    "unilog_backfill_rows_estimate", "The rows a running backfill expects to stage in all (its estimate)", ["backfill"]
+)
+BACKFILL_RUNNING = Gauge("unilog_backfill_running", "1 while this process runs the backfill", ["backfill"])
+BACKFILL_PAGE_SECONDS = Histogram(
+    "unilog_backfill_page_duration_seconds",
+    "A backfill page's transaction: waiting out older transactions, reading and locking its rows, staging, commit",
+    ["backfill"],
+    buckets=_LATENCY_BUCKETS,
+)
 
 _served: dict[tuple[str, int], Any] = {}
 _lock = threading.Lock()

@@ -13,6 +13,7 @@ from typing import Any
 
 from . import dlq, engine, store
 from .config import Settings
+from .store.backfills import list_backfills
 from .stream import retention
 
 
@@ -40,6 +41,7 @@ def collect_status(settings: Settings) -> dict[str, Any]:
             "capture": capture_health(conn),
             "streams": streams,
             "consumers": _consumers(api, checkpoints, registrations, now_ms),
+            "backfills": [b for b in list_backfills(conn) if b["status"] == "running"],
         }
     finally:
         conn.close()
@@ -260,6 +262,9 @@ def format_status(report: dict[str, Any]) -> str:
         ]
         or [["(none)", "", "", "", "", "", ""]],
     )
+    if report.get("backfills"):
+        lines.append("")
+        lines += format_backfills(report["backfills"])
     groups = [(s["name"], g) for s in report["streams"] for g in s["groups"]]
     if groups:
         lines.append("")
@@ -271,6 +276,26 @@ def format_status(report: dict[str, Any]) -> str:
             ],
         )
     return "\n".join(lines)
+
+
+def format_backfills(rows: list[dict[str, Any]]) -> list[str]:
+    """Backfills as a table: name, table, status (``running`` by a process now, or ``stopped``: resume it), rows
+    done of the estimate, the last key staged."""
+    return table(
+        ["backfill", "table", "status", "rows", "last key", "where"],
+        [
+            [
+                b["name"],
+                b["table"],
+                b["status"] if b["status"] != "running" else ("running" if b["active"] else "stopped (resume it)"),
+                f"{b['rows_done']} of ~{b['rows_estimate']}" if b["rows_estimate"] is not None else b["rows_done"],
+                "-" if b["last_key"] is None else b["last_key"],
+                b["where"] or "-",
+            ]
+            for b in rows
+        ]
+        or [["(none)", "", "", "", "", ""]],
+    )
 
 
 def format_capture(capture: dict[str, Any] | None) -> str:

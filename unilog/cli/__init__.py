@@ -22,6 +22,7 @@ from typing import Any
 from .. import __version__
 from ..consume.records import Handler
 from ..errors import (
+    BackfillRefused,
     CaptureLost,
     ConfigurationError,
     DataLoss,
@@ -39,13 +40,13 @@ from ..errors import (
 )
 from ..log import configure_logging
 from ..runtime import FATAL, fatal
-from . import capture, consume, consumers, dlq, migrate, observe, pipeline, security, streamer, streams
+from . import backfill, capture, consume, consumers, dlq, migrate, observe, pipeline, security, streamer, streams
 from .common import ExitCode, common_args
 
 __all__ = ["ExitCode", "consume_main", "main"]
 
 PLUGIN_GROUP = "unilog.commands"
-_COMMANDS = (migrate, streamer, capture, consumers, consume, dlq, streams, pipeline, observe, security)
+_COMMANDS = (migrate, streamer, capture, consumers, consume, dlq, streams, pipeline, observe, security, backfill)
 
 _ERROR_CODES: list[tuple[type[BaseException], ExitCode]] = [
     (DataLoss, ExitCode.DATA_LOSS),
@@ -55,6 +56,7 @@ _ERROR_CODES: list[tuple[type[BaseException], ExitCode]] = [
     (MalformedEntry, ExitCode.MALFORMED),
     (PoisonRecord, ExitCode.POISON),
     (HandlerNotFound, ExitCode.HANDLER),
+    (BackfillRefused, ExitCode.BACKFILL_REFUSED),
     (ConfigurationError, ExitCode.CONFIG),
     (InvalidStreamName, ExitCode.CONFIG),  # a stream name given on the command line
     (ServerUnreachable, ExitCode.UNREACHABLE),

@@ -38,6 +38,7 @@ class ExitCode(IntEnum):
     POISON = 11  # a record keeps failing its handler and the consumer runs with --on-poison stop (the default)
     CAPTURE_LOST = 12  # WAL capture's slot was dropped or lost its WAL (nothing lost: docs/guides/wal-capture.md)
     REDIS_FULL = 13  # Redis is out of memory, or the streamer paused for it (--once): the records stay staged
+    BACKFILL_REFUSED = 14  # `unilog backfill`: a table, key, --where or name it cannot use; nothing staged
     INTERRUPTED = 130  # Ctrl-C
 
 

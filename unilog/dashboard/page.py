@@ -4,7 +4,8 @@ It polls ``/api/status`` every two seconds and redraws: the capture mode (in WAL
 WAL and confirmation lag, with a warning while no streamer streams from it), streams, consumers (those registered
 for retention too, a registration without a checkpoint marked "registered, never ran") with their lag drawn as an
 SVG line over the sampled history and what each registration holds of the stream, the transaction holding the
-horizon, and the dead letters with show / replay / drop. Every value is inserted as text, never as HTML, so
+horizon, the running backfills (rows done of the estimate, the last key), and the dead letters with show / replay /
+drop. Every value is inserted as text, never as HTML, so
 nothing read from the stream can script the page.
 """
 
@@ -38,6 +39,9 @@ PAGE = """<!doctype html>
 <h2>Consumers and groups</h2>
 <table id="consumers"><thead><tr><th>consumer</th><th>position</th><th>lag (entries)</th><th>lag (s)</th>
 <th>lag, last minutes</th><th>retention</th></tr></thead><tbody></tbody></table>
+<h2>Backfills</h2>
+<table id="backfills"><thead><tr><th>backfill</th><th>table</th><th>status</th><th>rows</th><th>of about</th>
+<th>last key</th></tr></thead><tbody></tbody></table>
 <h2>Dead letters</h2>
 <table id="letters"><thead><tr><th>stream</th><th>id</th><th>owner</th><th>position</th><th>attempts</th>
 <th>error</th><th></th></tr></thead><tbody></tbody></table>
@@ -70,6 +74,15 @@ function drawStreams(status) {
     cell(row, s.name); cell(row, s.length, "num"); cell(row, s.staged, "num");
     cell(row, s.staged_oldest_age_seconds, "num"); cell(row, s.publishers, "num"); cell(row, s.dead_letters, "num");
   }
+}
+function drawBackfills(status) {
+  const body = $("#backfills tbody"); body.replaceChildren();
+  for (const b of status.backfills || []) {
+    const row = body.insertRow(); row.dataset.backfill = b.name;
+    cell(row, b.name); cell(row, b.table); cell(row, b.active ? "running" : "stopped (resume it)");
+    cell(row, b.rows_done, "num"); cell(row, b.rows_estimate, "num"); cell(row, b.last_key);
+  }
+  if (!body.rows.length) cell(body.insertRow(), "(none running)");
 }
 function holds(c) {
   if (c.registered_id === null || c.registered_id === undefined) return "not registered";
@@ -159,7 +172,7 @@ async function refresh() {
     $("#problem").hidden = !data.error; $("#problem").textContent = data.error || "";
     if (data.status) {
       drawCapture(data.status); drawStreams(data.status); drawConsumers(data.status, data.lag);
-      drawHorizon(data.status);
+      drawHorizon(data.status); drawBackfills(data.status);
       await drawLetters(data.status);
     }
     $("#updated").textContent = new Date(data.at * 1000).toLocaleTimeString();

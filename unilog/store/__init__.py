@@ -7,7 +7,8 @@ Redis confirmed) are decided there. Modules by concern: ``connection`` (opening 
 check), ``staging`` (the staging table), ``positions`` (producer identity and published positions),
 ``checkpoints``, ``groups`` (consumer groups' processed identities), ``locks`` (advisory locks) and ``snapshots``
 (consistent parallel reads for reconciliation), ``wal`` and ``pgoutput`` (WAL capture: the replication stream, its
-decoding, the capture switches).
+decoding, the capture switches), ``backfills`` (a backfill's checks, pages and cursor; imported as
+``store.backfills``).
 """
 
 from __future__ import annotations

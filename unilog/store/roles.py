@@ -41,6 +41,7 @@ GRANTS: dict[str, list[tuple[str, str]]] = {
         ("SELECT", "unilog_producer"),
         ("SELECT", "unilog_stream_positions"),
         ("SELECT", "unilog_capture"),
+        ("SELECT", "unilog_backfills"),  # `unilog status` shows the backfills
         ("SELECT, INSERT, UPDATE, DELETE", "unilog_checkpoints"),
         ("SELECT, INSERT, DELETE", "unilog_held_letters"),
         ("SELECT, INSERT, UPDATE, DELETE", "unilog_processed"),

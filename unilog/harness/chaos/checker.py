@@ -56,6 +56,8 @@ VIOLATION_KINDS = {
     "staged_not_empty": "records left in staged_log_records",
     "pending_entries": "entries still pending in a consumer group",
     "not_caught_up": "consumer not at the end of the stream",
+    "mirror_mismatch": "the backfill step's mirror differs from its table (a row missing or at another value)",
+    "backfill_not_done": "the backfill step's backfill did not finish",
 }
 
 

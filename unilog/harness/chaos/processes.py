@@ -1,4 +1,5 @@
-"""The chaos fleet's process entry points: ``python -m unilog.harness.chaos produce | streamer | consume | spark``."""
+"""The chaos fleet's process entry points: ``python -m unilog.harness.chaos produce | streamer | consume | spark``
+(and the backfill step's ``update | backfill``, in :mod:`unilog.harness.chaos.mirror`)."""
 
 from __future__ import annotations
 
@@ -180,10 +181,13 @@ def spark_main(argv: Sequence[str] | None = None) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    from .mirror import backfill_main, update_main
+
     commands = {"produce": produce_main, "streamer": streamer_main, "consume": consume_main, "spark": spark_main}
+    commands |= {"update": update_main, "backfill": backfill_main}  # the backfill step (mirror.py)
     if not argv or argv[0] not in commands:
         print(
-            "usage: python -m unilog.harness.chaos {produce|streamer|consume|spark} ... (the runner is `unilog chaos`)",
+            f"usage: python -m unilog.harness.chaos {{{'|'.join(commands)}}} ... (the runner is `unilog chaos`)",
             file=sys.stderr,
         )
         return 2

@@ -27,7 +27,7 @@ from ..app import App, spark_available
 from ..embedded import EmbeddedPostgres, EmbeddedRedis, EmbeddedRedisCluster, free_port
 from ..proxy import FaultProxy
 from ..supervisor import Fleet, ProcessSpec
-from . import tables
+from . import mirror, tables
 from .checker import Verdict
 from .injector import Injector
 from .observe import collect, progress
@@ -86,6 +86,7 @@ class ChaosConfig:
     capture: str = (
         "table"  # or "wal": the streamers read the staged records from a logical slot (unilog.stream.capture)
     )
+    backfill_rows: int = 0  # > 0: the backfill step (unilog.harness.chaos.mirror) over a table of that many rows
 
     def use_spark(self, app: App) -> bool:
         if app.spark_consumer is None:
@@ -215,6 +216,10 @@ def _prepare(app: App, config: ChaosConfig, servers: _Servers) -> None:
             + ", ".join(f"{k} ({v})" for k, v in found.items())
         )
     admin.declare(settings, app.stream, consumers=consumers, groups=[app.group])
+    if config.backfill_rows:
+        with tables.connect(servers.pg_url, autocommit=True) as conn:
+            tables.create_accounts(conn, config.backfill_rows)
+        admin.declare(settings, mirror.STREAM, consumers=[mirror.CONSUMER])
     if config.capture == "wal":
         admin.enable_wal_capture(settings)
 
@@ -236,6 +241,8 @@ def _run(
     api_port = free_port()
     fleet = Fleet(log_dir, cwd=Path.cwd(), base_env=_fleet_env(app, config, servers))
     specs = fleet_specs(app, config, handler, api_port=api_port, history_dir=history_dir, state_dir=state_dir)
+    if config.backfill_rows:
+        specs += mirror.specs(config, sys.executable, state_dir)
     names = [s.name for s in specs]
     schedule = build_schedule(
         config.seed, config.duration, names, config.faults, servers=servers.kinds(), proxies=list(servers.proxies)
@@ -254,17 +261,28 @@ def _run(
         _chaos_phase(app, config, servers, consumers, fleet, injector, stop, t0, out)
         print(f"[{time.monotonic() - t0:6.1f}s] healing: proxies pass, processes continued, servers up", file=out)
         injector.heal()
-        for name in ("simulator", *PRODUCERS, "api"):
+        for name in ("simulator", *PRODUCERS, "api", *(["updater"] if config.backfill_rows else [])):
             fleet.stop(name)
         print(f"[{time.monotonic() - t0:6.1f}s] producers stopped; waiting for the system to quiesce", file=out)
         began = time.monotonic()
         outcome["quiesced"] = _quiesce(app, servers, consumers, config.quiesce_timeout, out, t0)
+        if config.backfill_rows:
+            settings = Settings.from_dsn(servers.pg_url, servers.redis_url, app.stream)
+            outcome["backfill_settled"] = mirror.settle(settings, config.quiesce_timeout, out, t0)
         outcome["quiesce_seconds"] = round(time.monotonic() - began, 1)
     finally:
         injector.heal()
         order = ["simulator", *PRODUCERS, "api", *app.streamers, *consumers, *app.group_workers]
+        order += list(mirror.PROCESSES) if config.backfill_rows else []
         outcome["exit_codes"] = fleet.stop_all(order=order)
-    return _judge(app, servers, consumers, compare, history_dir, log_dir, fleet, injector, report, outcome)
+    verdict = _judge(app, servers, consumers, compare, history_dir, log_dir, fleet, injector, report, outcome)
+    if config.backfill_rows:
+        settings = Settings.from_dsn(servers.pg_url, servers.redis_url, app.stream)
+        found, counts = mirror.judge(servers.pg_url, settings)
+        verdict.violations += found
+        verdict.counts.update(counts)
+        report["verdict"] = verdict.to_dict()
+    return verdict
 
 
 def _judge(

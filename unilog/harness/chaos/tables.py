@@ -102,3 +102,43 @@ def source_rows(conn: psycopg.Connection[Any], app: App) -> int:
         return 0
     row = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(app.source_table))).fetchone()
     return int(row[0]) if row else 0
+
+
+# -- the backfill step (unilog/harness/chaos/mirror.py) ------------------------------------------------------------
+
+MIRROR_DDL = (
+    "CREATE TABLE IF NOT EXISTS chaos_accounts (id BIGINT PRIMARY KEY, balance INT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS chaos_mirror (id BIGINT PRIMARY KEY, balance INT NOT NULL)",
+)
+
+
+def create_accounts(conn: psycopg.Connection[Any], rows: int) -> None:
+    """The table the backfill step backfills (``rows`` rows, balance 0) and the mirror its consumer keeps."""
+    for ddl in MIRROR_DDL:
+        conn.execute(ddl)
+    conn.execute("INSERT INTO chaos_accounts SELECT i, 0 FROM generate_series(1, %s) i ON CONFLICT DO NOTHING", (rows,))
+
+
+def bump(conn: psycopg.Connection[Any], row_id: int) -> int | None:
+    """Add 1 to a row's balance in the caller's transaction; its new balance (None: no such row)."""
+    row = conn.execute("UPDATE chaos_accounts SET balance = balance + 1 WHERE id = %s RETURNING balance", (row_id,))
+    found = row.fetchone()
+    return None if found is None else int(found[0])
+
+
+def mirror(conn: psycopg.Connection[Any], row_id: int, balance: int) -> None:
+    """The mirror consumer's effect: the row's balance, as the record says (in the handler's transaction)."""
+    conn.execute(
+        "INSERT INTO chaos_mirror (id, balance) VALUES (%s, %s) ON CONFLICT (id) DO UPDATE SET balance = %s",
+        (row_id, balance, balance),
+    )
+
+
+def mirror_differences(conn: psycopg.Connection[Any]) -> tuple[int, list[tuple[int, int | None, int | None]]]:
+    """(rows of ``chaos_accounts``, every row where the mirror differs: (id, table's balance, mirror's balance))."""
+    row = conn.execute("SELECT count(*) FROM chaos_accounts").fetchone()
+    differ = conn.execute(
+        "SELECT coalesce(a.id, m.id), a.balance, m.balance FROM chaos_accounts a FULL JOIN chaos_mirror m USING (id) "
+        "WHERE a.balance IS DISTINCT FROM m.balance ORDER BY 1"
+    ).fetchall()
+    return (int(row[0]) if row else 0), [(int(r[0]), r[1], r[2]) for r in differ]
