@@ -1,8 +1,9 @@
 """Decoding Postgres's built-in ``pgoutput`` logical replication messages (protocol version 1) into staged rows.
 
-Only what WAL capture needs: ``B`` (begin), ``R`` (relation: the column names), ``I`` (insert) and ``C`` (commit).
-Other messages (origin, type, and the update/delete/truncate a publication limited to inserts never sends) are
-skipped. Transactions arrive whole and in commit order, each ``C`` carrying the LSN just past its commit, which is
+Only what WAL capture needs: ``B`` (begin), ``R`` (relation: the column names), ``I`` (insert), ``M`` (a logical
+message: a record that ``unilog_stage`` wrote with ``pg_logical_emit_message``, or a mode switch's marker) and ``C``
+(commit). Other messages (origin, type, and the update/delete/truncate a publication limited to inserts never sends)
+are skipped. Transactions arrive whole and in commit order, each ``C`` carrying the LSN just past its commit, which is
 what a streamer confirms once the transaction's records are published. Protocol version 1 without ``streaming``
 sends a transaction only once it has committed, so its rows may be handed on before its ``C`` is read: a decoder
 with ``part_rows`` returns a large transaction in parts of that many rows, and holds no more than one part. Pure
@@ -11,6 +12,7 @@ functions and a small state machine: no I/O, tested byte for byte against a real
 
 from __future__ import annotations
 
+import json
 import struct
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -18,6 +20,9 @@ from datetime import datetime
 from .staging import StagedRow
 
 STAGING_TABLE = "staged_log_records"
+MESSAGE_PREFIX = "unilog"  # a record: ``[stream, key, action, object, traceparent, tracestate]`` JSON, LF, the data
+MARKER_PREFIX = "unilog-switch"  # a mode switch's marker: every record message commits before it (see store.wal)
+_PG_EPOCH_MS = 946_684_800_000  # 2000-01-01 in milliseconds since the Unix epoch
 _REQUIRED = ("id", "stream", "action", "object", "data", "key", "created_at", "traceparent", "tracestate")
 _I16, _I32, _I64 = struct.Struct("!h"), struct.Struct("!i"), struct.Struct("!q")
 
@@ -28,10 +33,14 @@ class DecodeError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class WalRow:
-    """One staged record read from the WAL: its target ``stream`` column and the row as the streamer publishes it."""
+    """One staged record read from the WAL: its target ``stream`` column and the row as the streamer publishes it.
+    ``mark`` is None for a row of ``staged_log_records`` (whose id is ``row[0]``); for a record written as a logical
+    message (id 0, no row) it is (its transaction's commit LSN, its place among the transaction's messages): the
+    order the WAL delivers them in, which a streamer saves with its positions to skip what it already published."""
 
     stream: str
     row: StagedRow
+    mark: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +51,7 @@ class WalTransaction:
     xid: int
     end_lsn: int | None
     rows: tuple[WalRow, ...]
+    marker: str | None = None  # a mode switch's marker committed in this transaction
 
 
 @dataclass
@@ -52,6 +62,10 @@ class Decoder:
     relations: dict[int, tuple[int, ...] | None] = field(default_factory=dict)  # relid -> column indexes, or None
     part_rows: int | None = None  # None: each transaction whole, however large
     _xid: int = 0
+    _final_lsn: int = 0  # the commit LSN of the transaction being read (from its begin message)
+    _commit_ms: int = 0
+    _messages: int = 0  # record messages of the transaction read so far
+    _marker: str | None = None
     _rows: list[WalRow] = field(default_factory=list)
     in_transaction: bool = False  # a begin was read and its commit not yet
 
@@ -65,17 +79,43 @@ class Decoder:
         kind = message[:1]
         if kind == b"I":
             return self._insert(message)
+        if kind == b"M":
+            return self._message(message)
         if kind == b"B":
+            self._final_lsn, commit_us = _I64.unpack_from(message, 1)[0], _I64.unpack_from(message, 9)[0]
             self._xid, self._rows = _I32.unpack_from(message, 17)[0] & 0xFFFFFFFF, []
+            self._commit_ms, self._messages, self._marker = commit_us // 1000 + _PG_EPOCH_MS, 0, None
             self.in_transaction = True
         elif kind == b"C":
             end_lsn = _I64.unpack_from(message, 10)[0]
-            done = WalTransaction(self._xid, end_lsn, tuple(self._rows))
+            done = WalTransaction(self._xid, end_lsn, tuple(self._rows), self._marker)
             self._rows, self.in_transaction = [], False
             return done
         elif kind == b"R":
             self._relation(message)
         return None
+
+    def _message(self, message: bytes) -> WalTransaction | None:
+        """Decode a logical message: unilog's record messages become rows of the transaction (their created time
+        is its commit time), a switch marker is noted on it; other prefixes, and messages outside a transaction
+        (``pg_logical_emit_message(false, ...)``: never unilog's), are not ours."""
+        if not self.in_transaction or not message[1] & 1:
+            return None
+        prefix, pos = _cstring(message, 10)  # after the flags byte and the message's LSN
+        if prefix == MARKER_PREFIX:
+            self._marker = message[pos + 4 :].decode()
+            return None
+        if prefix != MESSAGE_PREFIX:
+            return None
+        content = message[pos + 4 :]
+        split = content.index(b"\n")
+        try:
+            stream, key, action, obj, traceparent, tracestate = json.loads(content[:split])
+        except ValueError:
+            where = f"{self._final_lsn >> 32:X}/{self._final_lsn & 0xFFFFFFFF:X}"
+            raise DecodeError(f"a unilog message in the WAL at {where} has a header unilog cannot read") from None
+        row: StagedRow = (0, action, obj, content[split + 1 :].decode(), key, self._commit_ms, traceparent, tracestate)
+        return self._add(WalRow(stream or "", row, (self._final_lsn, self._messages)), messages=1)
 
     def _relation(self, message: bytes) -> None:
         relid = _I32.unpack_from(message, 1)[0]
@@ -112,10 +152,15 @@ class Decoder:
         if id_ is None or action is None or obj is None or data is None or created is None:
             raise DecodeError(f"a staged row in the WAL has a NULL where unilog needs a value (id {id_})")
         row: StagedRow = (int(id_), action, obj, data, key, created_ms(created), traceparent, tracestate)
+        return self._add(WalRow(stream or "", row))
+
+    def _add(self, row: WalRow, messages: int = 0) -> WalTransaction | None:
+        """Append a decoded record; return the part it follows when that part is full."""
         part = None
         if self.part_rows is not None and len(self._rows) >= self.part_rows:
             part, self._rows = WalTransaction(self._xid, None, tuple(self._rows)), []
-        self._rows.append(WalRow(stream or "", row))
+        self._rows.append(row)
+        self._messages += messages
         return part
 
 

@@ -15,11 +15,10 @@ from .positions import save_positions
 NOTIFY_CHANNEL = "unilog_staged"
 
 # Positional parameters (action, object, data, stream, key, traceparent, tracestate): a tuple skips the driver's
-# per-call mapping of names to positions, on the producer's hot path.
-INSERT_STAGED = (
-    "INSERT INTO staged_log_records (action, object, data, stream, key, traceparent, tracestate) "
-    "VALUES (%s, %s, %s::jsonb, %s, %s, %s, %s) RETURNING id"
-)
+# per-call mapping of names to positions, on the producer's hot path. unilog_stage (migration unilog_0009) writes a
+# row of staged_log_records in table mode and a transactional logical message in WAL capture mode, choosing under a
+# lock a mode switch takes; it returns the row's id, or NULL for a message.
+INSERT_STAGED = "SELECT unilog_stage(%s, %s, %s, %s, %s, %s, %s)"
 
 # A staged row as the streamer reads it: (id, action, object, data, key, created_ms, traceparent, tracestate).
 # ``data`` is Postgres's JSON text, passed through to Redis without decoding; plain tuples: the streamer's hot path.

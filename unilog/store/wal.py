@@ -110,10 +110,47 @@ def record_capture(conn: psycopg.Connection[Any], slot: str, publication: str) -
         INSERT INTO unilog_capture (slot_name, publication, from_xid)
         VALUES (%s, %s, pg_snapshot_xmax(pg_current_snapshot()))
         ON CONFLICT (singleton) DO UPDATE SET slot_name = excluded.slot_name, publication = excluded.publication,
-            from_xid = excluded.from_xid, enabled_at = now()
+            from_xid = excluded.from_xid, enabled_at = now(), message_lsn = '0/0', message_ordinal = -1
         """,
         (slot, publication),
     )
+
+
+def emit_messages(conn: psycopg.Connection[Any]) -> bool:
+    """Whether producers write records as logical messages now (WAL capture mode) rather than rows."""
+    row = conn.execute("SELECT last_value = 1 FROM unilog_emit_mode").fetchone()
+    return bool(row and row[0])
+
+
+def set_emit_messages(conn: psycopg.Connection[Any], messages: bool, marker: str | None = None) -> int | None:
+    """Switch how producers stage records (``unilog_stage``): logical messages, or rows. Takes the mode's lock
+    exclusively first, so every transaction that read the old mode has ended when the switch commits, and none
+    reads it again; gives up after DDL_LOCK_TIMEOUT behind a long transaction (:class:`ConfigurationError`, nothing
+    changed). With ``marker``, commits a marker message after them: a WAL reader that has passed it has read every
+    record message ever committed before the switch. Returns the marker's LSN (None without one)."""
+    with conn.transaction():
+        conn.execute(f"SET LOCAL lock_timeout = '{int(DDL_LOCK_TIMEOUT * 1000)}ms'")
+        try:
+            conn.execute("SELECT pg_advisory_xact_lock(hashtextextended('unilog.emit_mode', 0))")
+        except psycopg.errors.LockNotAvailable:
+            raise ConfigurationError(
+                f"could not switch how producers stage records within {DDL_LOCK_TIMEOUT:g} s: a long or "
+                "idle-in-transaction session that emitted holds the lock (see pg_stat_activity); end it and run the "
+                "command again"
+            ) from None
+        conn.execute("SELECT setval('unilog_emit_mode', %s)", (1 if messages else 0,))
+        if marker is None:
+            return None
+        row = conn.execute(
+            "SELECT (pg_logical_emit_message(true, 'unilog-switch', %s) - '0/0')::bigint", (marker,)
+        ).fetchone()
+        return int(row[0]) if row else None
+
+
+def message_mark(conn: psycopg.Connection[Any]) -> tuple[int, int]:
+    """The (commit LSN, ordinal) of the last record message published from the slot ((0, -1): none yet)."""
+    row = conn.execute("SELECT (message_lsn - '0/0')::bigint, message_ordinal FROM unilog_capture").fetchone()
+    return (int(row[0]), int(row[1])) if row else (0, -1)
 
 
 def forget_capture(conn: psycopg.Connection[Any]) -> None:
@@ -205,6 +242,12 @@ def staged_before(conn: psycopg.Connection[Any], from_xid: str) -> bool:
     return bool(row and row[0])
 
 
+def wal_insert_lsn(conn: psycopg.Connection[Any]) -> int:
+    """The end of the WAL written so far: a committed transaction's records all lie before it."""
+    row = conn.execute("SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint").fetchone()
+    return int(row[0]) if row else 0
+
+
 def any_staged(conn: psycopg.Connection[Any]) -> bool:
     row = conn.execute("SELECT EXISTS (SELECT 1 FROM staged_log_records)").fetchone()
     return bool(row and row[0])
@@ -243,12 +286,20 @@ _SEES_ALL = """
 """
 
 
-def delete_ids(conn: psycopg.Connection[Any], ids: list[int], epoch: int, last_seqs: dict[str, int]) -> int:
-    """Delete published rows by id and advance each target stream's position, in the caller's transaction; return
-    the rows deleted (the caller checks it equals ``len(ids)``)."""
-    cur = conn.execute("DELETE FROM staged_log_records WHERE id = ANY(%s)", (ids,))
+def delete_ids(
+    conn: psycopg.Connection[Any],
+    ids: list[int],
+    epoch: int,
+    last_seqs: dict[str, int],
+    mark: tuple[int, int] | None = None,
+) -> int:
+    """Delete published rows by id, advance each target stream's position and, with ``mark``, the last record
+    message published, in the caller's transaction; return the rows deleted (the caller checks it is ``len(ids)``)."""
+    deleted = conn.execute("DELETE FROM staged_log_records WHERE id = ANY(%s)", (ids,)).rowcount if ids else 0
     save_positions(conn, epoch, last_seqs)
-    return cur.rowcount
+    if mark is not None:
+        conn.execute("UPDATE unilog_capture SET message_lsn = '0/0'::pg_lsn + %s::numeric, message_ordinal = %s", mark)
+    return deleted
 
 
 def published_positions(conn: psycopg.Connection[Any]) -> list[tuple[str, int, int]]:
@@ -288,7 +339,9 @@ class ReplicationStream:
 
     def _start(self) -> None:
         pgconn = self.conn.pgconn
-        query = sql.SQL("START_REPLICATION SLOT {} LOGICAL 0/0 (proto_version '1', publication_names {})").format(
+        query = sql.SQL(
+            "START_REPLICATION SLOT {} LOGICAL 0/0 (proto_version '1', publication_names {}, messages 'true')"
+        ).format(
             sql.Identifier(self.slot.slot), sql.Literal(sql.Identifier(self.slot.publication).as_string(self.conn))
         )
         pgconn.send_query(query.as_bytes(self.conn))
@@ -305,9 +358,9 @@ class ReplicationStream:
             raise SlotBusy(message)
         if state in ("42704", "55000"):  # no such slot; the slot was invalidated (its WAL was removed)
             raise CaptureLost(
-                f"WAL capture slot {self.slot.slot!r} at {redact_url(self.conninfo)} is unusable ({message}); "
-                "nothing is lost, the unpublished records are still staged: run `unilog capture wal --recreate` "
-                "(or `unilog capture table`) and restart the streamer (docs/guides/wal-capture.md)"
+                f"WAL capture slot {self.slot.slot!r} at {redact_url(self.conninfo)} is unusable ({message}): run "
+                "`unilog capture wal --recreate` (or `unilog capture table`) and restart the streamer "
+                "(docs/guides/wal-capture.md)"
             )
         raise psycopg.OperationalError(f"START_REPLICATION refused: {message}")
 

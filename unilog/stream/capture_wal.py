@@ -30,7 +30,7 @@ import psycopg
 import structlog
 
 from .. import routing, store
-from ..errors import ConfigurationError, PublishError
+from ..errors import CaptureLost, ConfigurationError, PublishError
 from ..store.pgoutput import Decoder, WalRow, WalTransaction
 from ..store.wal import CaptureSlot, ReplicationStream, SlotBusy
 from .publisher import BatchResult, Capture, Publisher
@@ -71,8 +71,11 @@ class WalCapture:
         self._decoder = Decoder(part_rows=batch_size)
         self._pending: deque[WalTransaction] = deque()  # transactions and parts of one received, not yet published
         self._pending_rows = 0
+        self._confirmed_markers: list[str] = []  # markers of the batch being published, until its confirmation
         self._head_offset = 0  # rows of the first pending part already published (split across batches)
         self._predrained = False
+        self._mark = (0, -1)  # the last record message published: (commit LSN, ordinal); ones at or before it skip
+        self.markers: set[str] = set()  # switch markers whose transaction was confirmed to the slot
         self.held_peak = 0  # the most decoded rows held at once (pending, and the decoder's open part)
 
     @property
@@ -91,24 +94,31 @@ class WalCapture:
                 return self.predrain.run_once(conn)
             self._predrained = True
         try:
-            reader = self._open()
+            reader = self._open(conn)
         except SlotBusy:
             conn.commit()
             return BatchResult(blocked=True)  # another streamer streams this database's slot
         self._receive(reader, wait=0)
         if not self._pending:
             self._confirm_idle(reader)
-            waiting = store.any_staged(conn)
+            # rows staged, or WAL written that the slot's stream has not reached: a record message may be in it
+            waiting = store.any_staged(conn) or reader.received_end < store.wal_insert_lsn(conn)
             conn.commit()
             return BatchResult(waiting=waiting)
         return self._publish(conn, reader)
 
-    def _open(self) -> ReplicationStream:
+    def _open(self, conn: psycopg.Connection[Any]) -> ReplicationStream:
         if self._reader is None:
             name = self.publisher.name
-            self._reader = ReplicationStream(
-                self.conninfo, self.slot, application_name=f"unilog-{name}-wal", timeout=self.timeout
-            )
+            self._mark = store.message_mark(conn)  # where the slot's stream restarts, the last saved is the truth
+            conn.commit()
+            try:
+                self._reader = ReplicationStream(
+                    self.conninfo, self.slot, application_name=f"unilog-{name}-wal", timeout=self.timeout
+                )
+            except CaptureLost as exc:
+                lost = _stop_messages_after_loss(conn)
+                raise CaptureLost(f"{exc}; {lost}") from None
             log.info("streaming from the WAL", slot=self.slot.slot, streamer=name)
         return self._reader
 
@@ -154,6 +164,8 @@ class WalCapture:
                 self._head_offset = 0
                 if head.end_lsn is not None:  # a transaction's last part: the slot may go past its commit
                     confirm, finished = head.end_lsn, finished + 1
+                    if head.marker is not None:
+                        self._confirmed_markers.append(head.marker)
         self._pending_rows -= len(rows)
         return rows, confirm, finished, xids
 
@@ -162,8 +174,7 @@ class WalCapture:
         publisher = self.publisher
         started = time.perf_counter()
         rows, confirm, finished, xids = self._take_batch()
-        existing = store.existing_ids(conn, [r.row[0] for r in rows], xids) if rows else set()
-        fresh = [r for r in rows if r.row[0] in existing]
+        fresh, mark = self._fresh(conn, rows, xids)
         by_stream: dict[str, list[store.StagedRow]] = {}
         for r in fresh:
             by_stream.setdefault(publisher.stream_of(r.stream), []).append(r.row)
@@ -172,7 +183,7 @@ class WalCapture:
             return BatchResult(blocked=True)
         try:
             last_seqs = self._send(conn, by_stream)
-            self._delete(conn, [r.row[0] for r in fresh], last_seqs)
+            self._delete(conn, [r.row[0] for r in fresh if r.mark is None], last_seqs, mark)
         except BaseException:
             publisher.forget_positions()
             self._rewind()
@@ -180,6 +191,8 @@ class WalCapture:
         publisher.faults.crash("streamer.crash_before_confirm")
         if confirm is not None:  # a transaction split across batches is confirmed once its last part is deleted
             reader.confirm(confirm)
+        self.markers.update(self._confirmed_markers)
+        self._confirmed_markers.clear()
         for stream, stream_rows in by_stream.items():
             publisher.counted(stream, len(stream_rows), started, stream_rows[0][5])
         log.info(
@@ -194,6 +207,17 @@ class WalCapture:
         # a batch of records published before (their rows gone) made progress too: the caller goes on at once
         return BatchResult(published=len(fresh), waiting=not fresh)
 
+    def _fresh(
+        self, conn: psycopg.Connection[Any], rows: list[WalRow], xids: list[int]
+    ) -> tuple[list[WalRow], tuple[int, int] | None]:
+        """The records of a batch not published yet, and the mark of its last record message (None: it has none).
+        A row is fresh while it is still staged (looked up by id); a message while it comes after the saved mark."""
+        ids = [r.row[0] for r in rows if r.mark is None]
+        existing = store.existing_ids(conn, ids, xids) if ids else set()
+        fresh = [r for r in rows if (r.row[0] in existing if r.mark is None else r.mark > self._mark)]
+        marks = [r.mark for r in fresh if r.mark is not None]
+        return fresh, (marks[-1] if marks else None)
+
     def _send(self, conn: psycopg.Connection[Any], by_stream: dict[str, list[store.StagedRow]]) -> dict[str, int]:
         publisher = self.publisher
         identity = publisher.identity()
@@ -205,11 +229,13 @@ class WalCapture:
         publisher.faults.crash("streamer.crash_after_publish")
         return {t: first[t] + payload.count - 1 for t, payload in targets.items()}
 
-    def _delete(self, conn: psycopg.Connection[Any], ids: list[int], last_seqs: dict[str, int]) -> None:
-        if not ids:
+    def _delete(
+        self, conn: psycopg.Connection[Any], ids: list[int], last_seqs: dict[str, int], mark: tuple[int, int] | None
+    ) -> None:
+        if not ids and mark is None:
             conn.commit()
             return
-        deleted = store.delete_ids(conn, ids, self.publisher.identity().epoch, last_seqs)
+        deleted = store.delete_ids(conn, ids, self.publisher.identity().epoch, last_seqs, mark)
         if deleted != len(ids):
             conn.rollback()
             raise PublishError(
@@ -218,6 +244,8 @@ class WalCapture:
             )
         conn.commit()
         self.publisher.remember_positions(last_seqs)
+        if mark is not None:
+            self._mark = mark
 
     # -- waiting and resetting ---------------------------------------------------------------------------------------
 
@@ -243,8 +271,29 @@ class WalCapture:
         self._reader = None
         self._decoder = Decoder(part_rows=self.batch_size)
         self._pending.clear()
+        self._confirmed_markers.clear()
         self._pending_rows = self._head_offset = 0
 
     def close(self) -> None:
         """Close the slot's replication session (the table-mode capture is its owner's to close)."""
         self._rewind()
+
+
+def _stop_messages_after_loss(conn: psycopg.Connection[Any]) -> str:
+    """The slot is gone or lost: producers must stop writing record messages no slot will read. Switch them to rows
+    (which any capture finds again) at once; return what the loss cost, for the error's line."""
+    kept = "records staged as rows are kept and will be published"
+    try:
+        if not store.emit_messages(conn):
+            conn.commit()
+            return f"nothing is lost: {kept}"
+        store.set_emit_messages(conn, False)
+        conn.commit()
+        switched = "producers now stage rows"
+    except (psycopg.Error, ConfigurationError) as exc:
+        conn.rollback()
+        switched = f"producers could not be switched to rows ({exc}): `unilog capture table` does it"
+    return (
+        f"{kept}, but records written as logical messages that the slot had not delivered are lost with it "
+        f"({switched}; docs/guides/wal-capture.md, 'a lost slot')"
+    )

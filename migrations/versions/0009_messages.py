@@ -1,0 +1,99 @@
+"""Records as logical messages in WAL capture mode; ``unilog_emit`` for producers in any language
+
+Revision ID: unilog_0009
+Revises: unilog_0007
+Create Date: 2026-11-26
+"""
+
+from alembic import op
+
+revision = "unilog_0009"
+down_revision = "unilog_0007"
+branch_labels = None
+depends_on = None
+
+# How producers stage a record: 0 a row of staged_log_records, 1 a transactional logical message (WAL capture mode).
+# A sequence, not a table: a sequence's value is read as it is now, whatever the reader's snapshot, so a producer in
+# a REPEATABLE READ transaction that began before a switch still sees it (a table row would show the old mode).
+MODE = "CREATE SEQUENCE IF NOT EXISTS unilog_emit_mode MINVALUE 0 MAXVALUE 1 START 0 NO CYCLE"
+
+# Where the WAL pass stands among record messages: the (commit LSN, ordinal) of the last one published, saved in the
+# transaction that saves the positions, so messages the slot sends again after a crash are skipped (a row is
+# recognised by being gone; a message leaves nothing behind to look at).
+MARK = """
+ALTER TABLE unilog_capture
+    ADD COLUMN IF NOT EXISTS message_lsn     PG_LSN  NOT NULL DEFAULT '0/0',
+    ADD COLUMN IF NOT EXISTS message_ordinal INTEGER NOT NULL DEFAULT -1
+"""
+
+# The mode is read under a shared lock held to the end of the producer's transaction; a switch to table mode takes
+# it exclusively, so when it has the lock every transaction that wrote a message has ended, and none writes another:
+# the slot can then be drained and dropped without losing one. The record message's content is a JSON array of the
+# short fields, a line feed (never inside that JSON), and the data's JSON text as the producer encoded it.
+STAGE = """
+CREATE OR REPLACE FUNCTION unilog_stage(
+    p_action text, p_object text, p_data text, p_stream text, p_key text, p_traceparent text, p_tracestate text
+) RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    staged bigint;
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(hashtextextended('unilog.emit_mode', 0));
+    IF (SELECT last_value FROM unilog_emit_mode) = 1 THEN
+        PERFORM pg_logical_emit_message(true, 'unilog',
+            json_build_array(p_stream, p_key, p_action, p_object, p_traceparent, p_tracestate)::text
+            || E'\\n' || p_data);
+        RETURN NULL;
+    END IF;
+    INSERT INTO staged_log_records (action, object, data, stream, key, traceparent, tracestate)
+    VALUES (p_action, p_object, p_data::jsonb, p_stream, p_key, p_traceparent, p_tracestate)
+    RETURNING id INTO staged;
+    RETURN staged;
+END $$
+"""
+
+# The public face, for SQL, triggers and producers in other languages: the checks emit() makes, then unilog_stage.
+EMIT = """
+CREATE OR REPLACE FUNCTION unilog_emit(
+    stream text, key text, action text, object text, data jsonb,
+    traceparent text DEFAULT NULL, tracestate text DEFAULT NULL, max_payload_bytes integer DEFAULT 1048576
+) RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    text_data text := data::text;
+BEGIN
+    IF action IS NULL OR btrim(action) = '' OR object IS NULL OR btrim(object) = '' THEN
+        RAISE EXCEPTION 'unilog_emit: action and object must be non-empty text' USING ERRCODE = '22023';
+    END IF;
+    IF key IS NOT NULL AND btrim(key) = '' THEN
+        RAISE EXCEPTION 'unilog_emit: key must be NULL or non-empty text' USING ERRCODE = '22023';
+    END IF;
+    IF coalesce(stream, '') <> '' AND stream !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$' THEN
+        RAISE EXCEPTION 'unilog_emit: invalid stream name %: use 1-200 characters from [A-Za-z0-9_.:-], starting '
+            'with a letter or digit', quote_literal(stream) USING ERRCODE = '22023';
+    END IF;
+    IF data IS NULL THEN
+        RAISE EXCEPTION 'unilog_emit: data must not be NULL (use ''null''::jsonb for a JSON null)'
+            USING ERRCODE = '22023';
+    END IF;
+    IF octet_length(text_data) > max_payload_bytes THEN
+        RAISE EXCEPTION 'unilog_emit: data is % bytes as JSON, over the limit of % bytes',
+            octet_length(text_data), max_payload_bytes USING ERRCODE = '54000';
+    END IF;
+    RETURN unilog_stage(action, object, text_data, coalesce(stream, ''), key, traceparent, tracestate);
+END $$
+"""
+
+
+def upgrade() -> None:
+    op.execute(MODE)
+    op.execute(MARK)
+    op.execute(STAGE)
+    op.execute(EMIT)
+    # A database already in WAL capture mode switches its producers to messages with `unilog capture wal` (run it
+    # again): a migration does not flip it, so rows keep flowing as before until an operator chooses.
+
+
+def downgrade() -> None:
+    op.execute("DROP FUNCTION IF EXISTS unilog_emit(text, text, text, text, jsonb, text, text, integer)")
+    op.execute("DROP FUNCTION IF EXISTS unilog_stage(text, text, text, text, text, text, text)")
+    op.execute("ALTER TABLE unilog_capture DROP COLUMN IF EXISTS message_lsn, DROP COLUMN IF EXISTS message_ordinal")
+    op.execute("DROP SEQUENCE IF EXISTS unilog_emit_mode")
