@@ -192,16 +192,17 @@ def disable_wal(settings: Settings) -> None:
     settle(settings)
     with store.connect(settings.conninfo, autocommit=True, application_name="unilog-capture") as conn:
         current = store.capture_slot(conn)
-        # the table first (each change may give up behind a long transaction): a switch that fails then leaves WAL
-        # mode whole, with its slot, rather than table mode with no wake-up and a slot retaining WAL for nobody
-        store.set_read_index(conn, True)  # before table-mode passes start: they read by it (built concurrently)
-        store.set_notify_trigger(conn, True)
+        # producers to rows first, and the slot's messages out: WAL mode captures rows too, so a switch that gives
+        # up after this leaves WAL mode whole, as does one that gives up on the table (each change may, behind a
+        # long transaction), rather than table mode with no wake-up and a slot retaining WAL for nobody
         if current is not None:
             state = store.slot_state(conn, current.slot)
             if state is not None and state["wal_status"] != "lost":
                 _drain_messages(settings, conn)  # producers stage rows from here; the slot's messages go out first
             else:
                 store.set_emit_messages(conn, False)
+        store.set_read_index(conn, True)  # before table-mode passes start: they read by it (built concurrently)
+        store.set_notify_trigger(conn, True)
         store.forget_capture(conn)
         if current is not None:
             store.drop_slot(conn, current.slot)
