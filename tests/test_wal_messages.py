@@ -179,7 +179,7 @@ def test_repeatable_read_producer_that_began_before_the_switch_writes_a_row(
     rr.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
     rr.execute("SELECT 1")  # the snapshot is taken: WAL mode
     with psycopg.connect(wal.conninfo, autocommit=True) as conn:
-        store.set_emit_messages(conn, False)  # the switch's first step (the rest waits for rr's old snapshot)
+        store.set_emit_messages(conn, False, wait=False)  # the switch's first step (then it waits for rr to end)
     assert emit(rr, action="create", object="ride", data={"n": 0}) is not None, "a row, with its staged id"
     rr.commit()
     with streamer(wal) as s:
@@ -194,9 +194,10 @@ def test_a_switch_behind_an_idle_emitter_gives_up_in_one_line(
     monkeypatch.setattr("unilog.store.wal.DDL_LOCK_TIMEOUT", 0.3)
     writer = psycopg.connect(wal.conninfo)  # emitted a message and sits idle in transaction
     emit(writer, action="create", object="ride", data={"n": 0})
-    with pytest.raises(ConfigurationError, match="could not switch how producers stage records"):
+    with pytest.raises(ConfigurationError, match="producers now stage rows, but a transaction that may have written"):
         disable_wal(wal)
-    assert capture_status(wal)["mode"] == "wal" and capture_status(wal)["records_as"] == "messages"
+    status = capture_status(wal)
+    assert status["mode"] == "wal" and status["records_as"] == "rows", "still WAL mode (which captures rows too)"
     writer.commit()
     disable_wal(wal)
     assert published(rds) == dense(1), "the switch published the message before dropping the slot"

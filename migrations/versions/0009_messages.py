@@ -26,10 +26,14 @@ ALTER TABLE unilog_capture
     ADD COLUMN IF NOT EXISTS message_ordinal INTEGER NOT NULL DEFAULT -1
 """
 
-# The mode is read under a shared lock held to the end of the producer's transaction; a switch to table mode takes
-# it exclusively, so when it has the lock every transaction that wrote a message has ended, and none writes another:
-# the slot can then be drained and dropped without losing one. The record message's content is a JSON array of the
-# short fields, a line feed (never inside that JSON), and the data's JSON text as the producer encoded it.
+# A switch never holds producers up: no producer waits for a lock a switch takes. In message mode a producer takes a
+# shared advisory lock (held to its transaction's end) and reads the mode again under it; a switch to table mode sets
+# the mode, then waits (polling pg_locks, queueing for nothing) for the transactions holding that lock to end, then
+# commits a marker message. A producer that took the lock before the switch looked is waited for; one that took it
+# after reads the new mode and writes a row. So every record message is committed before the marker, none after it,
+# and the slot can be drained through the marker and dropped without losing one (unilog.store.set_emit_messages).
+# The record message's content is a JSON array of the short fields, a line feed (never inside that JSON), and the
+# data's JSON text as the producer encoded it.
 STAGE = """
 CREATE OR REPLACE FUNCTION unilog_stage(
     p_action text, p_object text, p_data text, p_stream text, p_key text, p_traceparent text, p_tracestate text
@@ -37,12 +41,14 @@ CREATE OR REPLACE FUNCTION unilog_stage(
 DECLARE
     staged bigint;
 BEGIN
-    PERFORM pg_advisory_xact_lock_shared(hashtextextended('unilog.emit_mode', 0));
     IF (SELECT last_value FROM unilog_emit_mode) = 1 THEN
-        PERFORM pg_logical_emit_message(true, 'unilog',
-            json_build_array(p_stream, p_key, p_action, p_object, p_traceparent, p_tracestate)::text
-            || E'\\n' || p_data);
-        RETURN NULL;
+        PERFORM pg_advisory_xact_lock_shared(hashtextextended('unilog.emit_mode', 0));
+        IF (SELECT last_value FROM unilog_emit_mode) = 1 THEN
+            PERFORM pg_logical_emit_message(true, 'unilog',
+                json_build_array(p_stream, p_key, p_action, p_object, p_traceparent, p_tracestate)::text
+                || E'\\n' || p_data);
+            RETURN NULL;
+        END IF;
     END IF;
     INSERT INTO staged_log_records (action, object, data, stream, key, traceparent, tracestate)
     VALUES (p_action, p_object, p_data::jsonb, p_stream, p_key, p_traceparent, p_tracestate)

@@ -122,29 +122,64 @@ def emit_messages(conn: psycopg.Connection[Any]) -> bool:
     return bool(row and row[0])
 
 
-def set_emit_messages(conn: psycopg.Connection[Any], messages: bool, marker: str | None = None) -> int | None:
-    """Switch how producers stage records (``unilog_stage``): logical messages, or rows. Takes the mode's lock
-    exclusively first, so every transaction that read the old mode has ended when the switch commits, and none
-    reads it again; gives up after DDL_LOCK_TIMEOUT behind a long transaction (:class:`ConfigurationError`, nothing
-    changed). With ``marker``, commits a marker message after them: a WAL reader that has passed it has read every
-    record message ever committed before the switch. Returns the marker's LSN (None without one)."""
-    with conn.transaction():
-        conn.execute(f"SET LOCAL lock_timeout = '{int(DDL_LOCK_TIMEOUT * 1000)}ms'")
-        try:
-            conn.execute("SELECT pg_advisory_xact_lock(hashtextextended('unilog.emit_mode', 0))")
-        except psycopg.errors.LockNotAvailable:
+def set_emit_messages(
+    conn: psycopg.Connection[Any], messages: bool, *, marker: str | None = None, wait: bool = True
+) -> int | None:
+    """Switch how producers stage records (``unilog_stage`` reads the mode, a sequence, as it is now whatever the
+    producer's snapshot): logical messages, or rows. No lock is taken, so no producer ever waits for a switch.
+
+    Turning messages off with ``wait``, then waits (polling, queueing for no lock) until every transaction that
+    holds the message writers' shared lock has ended: a producer writes a message only after taking it and reading
+    the mode again under it, so one that takes it after the switch looked writes a row, and from then on no record
+    message will ever be committed. With ``marker``, it then commits a marker message, after all of them: a WAL reader that
+    has passed it has read every record message. Returns the marker's LSN (None without one). A transaction still
+    open after DDL_LOCK_TIMEOUT raises :class:`ConfigurationError` (producers stage rows already; the slot is kept,
+    and the command can be run again). ``conn`` must be in autocommit mode for the wait and the marker."""
+    conn.execute("SELECT setval('unilog_emit_mode', %s)", (1 if messages else 0,))
+    if messages or not wait:
+        return None
+    _wait_for_open_transactions(conn, DDL_LOCK_TIMEOUT)
+    if marker is None:
+        return None
+    row = conn.execute(
+        "SELECT (pg_logical_emit_message(true, 'unilog-switch', %s) - '0/0')::bigint", (marker,)
+    ).fetchone()
+    return int(row[0]) if row else None
+
+
+def _wait_for_open_transactions(conn: psycopg.Connection[Any], timeout: float) -> None:
+    """Wait until every transaction that holds the message writers' lock now has ended; each also holds the lock on
+    its own virtual transaction id until it ends, so their set is read from ``pg_locks`` once and polled."""
+    row = conn.execute(_OPEN_TRANSACTIONS).fetchone()
+    open_now = list(row[0] or []) if row else []
+    deadline = time.monotonic() + timeout
+    while open_now:
+        row = conn.execute(_STILL_OPEN, (open_now,)).fetchone()
+        still = list(row[0] or []) if row else []
+        if not still:
+            return
+        if time.monotonic() > deadline:
             raise ConfigurationError(
-                f"could not switch how producers stage records within {DDL_LOCK_TIMEOUT:g} s: a long or "
-                "idle-in-transaction session that emitted holds the lock (see pg_stat_activity); end it and run the "
+                f"producers now stage rows, but a transaction that may have written a record message is still open "
+                f"after {timeout:g} s (pid {', '.join(map(str, still))}: see pg_stat_activity): end it and run the "
                 "command again"
-            ) from None
-        conn.execute("SELECT setval('unilog_emit_mode', %s)", (1 if messages else 0,))
-        if marker is None:
-            return None
-        row = conn.execute(
-            "SELECT (pg_logical_emit_message(true, 'unilog-switch', %s) - '0/0')::bigint", (marker,)
-        ).fetchone()
-        return int(row[0]) if row else None
+            )
+        time.sleep(0.01)
+
+
+# Holders of unilog_stage's advisory lock on 'unilog.emit_mode' (a bigint key: its high half in classid, its low
+# half in objid, objsubid 1) in this database.
+_OPEN_TRANSACTIONS = """
+    WITH k AS (SELECT hashtextextended('unilog.emit_mode', 0) AS key)
+    SELECT array_agg(l.virtualtransaction) FROM pg_locks l, k
+    WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND l.classid::text::bigint = (k.key >> 32) & 4294967295 AND l.objid::text::bigint = k.key & 4294967295
+"""
+_STILL_OPEN = """
+    SELECT array_agg(DISTINCT pid) FROM pg_locks
+    WHERE locktype = 'virtualxid' AND granted AND virtualxid = ANY(%s)
+"""
 
 
 def message_mark(conn: psycopg.Connection[Any]) -> tuple[int, int]:

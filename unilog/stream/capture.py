@@ -23,10 +23,11 @@ open or idle transaction delays only its own records. Guarantees, as in table mo
   (xid, id) order), so a batch Redis has but Postgres has not deleted must be re-sent by the mode that sent it. A
   switch therefore runs only while no streamer runs on the database (one line otherwise), first settles such
   batches in the current mode (:func:`settle`), and streamers read the mode when their Postgres session opens.
-* **No record message is committed that no slot will read.** Producers read the mode under a lock a switch takes
-  exclusively (:func:`unilog.store.set_emit_messages`): ``unilog capture wal`` turns messages on only once the slot
-  exists; ``unilog capture table`` turns them off, commits a marker after every transaction that wrote one, and
-  publishes through the marker before it drops the slot (:func:`_drain_messages`).
+* **No record message is committed that no slot will read, and no producer waits for a switch.** Producers read
+  the mode without a lock (:func:`unilog.store.set_emit_messages`): ``unilog capture wal`` turns messages on only
+  once the slot exists; ``unilog capture table`` turns them off, waits for every transaction open at that moment to
+  end, commits a marker after them, and publishes through the marker before it drops the slot
+  (:func:`_drain_messages`).
 * **A lost slot is never skipped silently**: :class:`~unilog.errors.CaptureLost` stops the streamer, naming the
   recovery (``unilog capture wal --recreate``), and the unpublished records are still staged.
 """
@@ -146,9 +147,9 @@ def enable_wal(settings: Settings, *, slot: str | None = None, recreate: bool = 
 
 def _drain_messages(settings: Settings, conn: psycopg.Connection[Any], timeout: float = 120.0) -> None:
     """Switch producers to rows and publish every record message committed before the switch, so the slot can go:
-    the switch waits for every transaction that wrote a message and commits a marker after them; a WAL-mode pass
-    that has confirmed the marker's transaction has published all of them. ``conn``: autocommit. Run only while no
-    streamer runs (the caller refused otherwise)."""
+    the switch waits for every transaction that could have written a message and commits a marker after them; a
+    WAL-mode pass that has confirmed the marker's transaction has published all of them. ``conn``: autocommit.
+    Run only while no streamer runs (the caller refused otherwise)."""
     marker = uuid.uuid4().hex
     store.set_emit_messages(conn, False, marker=marker)
     with Streamer(settings, StreamerConfig(restart_after_crash=False), name="capture-drain") as streamer:
@@ -200,7 +201,7 @@ def disable_wal(settings: Settings) -> None:
             if state is not None and state["wal_status"] != "lost":
                 _drain_messages(settings, conn)  # producers stage rows from here; the slot's messages go out first
             else:
-                store.set_emit_messages(conn, False)
+                store.set_emit_messages(conn, False, wait=False)  # a lost slot: nothing left to drain
         store.set_read_index(conn, True)  # before table-mode passes start: they read by it (built concurrently)
         store.set_notify_trigger(conn, True)
         store.forget_capture(conn)

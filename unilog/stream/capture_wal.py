@@ -287,7 +287,7 @@ def _stop_messages_after_loss(conn: psycopg.Connection[Any]) -> str:
         if not store.emit_messages(conn):
             conn.commit()
             return f"nothing is lost: {kept}"
-        store.set_emit_messages(conn, False)
+        store.set_emit_messages(conn, False, wait=False)
         conn.commit()
         switched = "producers now stage rows"
     except (psycopg.Error, ConfigurationError) as exc:
