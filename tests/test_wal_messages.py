@@ -370,3 +370,65 @@ def test_capture_lost_error_is_one_line(wal: Settings) -> None:
         conn.execute("SELECT pg_drop_replication_slot(%s)", (capture_status(wal)["slot"],))
     with streamer(wal) as s, pytest.raises(CaptureLost, match="capture wal --recreate"):
         s.drain(timeout=10)
+
+
+def test_a_mixed_batch_of_messages_carries_each_records_own_context(
+    wal: Settings, rds: redis.Redis, spans: Any
+) -> None:
+    """Traced and untraced messages (and a row) in one batch: each entry gets exactly its own fields, as in table
+    mode (the seven-argument publish path when any record of the batch is traced)."""
+    from opentelemetry import context, trace
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
+
+    parent = SpanContext(
+        0xABC, 0xDEF, is_remote=True, trace_flags=TraceFlags(1), trace_state=TraceState([("vendor", "v1")])
+    )
+    tracer = trace.get_tracer("test")
+    with psycopg.connect(wal.conninfo) as conn:
+        with tracer.start_as_current_span("keyed"):
+            emit(conn, action="a", object="o", data={"n": 1}, key="k1")
+        emit(conn, action="a", object="o", data={"n": 2})
+        conn.execute("INSERT INTO staged_log_records (action, object, data) VALUES ('a', 'o', '{\"n\": 3}')")
+        token = context.attach(trace.set_span_in_context(NonRecordingSpan(parent)))
+        try:
+            emit(conn, action="a", object="o", data={"n": 4}, key="k4")
+        finally:
+            context.detach(token)
+    with streamer(wal) as s:
+        assert s.drain(timeout=10) == 4
+    entries = [fields for _, fields in rds.xrange(STREAM)]
+    assert [sorted(set(f) - {"data", "action", "object", "producer", "epoch", "seq", "created"}) for f in entries] == [
+        ["key", "traceparent"],
+        [],
+        [],
+        ["key", "traceparent", "tracestate"],
+    ]
+    assert [json.loads(f["data"])["n"] for f in entries] == [1, 2, 3, 4]
+    assert entries[0]["key"] == "k1" and entries[3]["tracestate"] == "vendor=v1"
+    assert entries[3]["traceparent"] == f"00-{0xABC:032x}-{0xDEF:016x}-01"
+    assert abs(int(entries[0]["created"]) - time.time() * 1000) < 60_000, "created: the transaction's start, in ms"
+
+
+def test_messages_of_a_partitioned_stream_go_to_their_keys_partitions(wal: Settings, rds: redis.Redis) -> None:
+    from unilog.engine import RedisStreams, connect
+    from unilog.routing import partition_of, partition_stream
+
+    api = RedisStreams(connect(wal.redis_url))
+    api.set_partitions(STREAM, 4)
+    api.close()
+    with psycopg.connect(wal.conninfo) as conn:
+        for i in range(40):
+            emit(conn, action="create", object="ride", data={"n": i}, key=f"k{i % 8}")
+        emit(conn, action="create", object="ride", data={"n": 40})  # no key: spread, but published once
+    with streamer(wal) as s:
+        assert s.drain(timeout=10) == 41
+    seen = []
+    for p in range(4):
+        for _id, f in rds.xrange(partition_stream(STREAM, p)):
+            n = json.loads(f["data"])["n"]
+            seen.append(n)
+            if n < 40:
+                assert p == partition_of(f"k{n % 8}", 4), "a key's records in its partition"
+        ns = [json.loads(f["data"])["n"] for _id, f in rds.xrange(partition_stream(STREAM, p))]
+        assert ns == sorted(ns), "in commit order within the partition"
+    assert sorted(seen) == list(range(41))

@@ -32,21 +32,39 @@ ALTER TABLE unilog_capture
 # commits a marker message. A producer that took the lock before the switch looked is waited for; one that took it
 # after reads the new mode and writes a row. So every record message is committed before the marker, none after it,
 # and the slot can be drained through the marker and dropped without losing one (unilog.store.set_emit_messages).
-# The record message's content is a JSON array of the short fields, a line feed (never inside that JSON), and the
-# data's JSON text as the producer encoded it.
+# The record message's content: its target stream, a line feed, the byte length of its trace part, a line feed, then
+# the record's arguments to the publish script already encoded as RESP bulk strings (data, action, object, created
+# ms, key or ''; then traceparent and tracestate when it has them), as table mode's packed fetch encodes them: the
+# streamer concatenates messages into a batch without touching a record in Python. ``created`` is now(), the
+# transaction's start, as staged_log_records.created_at. The lengths are octet_length() of server-encoding text, so
+# producers write messages only in a UTF8 database (unilog capture wal keeps rows otherwise).
 STAGE = """
 CREATE OR REPLACE FUNCTION unilog_stage(
     p_action text, p_object text, p_data text, p_stream text, p_key text, p_traceparent text, p_tracestate text
 ) RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
     staged bigint;
+    created text;
+    k text;
+    body text;
+    trace text := '';
 BEGIN
     IF (SELECT last_value FROM unilog_emit_mode) = 1 THEN
         PERFORM pg_advisory_xact_lock_shared(hashtextextended('unilog.emit_mode', 0));
         IF (SELECT last_value FROM unilog_emit_mode) = 1 THEN
+            created := ((extract(epoch FROM now()) * 1000)::bigint)::text;
+            k := coalesce(p_key, '');
+            body := '$' || octet_length(p_data) || E'\\r\\n' || p_data || E'\\r\\n$' || octet_length(p_action)
+                || E'\\r\\n' || p_action || E'\\r\\n$' || octet_length(p_object) || E'\\r\\n' || p_object
+                || E'\\r\\n$' || octet_length(created) || E'\\r\\n' || created || E'\\r\\n$'
+                || octet_length(k) || E'\\r\\n' || k || E'\\r\\n';
+            IF p_traceparent IS NOT NULL THEN
+                trace := '$' || octet_length(p_traceparent) || E'\\r\\n' || p_traceparent || E'\\r\\n$'
+                    || octet_length(coalesce(p_tracestate, '')) || E'\\r\\n' || coalesce(p_tracestate, '')
+                    || E'\\r\\n';
+            END IF;
             PERFORM pg_logical_emit_message(true, 'unilog',
-                json_build_array(p_stream, p_key, p_action, p_object, p_traceparent, p_tracestate)::text
-                || E'\\n' || p_data);
+                p_stream || E'\\n' || octet_length(trace) || E'\\n' || body || trace);
             RETURN NULL;
         END IF;
     END IF;

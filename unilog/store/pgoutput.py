@@ -12,7 +12,6 @@ functions and a small state machine: no I/O, tested byte for byte against a real
 
 from __future__ import annotations
 
-import json
 import struct
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -20,9 +19,9 @@ from datetime import datetime
 from .staging import StagedRow
 
 STAGING_TABLE = "staged_log_records"
-MESSAGE_PREFIX = "unilog"  # a record: ``[stream, key, action, object, traceparent, tracestate]`` JSON, LF, the data
+MESSAGE_PREFIX = "unilog"  # a record (see migration unilog_0009's unilog_stage)
+_RECORD = MESSAGE_PREFIX.encode() + b"\0"
 MARKER_PREFIX = "unilog-switch"  # a mode switch's marker: every record message commits before it (see store.wal)
-_PG_EPOCH_MS = 946_684_800_000  # 2000-01-01 in milliseconds since the Unix epoch
 _REQUIRED = ("id", "stream", "action", "object", "data", "key", "created_at", "traceparent", "tracestate")
 _I16, _I32, _I64 = struct.Struct("!h"), struct.Struct("!i"), struct.Struct("!q")
 
@@ -31,16 +30,20 @@ class DecodeError(ValueError):
     """A pgoutput message this decoder cannot read (a protocol it does not speak, or a table it does not know)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs several times more, once per record
 class WalRow:
-    """One staged record read from the WAL: its target ``stream`` column and the row as the streamer publishes it.
-    ``mark`` is None for a row of ``staged_log_records`` (whose id is ``row[0]``); for a record written as a logical
-    message (id 0, no row) it is (its transaction's commit LSN, its place among the transaction's messages): the
-    order the WAL delivers them in, which a streamer saves with its positions to skip what it already published."""
+    """One staged record read from the WAL, with its target ``stream`` column. A row of ``staged_log_records`` has
+    ``row`` (as the streamer publishes it; its id is ``row[0]``). A record written as a logical message has no row:
+    ``body`` holds its five publish arguments already encoded as RESP bulk strings (as unilog_stage wrote them),
+    ``trace`` its trace context's two (or nothing), and ``mark`` is (its transaction's commit LSN, its place among
+    the transaction's messages): the order the WAL delivers them in, which a streamer saves with its positions to
+    skip what it already published."""
 
     stream: str
-    row: StagedRow
+    row: StagedRow | None
     mark: tuple[int, int] | None = None
+    body: bytes = b""
+    trace: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +66,6 @@ class Decoder:
     part_rows: int | None = None  # None: each transaction whole, however large
     _xid: int = 0
     _final_lsn: int = 0  # the commit LSN of the transaction being read (from its begin message)
-    _commit_ms: int = 0
     _messages: int = 0  # record messages of the transaction read so far
     _marker: str | None = None
     _rows: list[WalRow] = field(default_factory=list)
@@ -82,9 +84,9 @@ class Decoder:
         if kind == b"M":
             return self._message(message)
         if kind == b"B":
-            self._final_lsn, commit_us = _I64.unpack_from(message, 1)[0], _I64.unpack_from(message, 9)[0]
+            self._final_lsn = _I64.unpack_from(message, 1)[0]
             self._xid, self._rows = _I32.unpack_from(message, 17)[0] & 0xFFFFFFFF, []
-            self._commit_ms, self._messages, self._marker = commit_us // 1000 + _PG_EPOCH_MS, 0, None
+            self._messages, self._marker = 0, None
             self.in_transaction = True
         elif kind == b"C":
             end_lsn = _I64.unpack_from(message, 10)[0]
@@ -96,26 +98,36 @@ class Decoder:
         return None
 
     def _message(self, message: bytes) -> WalTransaction | None:
-        """Decode a logical message: unilog's record messages become rows of the transaction (their created time
-        is its commit time), a switch marker is noted on it; other prefixes, and messages outside a transaction
-        (``pg_logical_emit_message(false, ...)``: never unilog's), are not ours."""
+        """Decode a logical message: unilog's record messages become records of the transaction, a switch marker is
+        noted on it; other prefixes, and messages outside a transaction (``pg_logical_emit_message(false, ...)``:
+        never unilog's), are not ours. A record message is ``stream LF trace-length LF body trace``."""
         if not self.in_transaction or not message[1] & 1:
             return None
-        prefix, pos = _cstring(message, 10)  # after the flags byte and the message's LSN
+        if message.startswith(_RECORD, 10):  # after the flags byte and the message's LSN
+            return self._record(message, 10 + len(_RECORD))
+        prefix, pos = _cstring(message, 10)
         if prefix == MARKER_PREFIX:
             self._marker = message[pos + 4 :].decode()
             return None
-        if prefix != MESSAGE_PREFIX:
-            return None
+        return None
+
+    def _record(self, message: bytes, pos: int) -> WalTransaction | None:
         content = message[pos + 4 :]
-        split = content.index(b"\n")
         try:
-            stream, key, action, obj, traceparent, tracestate = json.loads(content[:split])
+            first = content.index(b"\n")
+            second = content.index(b"\n", first + 1)
+            trace_end = len(content) - int(content[first + 1 : second])
         except ValueError:
             where = f"{self._final_lsn >> 32:X}/{self._final_lsn & 0xFFFFFFFF:X}"
             raise DecodeError(f"a unilog message in the WAL at {where} has a header unilog cannot read") from None
-        row: StagedRow = (0, action, obj, content[split + 1 :].decode(), key, self._commit_ms, traceparent, tracestate)
-        return self._add(WalRow(stream or "", row, (self._final_lsn, self._messages)), messages=1)
+        record = WalRow(
+            content[:first].decode(),
+            None,
+            (self._final_lsn, self._messages),
+            content[second + 1 : trace_end],
+            content[trace_end:],
+        )
+        return self._add(record, messages=1)
 
     def _relation(self, message: bytes) -> None:
         relid = _I32.unpack_from(message, 1)[0]

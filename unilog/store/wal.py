@@ -131,10 +131,11 @@ def set_emit_messages(
     Turning messages off with ``wait``, then waits (polling, queueing for no lock) until every transaction that
     holds the message writers' shared lock has ended: a producer writes a message only after taking it and reading
     the mode again under it, so one that takes it after the switch looked writes a row, and from then on no record
-    message will ever be committed. With ``marker``, it then commits a marker message, after all of them: a WAL reader that
-    has passed it has read every record message. Returns the marker's LSN (None without one). A transaction still
-    open after DDL_LOCK_TIMEOUT raises :class:`ConfigurationError` (producers stage rows already; the slot is kept,
-    and the command can be run again). ``conn`` must be in autocommit mode for the wait and the marker."""
+    message will ever be committed. With ``marker``, it then commits a marker message, after all of them: a WAL
+    reader that has passed it has read every record message. Returns the marker's LSN (None without one). A
+    transaction still open after DDL_LOCK_TIMEOUT raises :class:`ConfigurationError` (producers stage rows
+    already; the slot is kept, and the command can be run again). ``conn``: autocommit, for the wait and the
+    marker."""
     conn.execute("SELECT setval('unilog_emit_mode', %s)", (1 if messages else 0,))
     if messages or not wait:
         return None

@@ -175,15 +175,15 @@ class WalCapture:
         started = time.perf_counter()
         rows, confirm, finished, xids = self._take_batch()
         fresh, mark = self._fresh(conn, rows, xids)
-        by_stream: dict[str, list[store.StagedRow]] = {}
+        by_stream: dict[str, list[WalRow]] = {}
         for r in fresh:
-            by_stream.setdefault(publisher.stream_of(r.stream), []).append(r.row)
+            by_stream.setdefault(publisher.stream_of(r.stream), []).append(r)
         if not all(publisher.owns(conn, stream) for stream in by_stream):
             self._rewind()  # a table-mode streamer still holds one: read these again once it let go
             return BatchResult(blocked=True)
         try:
             last_seqs = self._send(conn, by_stream)
-            self._delete(conn, [r.row[0] for r in fresh if r.mark is None], last_seqs, mark)
+            self._delete(conn, [r.row[0] for r in fresh if r.row is not None], last_seqs, mark)
         except BaseException:
             publisher.forget_positions()
             self._rewind()
@@ -194,7 +194,7 @@ class WalCapture:
         self.markers.update(self._confirmed_markers)
         self._confirmed_markers.clear()
         for stream, stream_rows in by_stream.items():
-            publisher.counted(stream, len(stream_rows), started, stream_rows[0][5])
+            publisher.counted(stream, len(stream_rows), started, routing.created_ms(stream_rows[0]))
         log.info(
             "batch streamed",
             source="wal",
@@ -212,18 +212,18 @@ class WalCapture:
     ) -> tuple[list[WalRow], tuple[int, int] | None]:
         """The records of a batch not published yet, and the mark of its last record message (None: it has none).
         A row is fresh while it is still staged (looked up by id); a message while it comes after the saved mark."""
-        ids = [r.row[0] for r in rows if r.mark is None]
+        ids = [r.row[0] for r in rows if r.row is not None]
         existing = store.existing_ids(conn, ids, xids) if ids else set()
-        fresh = [r for r in rows if (r.row[0] in existing if r.mark is None else r.mark > self._mark)]
+        fresh = [r for r in rows if (r.mark > self._mark if r.row is None else r.row[0] in existing)]
         marks = [r.mark for r in fresh if r.mark is not None]
         return fresh, (marks[-1] if marks else None)
 
-    def _send(self, conn: psycopg.Connection[Any], by_stream: dict[str, list[store.StagedRow]]) -> dict[str, int]:
+    def _send(self, conn: psycopg.Connection[Any], by_stream: dict[str, list[WalRow]]) -> dict[str, int]:
         publisher = self.publisher
         identity = publisher.identity()
         targets: dict[str, Any] = {}
         for stream, stream_rows in by_stream.items():
-            targets |= routing.split(stream, publisher.partitions(stream), stream_rows)
+            targets |= routing.split_wal(stream, publisher.partitions(stream), stream_rows)
         first = {t: publisher.next_seq(conn, t, identity.epoch) for t in targets}
         publisher.send_all(targets, identity, first)
         publisher.faults.crash("streamer.crash_after_publish")
