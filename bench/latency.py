@@ -9,6 +9,8 @@ start to the ``XADD`` (from the stream entry id's millisecond, so +-1 ms); the r
 
 * ``unilog``: ``Streamer.run`` (LISTEN/NOTIFY wake-up) and ``Consumer.run`` (blocking ``XREAD``), defaults; records
   staged with ``unilog.emit``.
+* ``unilog-wal``: the same in WAL capture mode (``unilog capture wal``): ``emit`` writes logical messages, the
+  streamer reads them from the slot as they commit.
 * ``reference``: the ports in :mod:`bench.reference` run as the reference runs them: each loop passes again at once
   after a pass that did something and sleeps 5 s after one that found nothing; records staged with the reference's
   raw ``INSERT``. Its consumer skips a ride whose id is not above the last one it consumed, so a transaction that
@@ -25,6 +27,7 @@ from typing import Any
 import psycopg
 
 from unilog import Consumer, ConsumerConfig, Streamer, emit
+from unilog.stream.capture import disable_wal, enable_wal
 
 from .core import SPAWN, Profile, Results, interleaved, log, percentile, worker_init
 from .env import BenchEnv, Urls
@@ -84,7 +87,7 @@ def _payload(i: int) -> dict[str, Any]:
 
 def _streamer_main(urls: Urls, variant: str, ready: Any, stop: Any) -> None:
     worker_init()
-    if variant == "unilog":
+    if variant.startswith("unilog"):
         with Streamer(urls.settings(), name="bench-latency") as streamer:
             streamer.connect()
             ready.set()
@@ -100,7 +103,7 @@ def _consumer_main(urls: Urls, variant: str, probes: Probes, ready: Any, stop: A
     global _PROBES
     worker_init()
     _PROBES = probes
-    if variant == "unilog":
+    if variant.startswith("unilog"):
         with Consumer(urls.settings(), ConsumerConfig(name="bench-latency"), latency_handler) as consumer:
             consumer.connect()
             ready.set()
@@ -116,7 +119,7 @@ def _consumer_main(urls: Urls, variant: str, probes: Probes, ready: Any, stop: A
 
 def _produce(conn: psycopg.Connection[Any], variant: str, i: int, probes: Probes) -> None:
     data = _payload(i)
-    if variant == "unilog":
+    if variant.startswith("unilog"):
         emit(conn, action="create", object="ride", data=data, key=f"ride-{i + 1}")
     else:
         conn.execute(RAW_INSERT, (psycopg.types.json.Jsonb(data),))
@@ -160,7 +163,8 @@ def _caught_up(env: BenchEnv, variant: str) -> bool:
     """Nothing staged and the consumer's checkpoint at the stream's last entry (records it skipped never arrive)."""
     if env.staged():
         return False
-    stream, query = (env.urls.stream, CHECKPOINT_UNILOG) if variant == "unilog" else (REF_STREAM, CHECKPOINT_REF)
+    unilog = variant.startswith("unilog")
+    stream, query = (env.urls.stream, CHECKPOINT_UNILOG) if unilog else (REF_STREAM, CHECKPOINT_REF)
     row = env.admin.execute(query).fetchone()
     last: Any = env.rds.xrevrange(stream, count=1)
     return bool(row and last and row[0] == last[0][0].decode())
@@ -192,6 +196,25 @@ def latency_trial(
     ``before_producer()`` runs once the pipeline is up, just before the producer starts; ``threads`` producer
     connections; each of ``extra`` is a ``main(urls, ready, stop)`` run beside the pipeline (another consumer)."""
     env.reset()
+    if variant == "unilog-wal":
+        enable_wal(env.urls.settings())
+    try:
+        return _trial(env, variant, rate, seconds, consumer_main, before_producer, threads, extra)
+    finally:
+        if variant == "unilog-wal":
+            disable_wal(env.urls.settings())
+
+
+def _trial(
+    env: BenchEnv,
+    variant: str,
+    rate: int,
+    seconds: float,
+    consumer_main: Any,
+    before_producer: Any,
+    threads: int,
+    extra: tuple[Any, ...],
+) -> tuple[dict[str, float], dict[str, Any]]:
     n = int(rate * seconds)
     probes, behind = Probes.create(n), SPAWN.Value("d", 0.0, lock=False)
     stop, ready_s, ready_c = SPAWN.Event(), SPAWN.Event(), SPAWN.Event()
@@ -243,12 +266,15 @@ def _metrics(p: Probes, n: int) -> dict[str, float]:
 
 def run_latency(env: BenchEnv, profile: Profile, results: Results) -> None:
     for rate in profile.latency_rates:
-        log(f"latency: {rate}/s for {profile.latency_seconds:g} s, {profile.latency_reps} rounds of unilog, reference")
+        log(
+            f"latency: {rate}/s for {profile.latency_seconds:g} s, {profile.latency_reps} rounds of unilog, "
+            "unilog-wal, reference"
+        )
         interleaved(
             results,
             "latency",
             f"{rate}/s x {profile.latency_seconds:g}s",
-            ("unilog", "reference"),
+            ("unilog", "unilog-wal", "reference"),
             profile.latency_reps,
             lambda v, rate=rate: latency_trial(env, v, rate, profile.latency_seconds),  # type: ignore[misc]
         )

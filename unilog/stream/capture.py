@@ -140,7 +140,10 @@ def enable_wal(settings: Settings, *, slot: str | None = None, recreate: bool = 
         captured = store.capture_slot(conn)
         assert captured is not None
         _fit_read_index(conn, captured)
-        store.set_emit_messages(conn, True)  # only now that the slot exists: it reads every message from here on
+        if store.packed_fetch_supported(conn):  # only now that the slot exists: it reads every message from here on
+            store.set_emit_messages(conn, True)
+        else:  # a message's RESP lengths are server-encoding bytes: right only in UTF8
+            log.warning("producers keep staging rows: record messages need a UTF8 database", encoding="not UTF8")
         log.info("WAL capture on", slot=name, publication=publication, new_slot=fresh)
         return captured
 
