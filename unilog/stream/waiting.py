@@ -23,7 +23,7 @@ class CommitListener:
     Producers notify only while a streamer sleeps (NOTIFY serializes their commits): :meth:`wait` first takes the
     wake-up lock (:func:`unilog.store.try_sleep`) and returns at once, so the caller looks once more; the next call,
     still holding it, sleeps until a producer's commit notifies, ``timeout`` passes, or ``stop_event`` is set, and
-    gives the lock back. Taking the lock waits up to ``retry`` seconds for transactions that staged without
+    returns still holding it, so the caller's look follows at once; :meth:`wake` gives it back after a busy pass. Taking the lock waits up to ``retry`` seconds for transactions that staged without
     notifying to end (their commits are then visible to the caller's next look); if one stays open, or another
     streamer sleeps, the call returns and the next waits twice as long, up to ``retry_max``. :meth:`wake` gives
     the lock back when the caller found work without sleeping. Not thread-safe.
@@ -50,9 +50,10 @@ class CommitListener:
                 store.listen(self._conn)
                 return  # notifications sent before LISTEN are lost: check once more before sleeping
             if self.asleep:
+                # the lock is kept while the caller looks: the look's fetch does not wait for a round trip to give
+                # it back, a busy pass gives it back (wake), an empty one sleeps again (notifications that came
+                # meanwhile are still there to wake it)
                 self._notified(stop_event, timeout)
-                self.asleep = False
-                store.wake(self._conn)
                 return
             store.discard_notifies(self._conn)  # sent before the lock: the caller's next look sees those commits
             if store.try_sleep(self._conn, self._retry):  # waits for producers in flight to commit
