@@ -89,6 +89,8 @@ from .staging import (
     staged_sources,
     try_sleep,
     wake,
+    wake_done,
+    wake_soon,
 )
 from .wal import (
     PUBLICATION,
@@ -211,6 +213,8 @@ __all__ = [
     "try_stream_lock",
     "unreachable",
     "wake",
+    "wake_done",
+    "wake_soon",
     "wal_capture_unavailable",
     "wal_insert_lsn",
     "wal_level",

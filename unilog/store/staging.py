@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
+from psycopg import pq
 
 from .positions import save_positions
 
@@ -250,14 +251,32 @@ def try_sleep(conn: psycopg.Connection[Any], wait: float = 0.0) -> bool:
     if wait <= 0:
         row = conn.execute("SELECT pg_try_advisory_lock(hashtextextended('unilog.wakeup', 0))").fetchone()
         return bool(row and row[0])
-    conn.execute(f"SET lock_timeout = {max(1, round(wait * 1000))}")
+    # one round trip: the timeout is set for the lock's wait and reset after it in the same statement; if the wait
+    # times out, the failed statement's transaction takes the setting back with it
     try:
-        conn.execute("SELECT pg_advisory_lock(hashtextextended('unilog.wakeup', 0))")
+        conn.execute(
+            "SELECT set_config('lock_timeout', %s, false), pg_advisory_lock(hashtextextended('unilog.wakeup', 0)), "
+            "set_config('lock_timeout', '0', false)",
+            (str(max(1, round(wait * 1000))),),
+        )
         return True
     except psycopg.errors.LockNotAvailable:
         return False
-    finally:
-        conn.execute("SET lock_timeout = 0")
+
+
+def wake_soon(conn: psycopg.Connection[Any]) -> None:
+    """:func:`wake`, sent without waiting for the reply: the server gives the lock back while the caller goes on
+    (a streamer woken by a commit looks for it on its other connection at once). The caller must read the reply
+    with :func:`wake_done` before ``conn`` runs anything else."""
+    conn.pgconn.send_query(b"SELECT pg_advisory_unlock(hashtextextended('unilog.wakeup', 0))")
+    conn.pgconn.flush()
+
+
+def wake_done(conn: psycopg.Connection[Any]) -> None:
+    """Read the reply of the :func:`wake_soon` sent on ``conn``."""
+    while (result := conn.pgconn.get_result()) is not None:
+        if result.status == pq.ExecStatus.FATAL_ERROR:
+            raise psycopg.OperationalError(result.error_message.decode(errors="replace").strip())
 
 
 def wake(conn: psycopg.Connection[Any]) -> None:
