@@ -132,13 +132,13 @@ class BenchEnv:
         while int(self.rds.info("persistence")["aof_rewrite_in_progress"]):
             time.sleep(0.05)
 
-    def stage(self, count: int, streams: list[str] | None = None) -> None:
-        """Stage ``count`` records as ``emit`` does, in transactions of STAGE_TRANSACTION (spread round-robin over
+    def stage(self, count: int, streams: list[str] | None = None, per_transaction: int = STAGE_TRANSACTION) -> None:
+        """Stage ``count`` records as ``emit`` does, in transactions of ``per_transaction`` (spread round-robin over
         ``streams``; default: the default stream, staged as ''), then VACUUM ANALYZE and CHECKPOINT so neither runs
         inside the timed part."""
         names = streams or [""]
-        for lo in range(1, count + 1, STAGE_TRANSACTION):
-            self.admin.execute(STAGE_SQL, (names, names, lo, min(count, lo + STAGE_TRANSACTION - 1)))
+        for lo in range(1, count + 1, per_transaction):
+            self.admin.execute(STAGE_SQL, (names, names, lo, min(count, lo + per_transaction - 1)))
         self.settle()
 
     def settle(self) -> None:

@@ -432,3 +432,21 @@ def test_messages_of_a_partitioned_stream_go_to_their_keys_partitions(wal: Setti
         ns = [json.loads(f["data"])["n"] for _id, f in rds.xrange(partition_stream(STREAM, p))]
         assert ns == sorted(ns), "in commit order within the partition"
     assert sorted(seen) == list(range(41))
+
+
+def test_emit_async_writes_a_message_too(wal: Settings, pg: Any, rds: redis.Redis) -> None:
+    import asyncio
+
+    from unilog import emit_async
+
+    async def produce() -> Any:
+        async with await psycopg.AsyncConnection.connect(wal.conninfo) as conn:
+            staged_id = await emit_async(conn, action="create", object="ride", data={"n": 0})
+            await conn.commit()
+            return staged_id
+
+    assert asyncio.run(produce()) is None, "a message: no staged id"
+    assert staged(pg) == 0
+    with streamer(wal) as s:
+        assert s.drain(timeout=10) == 1
+    assert published(rds) == dense(1)
