@@ -13,7 +13,8 @@ its own records. Guarantees, as in table mode (the mode switches are :mod:`unilo
   and skips them.
 * **Memory does not grow with a transaction.** The slot's stream sends a transaction only once it has committed, so a
   large one is decoded, published and deleted a batch at a time as it arrives; the slot is confirmed past it once
-  its last part is deleted. At most two batches of decoded rows are held (:attr:`WalCapture.held_peak`).
+  its last part is deleted. At most two batches of decoded rows are held besides the one being sent
+  (:attr:`WalCapture.held_peak`).
 * **Rows that may predate the slot go first**, by table-mode passes, while any row below the slot's ``from_xid``
   is staged.
 * **A lost slot is never skipped silently**: :class:`~unilog.errors.CaptureLost` (raised by the replication stream)
@@ -22,6 +23,7 @@ its own records. Guarantees, as in table mode (the mode switches are :mod:`unilo
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
 from collections import deque
 from typing import Any
@@ -74,6 +76,7 @@ class WalCapture:
         self._confirmed_markers: list[str] = []  # markers of the batch being published, until its confirmation
         self._head_offset = 0  # rows of the first pending part already published (split across batches)
         self._predrained = False
+        self._helper: concurrent.futures.ThreadPoolExecutor | None = None  # Redis, while the next batch decodes
         self._mark = (0, -1)  # the last record message published: (commit LSN, ordinal); ones at or before it skip
         self.markers: set[str] = set()  # switch markers whose transaction was confirmed to the slot
         self.held_peak = 0  # the most decoded rows held at once (pending, and the decoder's open part)
@@ -225,9 +228,26 @@ class WalCapture:
         for stream, stream_rows in by_stream.items():
             targets |= routing.split_wal(stream, publisher.partitions(stream), stream_rows)
         first = {t: publisher.next_seq(conn, t, identity.epoch) for t in targets}
-        publisher.send_all(targets, identity, first)
+        self._send_overlapped(targets, identity, first)
         publisher.faults.crash("streamer.crash_after_publish")
         return {t: first[t] + payload.count - 1 for t, payload in targets.items()}
+
+    def _send_overlapped(
+        self, targets: dict[str, Any], identity: store.ProducerIdentity, first: dict[str, int]
+    ) -> None:
+        """Send the batch from a helper thread while this one reads and decodes the next from the slot (a batch's
+        worth at most: with the one in flight, three batches of decoded records are held at most). Waits for the send
+        whatever happens here, so the Redis client is never used by two threads."""
+        if self._helper is None:
+            name = f"unilog-{self.publisher.name}-redis"
+            self._helper = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=name)
+        future = self._helper.submit(self.publisher.send_all, targets, identity, first)
+        try:
+            if self._reader is not None:
+                self._receive(self._reader, wait=0)
+        finally:
+            concurrent.futures.wait([future])
+        future.result()
 
     def _delete(
         self, conn: psycopg.Connection[Any], ids: list[int], last_seqs: dict[str, int], mark: tuple[int, int] | None
@@ -275,8 +295,12 @@ class WalCapture:
         self._pending_rows = self._head_offset = 0
 
     def close(self) -> None:
-        """Close the slot's replication session (the table-mode capture is its owner's to close)."""
+        """Close the slot's replication session and the helper thread (the table-mode capture is its owner's to
+        close)."""
         self._rewind()
+        if self._helper is not None:
+            self._helper.shutdown(wait=True)
+            self._helper = None
 
 
 def _stop_messages_after_loss(conn: psycopg.Connection[Any]) -> str:
