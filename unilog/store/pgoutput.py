@@ -112,22 +112,38 @@ class Decoder:
         return None
 
     def _record(self, message: bytes, pos: int) -> WalTransaction | None:
-        content = message[pos + 4 :]
+        return self._add(self._decode_record(message, pos + 4), messages=1)
+
+    def _decode_record(self, message: bytes, start: int) -> WalRow:
+        """A record message's content (from ``start``): ``stream LF trace-length LF body trace``."""
         try:
-            first = content.index(b"\n")
-            second = content.index(b"\n", first + 1)
-            trace_end = len(content) - int(content[first + 1 : second])
+            first = message.index(b"\n", start)
+            second = message.index(b"\n", first + 1)
+            trace_end = len(message) - int(message[first + 1 : second])
         except ValueError:
             where = f"{self._final_lsn >> 32:X}/{self._final_lsn & 0xFFFFFFFF:X}"
             raise DecodeError(f"a unilog message in the WAL at {where} has a header unilog cannot read") from None
-        record = WalRow(
-            content[:first].decode(),
-            None,
-            (self._final_lsn, self._messages),
-            content[second + 1 : trace_end],
-            content[trace_end:],
+        stream = message[start:first].decode() if first > start else ""
+        return WalRow(
+            stream, None, (self._final_lsn, self._messages), message[second + 1 : trace_end], message[trace_end:]
         )
-        return self._add(record, messages=1)
+
+    def feed_all(self, messages: list[bytes]) -> list[WalTransaction]:
+        """:meth:`feed` each message; return the transactions and parts they complete, in order. Record messages,
+        nearly all of a busy slot's stream, take a short path."""
+        done: list[WalTransaction] = []
+        record_at = 10 + len(_RECORD) + 4  # after kind, flags, LSN, the prefix and the content's length
+        part_rows = self.part_rows if self.part_rows is not None else 1 << 62
+        for message in messages:
+            if message[:1] == b"M" and self.in_transaction and message[1] & 1 and message.startswith(_RECORD, 10):
+                if len(self._rows) >= part_rows:
+                    done.append(WalTransaction(self._xid, None, tuple(self._rows)))
+                    self._rows = []
+                self._rows.append(self._decode_record(message, record_at))
+                self._messages += 1
+            elif (t := self.feed(message)) is not None:
+                done.append(t)
+        return done
 
     def _relation(self, message: bytes) -> None:
         relid = _I32.unpack_from(message, 1)[0]

@@ -134,11 +134,9 @@ class WalCapture:
             if not messages:
                 return
             wait = 0
-            for message in messages:
-                done = self._decoder.feed(message)
-                if done is not None:
-                    self._pending.append(done)
-                    self._pending_rows += len(done.rows)
+            for done in self._decoder.feed_all(messages):
+                self._pending.append(done)
+                self._pending_rows += len(done.rows)
             self.held_peak = max(self.held_peak, self.held_rows)
 
     def _confirm_idle(self, reader: ReplicationStream) -> None:
