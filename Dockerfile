@@ -2,7 +2,13 @@
 #
 #   docker build -t unilog-rocket-rides .
 #   docker run --rm -e DATABASE_URL=... -e REDIS_URL=... unilog-rocket-rides unilog status
-FROM python:3.11-slim
+#
+# PYTHON_IMAGE picks the base (the compose file passes ${PYTHON_IMAGE}; a stand-in built from Debian's packages
+# where no registry is reachable, docs/guides/compose.md). SPARK=0 leaves out Java and the spark extra (about 700 MB)
+# for a fleet without the Spark consumer, as the Podman test runs it.
+ARG PYTHON_IMAGE=python:3.11-slim
+FROM ${PYTHON_IMAGE}
+ARG SPARK=1
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -13,15 +19,15 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /app
 
 # Java for the Spark consumer, reconciliation and archive (PySpark runs a JVM)
-RUN apt-get update && apt-get install -y --no-install-recommends openjdk-17-jre-headless \
-    && rm -rf /var/lib/apt/lists/*
+RUN if [ "$SPARK" = 1 ]; then apt-get update && apt-get install -y --no-install-recommends openjdk-17-jre-headless \
+    && rm -rf /var/lib/apt/lists/*; fi
 
 # Dependencies first, in their own layer, so editing the code does not reinstall them: the runtime and `demo`
 # requirements, read from pyproject.toml (all of them ship manylinux wheels, no compiler needed). `demo` names
 # `unilog[embedded]` (throw-away servers for `unilog demo`): skipped here, the compose file runs real ones.
 COPY pyproject.toml README.md ./
 RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
-deps = p['dependencies'] + p['optional-dependencies']['demo'] + p['optional-dependencies']['spark']; \
+extra = p['optional-dependencies']; deps = p['dependencies'] + extra['demo'] + (extra['spark'] if '$SPARK' == '1' else []); \
 print('\n'.join(d for d in deps if not d.startswith('unilog')))" \
     > /tmp/requirements.txt \
     && pip install --no-cache-dir -r /tmp/requirements.txt \
@@ -31,7 +37,7 @@ print('\n'.join(d for d in deps if not d.startswith('unilog')))" \
 # (PYTHONPATH=/app, WORKDIR /app), so /app/unilog is what `import unilog` finds: the editable finder maps
 # unilog.migrations onto /app/migrations (the package-dir mapping), which a plain install would not.
 COPY . .
-RUN pip install --no-cache-dir --no-deps -e ".[demo,spark]" \
+RUN pip install --no-cache-dir --no-deps -e . \
     && python -c "import unilog.schema, services.api, services.consumer, services.migrate, services.simulator; \
 print(unilog.schema.migrations_path())"
 

@@ -1,17 +1,43 @@
-"""``python -m services.migrate``: unilog's migrations plus the demo's tables, idempotent (the release step)."""
+"""``python -m services.migrate``: unilog's migrations plus the demo's tables, idempotent (the release step).
+
+With ``--grant-roles`` (the compose file's init service, run as the database's owner) it then gives each kind of
+process its own login role: ``unilog grant --create`` for unilog's tables, the demo's own grants on its tables
+(the application's to grant: unilog does not know them), and the password ``$APP_DB_PASSWORD``. Run again, it
+changes nothing but the passwords.
+"""
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
+from collections.abc import Sequence
 
+import psycopg
+from psycopg import sql
 from sqlalchemy import create_engine
 
+from unilog.cli import main as unilog_main
 from unilog.config import sqlalchemy_url
 from unilog.errors import UnilogError
 from unilog.schema import migrate
 
 from .rides import Base
+
+# kind of unilog process -> the demo's role for it (docker-compose.yml connects each service as one of them)
+ROLES = {
+    "producer": "rides_api",
+    "streamer": "unilog_streamer",
+    "consumer": "rides_consumer",
+    "operator": "unilog_operator",
+}
+# what each role may do to the demo's own tables: the API inserts rides (and reads back the new id), consumers keep
+# their state rows (DELETE for `--reset-state`), operators read both for `unilog reconcile`
+APP_GRANTS = {
+    "producer": ["GRANT INSERT, SELECT (id) ON rides TO {}", "GRANT USAGE ON SEQUENCE rides_id_seq TO {}"],
+    "consumer": ["GRANT SELECT, INSERT, UPDATE, DELETE ON consumer_states TO {}"],
+    "operator": ["GRANT SELECT ON rides, consumer_states TO {}"],
+}
 
 
 def prepare(database_url: str) -> None:
@@ -24,13 +50,34 @@ def prepare(database_url: str) -> None:
         engine.dispose()
 
 
-def main() -> int:
+def grant_roles(database_url: str, password: str) -> None:
+    """Create :data:`ROLES` with ``unilog grant --create``, add :data:`APP_GRANTS` and set their password."""
+    flags = [arg for kind, role in ROLES.items() for arg in (f"--{kind}", role)]
+    if unilog_main(["grant", "--create", *flags, "--database-url", database_url]) != 0:
+        raise UnilogError("unilog grant failed (its message is above)")
+    with psycopg.connect(database_url) as conn, conn.transaction():
+        for kind, role in ROLES.items():
+            for statement in APP_GRANTS.get(kind, []):
+                conn.execute(sql.SQL(statement).format(sql.Identifier(role)))
+            conn.execute(sql.SQL("ALTER ROLE {} PASSWORD {}").format(sql.Identifier(role), sql.Literal(password)))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m services.migrate")
+    parser.add_argument("--grant-roles", action="store_true", help="also create the fleet's roles ($APP_DB_PASSWORD)")
+    args = parser.parse_args(argv)
+    url, password = os.environ.get("DATABASE_URL", ""), os.environ.get("APP_DB_PASSWORD", "")
+    if args.grant_roles and not password:
+        print("migrate: error: --grant-roles needs APP_DB_PASSWORD (the roles' password)", file=sys.stderr)
+        return 3
     try:
-        prepare(os.environ.get("DATABASE_URL", ""))
-    except UnilogError as exc:
+        prepare(url)
+        if args.grant_roles:
+            grant_roles(url, password)
+    except (UnilogError, psycopg.Error) as exc:
         print(f"migrate: error: {exc}", file=sys.stderr)
         return 3
-    print("migrate: database ready")
+    print("migrate: database ready" + (f"; roles {', '.join(ROLES.values())}" if args.grant_roles else ""))
     return 0
 
 

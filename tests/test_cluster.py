@@ -181,3 +181,55 @@ def test_bulk_pages_read_the_same_from_a_cluster(cluster: EmbeddedRedisCluster) 
         api.close()
     (page,) = list(raw_pages(cluster.cluster_url, "bulk", "0-0", "+", 10))
     assert [fields[fields.index(b"seq") + 1] for _, fields in page] == [b"1", b"2", b"3"]
+
+
+def test_dead_letters_wait_for_a_replica_of_their_slots_master_by_default(cluster: EmbeddedRedisCluster) -> None:
+    """Both faces, both kinds of letter, on streams spread over the masters: ``WAIT`` goes to the node that owns the
+    dead-letter stream's slot, on the connection that wrote the letter, and counts its replica (a keyless ``WAIT``
+    sent through the cluster client would go to every master)."""
+    import asyncio
+
+    from unilog import engine
+    from unilog.engine.aio import AsyncRedisStreams, connect_async
+
+    streams = [f"letters{uuid.uuid4().hex[:6]}.p{i}" for i in range(4)]
+    assert len({cluster.master_of(s).port for s in streams}) > 1, "spread over the masters"
+    api = engine.RedisStreams(engine.connect(cluster.cluster_url))
+    written = []
+    try:
+        for stream in streams:
+            eid = api.client.xadd(stream, {"data": "1"})
+            api.ensure_group(stream, "g")
+            api.read_group(stream, "g", "w", 10, None)
+            written.append(
+                api.dead_letter_entry(stream, eid, {b"data": b"1"}, error="e", consumer="c", wait_replicas=None)
+            )
+            written.append(
+                api.dead_letter(stream, "g", eid, {}, error="e", consumer="w", attempts=1, wait_replicas=None)
+            )
+            assert api.client.xpending(stream, "g")["pending"] == 0, "acknowledged in the letter's MULTI"
+    finally:
+        api.close()
+
+    async def both_kinds(stream: str) -> list[Any]:
+        aapi = AsyncRedisStreams(connect_async(cluster.cluster_url))
+        try:
+            eid = await aapi.client.xadd(stream, {"data": "1"})
+            await aapi.ensure_group(stream, "g")
+            await aapi.read_group(stream, "g", "w", 10, None)
+            entry = await aapi.dead_letter_entry(stream, eid, {}, error="e", consumer="c", wait_replicas=None)
+            group = await aapi.dead_letter(
+                stream, "g", eid, {}, error="e", consumer="w", attempts=1, wait_replicas=None
+            )
+            return [entry, group]
+        finally:
+            await aapi.aclose()
+
+    for stream in streams:
+        written += asyncio.run(both_kinds(stream + "a"))
+    assert [(w.replicas, w.wanted) for w in written] == [(1, 1)] * 16
+    client = redis.RedisCluster.from_url(cluster.url)
+    try:
+        assert sum(client.xlen(dlq_key(s)) for s in streams + [s + "a" for s in streams]) == 16
+    finally:
+        client.close()

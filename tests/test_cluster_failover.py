@@ -3,10 +3,15 @@ record only after the replica has it, so every committed record is applied once 
 the tail the replica never got is lost, and the consumer stops with ``StreamRewound`` instead of skipping it.
 
 The lost tail is made deterministic: the replica is paused (SIGSTOP) and its link cut while the streamer publishes,
-then the master is killed (SIGKILL) and the replica resumed, so it is promoted without those entries."""
+then the master is killed (SIGKILL) and the replica resumed, so it is promoted without those entries.
+
+Dead letters the same way (issue 28, item 5): on a cluster a checkpoint consumer waits for a replica to acknowledge a
+dead letter before its checkpoint passes the record, so a master killed right after the checkpoint moved leaves the
+letter on the promoted replica; without the wait it is lost, and only its held row in Postgres remains."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -21,9 +26,12 @@ import pytest
 import redis
 from clusters import embedded_cluster
 
-from unilog import Settings, emit
+from unilog import Consumer, ConsumerConfig, Settings, emit
 from unilog.cli import ExitCode
 from unilog.harness.embedded import EmbeddedRedis, EmbeddedRedisCluster
+from unilog.harness.pytest_plugin import running
+from unilog.metrics import LETTERS_UNREPLICATED
+from unilog.wire import dlq_key
 
 TESTS = Path(__file__).parent
 
@@ -170,3 +178,73 @@ def test_with_wait_replicas_a_consumer_waits_out_a_rewind_and_skips_the_resent_r
     assert applied == list(range(20)), "the re-sent records are skipped, not applied twice"
     top = redis.Redis(host="127.0.0.1", port=replica.port).xinfo_stream(fleet.stream)["length"]
     assert top == 20, "the stream holds every record again"
+
+
+def checkpoint(pg: Any, name: str) -> str | None:
+    row = pg.execute("SELECT last_id FROM unilog_checkpoints WHERE name = %s", (name,)).fetchone()
+    return None if row is None else str(row[0])
+
+
+def until(check: Any, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def dead_letter_then_failover(
+    cluster: EmbeddedRedisCluster, settings: Settings, pg: Any, **wait: Any
+) -> tuple[str, list[str]]:
+    """A poison record dead-lettered while the replica of the master owning the dead-letter stream's slot is paused
+    and cut off; the replica resumed once the consumer refused to pass the record (``wait``ing) or after; the master
+    killed right after the checkpoint passed the record; the replica promoted. Returns the poison's id and the
+    original ids of the dead letters the promoted replica holds."""
+    fleet = Fleet(settings, cluster)
+    fleet.stage(0, 4)
+    assert fleet.unilog("streamer", "--once", "--wait-replicas", "1", "--wait-timeout-ms", "3000").returncode == 0
+    master = cluster.master_of(dlq_key(fleet.stream))
+    replica = replica_of(cluster, master)
+    ids = [e[0].decode() for e in redis.Redis(host="127.0.0.1", port=master.port).xrange(fleet.stream)]
+
+    def handle(conn: psycopg.Connection[Any], records: Any) -> None:
+        if any(r.data["n"] == 2 for r in records):
+            raise ValueError("cannot apply 2")
+
+    config = ConsumerConfig(
+        name="c0", max_attempts=1, on_poison="dead-letter", wait_timeout_ms=300, max_backoff=0.2, block_ms=100, **wait
+    )
+    on_cluster = dataclasses.replace(settings, redis_url=cluster.cluster_url, stream=fleet.stream)
+    replica.pause()
+    redis.Redis(host="127.0.0.1", port=master.port).client_kill_filter(_type="replica")  # nothing left in flight
+    refused = LETTERS_UNREPLICATED.labels(fleet.stream, "c0")
+    with Consumer(on_cluster, config, handle) as consumer, running(consumer.run):
+        passed = lambda: checkpoint(pg, "c0") == ids[3]  # noqa: E731
+        assert until(lambda: passed() or refused._value.get() > 0, 60), "neither passed nor refused"
+        if not passed():
+            assert checkpoint(pg, "c0") == ids[1], "kept before the record whose letter no replica acknowledged"
+            replica.resume()
+            assert until(passed, 60), "acknowledged once the replica is back"
+        master.kill()  # right after the checkpoint moved past the record
+    replica.resume()
+    wait_promoted(replica)
+    promoted = redis.Redis(host="127.0.0.1", port=replica.port, decode_responses=True)
+    held = pg.execute("SELECT origin_id FROM unilog_held_letters WHERE consumer = 'c0'").fetchall()
+    assert held == [(ids[2],)], "the held row in Postgres is there either way"
+    return ids[2], [fields["dlq_original_id"] for _, fields in promoted.xrange(dlq_key(fleet.stream))]
+
+
+def test_a_dead_letter_survives_a_failover_right_after_the_checkpoint_passed_its_record(
+    cluster: EmbeddedRedisCluster, settings: Settings, pg: Any
+) -> None:
+    """On a cluster a consumer waits for 1 replica by default."""
+    poison, letters = dead_letter_then_failover(cluster, settings, pg)
+    assert letters == [poison], "the promoted replica has the dead letter"
+
+
+def test_without_the_wait_a_failover_loses_the_dead_letter(
+    cluster: EmbeddedRedisCluster, settings: Settings, pg: Any
+) -> None:
+    _poison, letters = dead_letter_then_failover(cluster, settings, pg, wait_replicas=0)
+    assert letters == [], "acknowledged by the master alone: lost with it"

@@ -26,7 +26,36 @@ PROCFILE = ROOT / "Procfile"
 
 INFRA = ("postgres", "redis")
 # Variables the compose file interpolates: validated with their defaults, whatever the caller's environment says.
-INTERPOLATED = ("POSTGRES_PASSWORD", "API_PORT", "STREAMER_FAULTS", "CONSUMER_FAULTS", "SIMULATOR_RATE")
+INTERPOLATED = (
+    "POSTGRES_PASSWORD",
+    "APP_DB_PASSWORD",
+    "APP_REDIS_PASSWORD",
+    "REDIS_ADMIN_PASSWORD",
+    "API_PORT",
+    "EXPORTER_PORT",
+    "DASHBOARD_PORT",
+    "STREAMER_FAULTS",
+    "CONSUMER_FAULTS",
+    "SIMULATOR_RATE",
+    "SPARK_MASTER",
+    "POSTGRES_IMAGE",
+    "REDIS_IMAGE",
+    "PYTHON_IMAGE",
+    "APP_IMAGE",
+)
+# the Postgres role and the Redis user each kind of process connects as (services/migrate.py, unilog acl)
+ROLES = {
+    "api": ("rides_api", None),
+    "streamer": ("unilog_streamer", "unilog-streamer"),
+    "streamer2": ("unilog_streamer", "unilog-streamer"),
+    "consumer0": ("rides_consumer", "unilog-consumer"),
+    "consumer1": ("rides_consumer", "unilog-consumer"),
+    "group0a": ("rides_consumer", "unilog-group"),
+    "group0b": ("rides_consumer", "unilog-group"),
+    "spark": ("rides_consumer", "unilog-consumer"),
+    "exporter": ("unilog_operator", "unilog-operator"),
+    "dashboard": ("unilog_operator", "unilog-operator"),
+}
 _VAR = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::?-(?P<default>[^}]*))?\}")
 
 
@@ -99,7 +128,7 @@ def test_every_procfile_process_has_a_compose_service(services: dict[str, dict[s
 
 
 def test_servers_are_postgres_16_and_redis_7(services: dict[str, dict[str, Any]]) -> None:
-    postgres, redis = services["postgres"]["image"], services["redis"]["image"]
+    postgres, redis = interpolate(services["postgres"]["image"]), interpolate(services["redis"]["image"])
     assert postgres.startswith("postgres:") and image_major(postgres) == "16", postgres
     assert redis.startswith("redis:") and image_major(redis) == "7", redis
     assert environment(services["postgres"]).get("POSTGRES_DB") == "rocket_rides"
@@ -120,8 +149,14 @@ def test_redis_is_durable(compose: dict[str, Any], services: dict[str, dict[str,
 def test_health_checks(services: dict[str, dict[str, Any]]) -> None:
     assert "pg_isready" in health_test(services["postgres"])
     assert "redis-cli ping" in health_test(services["redis"])
-    api = health_test(services["api"])
-    assert "urllib" in api and "/health" in api, api
+    assert environment(services["redis"]).get("REDISCLI_AUTH"), "the health check's redis-cli needs the admin password"
+    # `python -m unilog.health URL`: one word per argument (Podman's Docker API splits CMD arguments on spaces)
+    expected = {"api": ":5000/health", "exporter": ":9464/readyz", "dashboard": ":8765/api/status"}
+    expected |= {name: ":9100/readyz" for name in ("streamer", "streamer2", "consumer0", "consumer1", "group0a")}
+    for name, url in expected.items():
+        test = argv((services[name].get("healthcheck") or {}).get("test") or [])
+        assert test[:4] == ["CMD", "python", "-m", "unilog.health"] and test[4].endswith(url), (name, test)
+        assert not any(" " in part for part in test), (name, test)
 
 
 def test_app_services_wait_for_healthy_servers_and_a_finished_migration(services: dict[str, dict[str, Any]]) -> None:
@@ -138,7 +173,10 @@ def test_app_services_wait_for_healthy_servers_and_a_finished_migration(services
 
 def test_migrate_runs_once_after_postgres(services: dict[str, dict[str, Any]]) -> None:
     migrate = services["migrate"]
-    assert argv(migrate["command"]) == ["python", "-m", "services.migrate"]
+    assert argv(migrate["command"]) == ["python", "-m", "services.migrate", "--grant-roles"]
+    env = environment(migrate)
+    assert re.fullmatch(r"postgresql://postgres:[^@]+@postgres:5432/rocket_rides", env["DATABASE_URL"]), env
+    assert env.get("APP_DB_PASSWORD")
     assert migrate["depends_on"]["postgres"]["condition"] == "service_healthy"
     assert str(migrate.get("restart")) == "no"
 
@@ -155,22 +193,45 @@ def test_processes_run_the_procfile_commands(services: dict[str, dict[str, Any]]
 
 
 def test_app_environment(services: dict[str, dict[str, Any]]) -> None:
-    for name in ("migrate", *procfile_services()):
+    """Each process connects as its own role and Redis user, never as the superuser or Redis's default user."""
+    for name, (role, user) in ROLES.items():
         env = environment(services[name])
-        assert re.fullmatch(r"postgresql://postgres:[^@]+@postgres:5432/rocket_rides", env.get("DATABASE_URL", "")), (
+        assert re.fullmatch(rf"postgresql://{role}:[^@]+@postgres:5432/rocket_rides", env.get("DATABASE_URL", "")), (
             name,
             env,
         )
-        assert env.get("REDIS_URL") == "redis://redis:6379/0", name
+        if user:
+            assert re.fullmatch(rf"redis://{user}:[^@]+@redis:6379/0", env.get("REDIS_URL", "")), (name, env)
         assert env.get("UNILOG_STREAM") == "rocket-rides-log", name
         assert "build" in services[name] or "image" in services[name], name
-    password = environment(services["postgres"])["POSTGRES_PASSWORD"]
-    assert environment(services["api"])["DATABASE_URL"].startswith(f"postgresql://postgres:{password}@")
     assert environment(services["streamer"])["UNILOG_FAULTS"] == "streamer.double_send=0.1"
     for name in ("consumer0", "consumer1"):
         assert environment(services[name])["UNILOG_FAULTS"] == "consumer.crash_before_commit=0.1"
     assert environment(services["simulator"])["API_URL"] == "http://api:5000"
     assert "UNILOG_FAULTS" not in environment(services["api"]), "faults belong to the streamer and consumers"
+
+
+def test_exporter_dashboard_and_redis_users(services: dict[str, dict[str, Any]]) -> None:
+    assert argv(services["exporter"]["command"])[:2] == ["unilog", "metrics"]
+    dashboard = argv(services["dashboard"]["command"])
+    assert dashboard[:2] == ["unilog", "dashboard"] and "--read-only" in dashboard, dashboard
+    for name in ("exporter", "dashboard"):
+        assert "0.0.0.0" in argv(services[name]["command"]), f"{name} must listen on all interfaces in its container"
+    users = " ".join(argv(services["redis-users"]["command"]))
+    assert "unilog acl --aclfile" in users and "--admin-password" in users, users
+    redis = " ".join(argv(services["redis"]["command"]))
+    assert "--aclfile /etc/redis/acl/users.acl" in redis, redis
+    assert services["redis"]["depends_on"]["redis-users"]["condition"] == "service_completed_successfully"
+    assert str(services["redis-users"].get("restart")) == "no"
+
+
+def test_images_can_be_swapped(services: dict[str, dict[str, Any]]) -> None:
+    """Official images by default; POSTGRES_IMAGE, REDIS_IMAGE, PYTHON_IMAGE (a build argument) select others."""
+    assert services["postgres"]["image"] == "${POSTGRES_IMAGE:-postgres:16}"
+    assert services["redis"]["image"] == "${REDIS_IMAGE:-redis:7}"
+    assert services["api"]["build"]["args"]["PYTHON_IMAGE"] == "${PYTHON_IMAGE:-python:3.11-slim}"
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "ARG PYTHON_IMAGE=python:3.11-slim\nFROM ${PYTHON_IMAGE}" in dockerfile
 
 
 # -- validation by Compose itself ------------------------------------------------------------------------------------

@@ -40,7 +40,8 @@ def roles(settings: Settings, pg: Any) -> Iterator[dict[str, str]]:
     except psycopg.errors.InsufficientPrivilege:
         pytest.skip("the test database's user may not create roles")
     flags = [arg for kind, name in names.items() for arg in (f"--{kind}", name)]
-    result = as_role(settings, settings.database_url, "grant", *flags)
+    # no REDIS_URL: a release step granting Postgres roles (the compose file's migrate) has no Redis to name
+    result = unilog(settings, "grant", *flags, database_url=settings.database_url, redis_url="")
     assert result.returncode == 0, result.stderr
     pg.execute(f"GRANT INSERT ON applied TO {names['consumer']}")  # the handler's own table: the app grants it
     parts = urlsplit(settings.database_url)

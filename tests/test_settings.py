@@ -21,6 +21,8 @@ CHANGED: dict[str, Any] = {
     "max_backoff": 1.5,
     "restart_after_crash": False,
     "on_malformed": "stop",
+    "wait_replicas": 2,
+    "wait_timeout_ms": 250,
     "register": False,
     "register_interval": 30.0,
     "strict_start": True,
@@ -53,6 +55,8 @@ def test_a_partition_consumer_gets_every_checkpoint_setting() -> None:
         (GroupConfig, {"group": "g"}, "max_deliveries", 0, "max_deliveries must be at least 1"),
         (GroupConfig, {"group": "g"}, "on_malformed", "drop", "on_malformed must be one of dead-letter, stop"),
         (GroupConfig, {"group": "g"}, "pg_timeout", -1, "pg_timeout must be at least 0"),
+        (GroupConfig, {"group": "g"}, "wait_replicas", -1, "wait_replicas must be at least 0"),
+        (ConsumerConfig, {"name": "c"}, "wait_timeout_ms", 0, "wait_timeout_ms must be at least 1"),
     ],
 )
 def test_every_setting_is_checked_at_construction_in_one_line(

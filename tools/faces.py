@@ -45,6 +45,7 @@ RENAMES = {
     "AsyncLettersCore": "LettersCore",
     "AsyncRetentionCore": "RetentionCore",
     "AsyncClient": "Client",
+    "async_node_connection": "node_connection",  # unilog.engine.nodes: a key's node's connection, of each face
     "aclose": "close",  # redis-py's asyncio client closes with aclose(), the threaded one with close()
     "runtime_async": "runtime",  # unilog.runtime_async -> unilog.runtime
     "aio": "sync",  # unilog.store.aio -> unilog.store.sync, unilog.engine.aio -> unilog.engine.sync

@@ -13,6 +13,7 @@ one edit, in the method's declaration; a kind that starts calling another method
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -100,13 +101,37 @@ def key_patterns(stream: str) -> list[str]:
     return keys
 
 
-def acl_line(kind: str, user: str, streams: Sequence[str], password: str = "<password>") -> str:
-    """One ``ACL SETUSER`` line: ``user`` may run ``kind``'s commands on ``streams``' keys, with ``password``."""
+def acl_line(
+    kind: str, user: str, streams: Sequence[str], password: str = "<password>", *, aclfile: bool = False
+) -> str:
+    """One ``ACL SETUSER`` line: ``user`` may run ``kind``'s commands on ``streams``' keys, with ``password``.
+
+    ``aclfile``: the same user as a line of a Redis ACL file (``user NAME ...``, for ``redis-server --aclfile``),
+    with the password's SHA-256 (``#hex``) so the file does not hold the password itself.
+    """
     patterns = [f"~{key}" for stream in streams for key in key_patterns(stream)]
     commands = [f"+{command}" for command in COMMANDS[kind]]
-    return " ".join(["ACL SETUSER", user, "reset", "on", f">{password}", "resetchannels", *patterns, *commands])
+    head = ["user", user] if aclfile else ["ACL SETUSER", user]
+    return " ".join([*head, "reset", "on", _secret(password, aclfile), "resetchannels", *patterns, *commands])
 
 
-def acl_lines(users: dict[str, str], streams: Sequence[str], password: str = "<password>") -> list[str]:
-    """The ``ACL SETUSER`` lines for ``users`` (kind -> user name)."""
-    return [acl_line(kind, user, streams, password) for kind, user in users.items()]
+def acl_lines(
+    users: dict[str, str],
+    streams: Sequence[str],
+    password: str = "<password>",
+    *,
+    aclfile: bool = False,
+    admin_password: str | None = None,
+) -> list[str]:
+    """The ``ACL SETUSER`` lines for ``users`` (kind -> user name); ``aclfile``: an ACL file's lines, ending with
+    the ``default`` user's (Redis would otherwise create it with no password and every right): ``off`` unless
+    ``admin_password`` is given, then every right under that password (health checks, an administrator)."""
+    lines = [acl_line(kind, user, streams, password, aclfile=aclfile) for kind, user in users.items()]
+    if aclfile:
+        admin = ["on", _secret(admin_password, True), "~*", "&*", "+@all"] if admin_password else ["off"]
+        lines.append(" ".join(["user", "default", "reset", *admin]))
+    return lines
+
+
+def _secret(password: str, hashed: bool) -> str:
+    return f"#{hashlib.sha256(password.encode()).hexdigest()}" if hashed else f">{password}"

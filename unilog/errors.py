@@ -122,6 +122,12 @@ class ConcurrentConsumer(UnilogError):
     """Another copy of a consumer keeps moving its checkpoint while this one applies a batch."""
 
 
+class NotReplicated(UnilogError):
+    """Too few replicas acknowledged a dead letter in time (``wait_replicas``, ``WAIT``): a failover now could lose
+    it, so the checkpoint consumer rolled back the transaction that would have moved past its record. The process
+    loop retries it after a back-off; the record stays ahead of the checkpoint until a replica acknowledges."""
+
+
 class HorizonHeld(UnilogError):
     """Committed records stayed unpublishable past the allowed wait: an older transaction, still open somewhere in
     the cluster, holds the visibility horizon. The message names that session (pid, application, state, age, query).

@@ -77,3 +77,29 @@ def respond(path: str) -> tuple[int, bytes] | None:
     ok, problems = check()
     body = json.dumps({"status": "ok" if ok else "failing", "loops": problems}).encode()
     return (200 if ok else 503), body
+
+
+def probe(url: str, timeout: float = 4.0) -> int:
+    """0 if ``url`` answers 200 within ``timeout`` seconds, else 1: a container health check's exit code.
+
+    ``python -m unilog.health URL`` is the compose file's health check: one argument per word, with no spaces in
+    any, because Podman's Docker-compatible API (4.3) splits a ``CMD`` test's arguments on spaces
+    (``python -c "import sys, ..."`` arrives as ``import``), and the app image has no curl.
+    """
+    from urllib.error import URLError
+    from urllib.request import urlopen
+
+    try:
+        with urlopen(url, timeout=timeout) as response:
+            return 0 if response.status == 200 else 1
+    except (URLError, OSError, ValueError):
+        return 1
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) != 2:
+        print("usage: python -m unilog.health URL (exit 0 if it answers 200)", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(probe(sys.argv[1]))

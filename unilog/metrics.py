@@ -74,6 +74,12 @@ DEAD_LETTERS = Counter(
     "Records moved to the dead letters, by reason (malformed, poison, max_deliveries)",
     ["stream", "consumer", "reason"],
 )
+LETTERS_UNREPLICATED = Counter(
+    "unilog_dead_letters_unreplicated",
+    "Dead letters too few replicas acknowledged in time (wait_replicas): a checkpoint consumer kept the record and "
+    "retries it; a group's letter stands or falls with its acknowledgement",
+    ["stream", "consumer"],
+)
 STREAM_LOCK = Gauge("unilog_stream_lock_held", "1 while this streamer holds the stream's publishing lock", ["stream"])
 REDIS_MEMORY_RATIO = Gauge(
     "unilog_redis_memory_ratio", "Redis's used_memory / maxmemory as the streamer last read it (0: no maxmemory)"
@@ -150,3 +156,7 @@ def batch_consumed(
 
 def dead_lettered(stream: str, consumer: str, reason: str) -> None:
     DEAD_LETTERS.labels(stream, consumer, reason).inc()
+
+
+def letter_unreplicated(stream: str, consumer: str) -> None:
+    LETTERS_UNREPLICATED.labels(stream, consumer).inc()

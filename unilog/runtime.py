@@ -23,7 +23,15 @@ import structlog
 
 from . import engine, metrics, store
 from .config import Settings
-from .errors import ConfigurationError, DataLoss, InjectedCrash, PolicyStop, ServerUnreachable, UnilogError
+from .errors import (
+    ConfigurationError,
+    DataLoss,
+    InjectedCrash,
+    NotReplicated,
+    PolicyStop,
+    ServerUnreachable,
+    UnilogError,
+)
 from .health import HEALTH
 
 log = structlog.get_logger(__name__)
@@ -301,8 +309,10 @@ def failure_action(worker: Any, exc: BaseException, delay: float) -> str:
     Data loss (:class:`~unilog.errors.DataLoss`), a configuration no retry can fix and a worker's policy to stop
     (:class:`~unilog.errors.PolicyStop`) stop the process, as does a server's refusal no retry can fix (raised as
     its one line); an injected crash restarts the worker in-process (``"restart"``; or propagates, without
-    ``restart_after_crash``); a connection failure reconnects (``"reconnect"``); a handler failure is rolled back
-    and retried (``"retry"``) if the worker says so (``worker.on_handler_error``); anything else propagates.
+    ``restart_after_crash``); a connection failure reconnects (``"reconnect"``); a dead letter too few replicas
+    acknowledged (:class:`~unilog.errors.NotReplicated`) is retried on the same connections (``"retry"``); a handler
+    failure is rolled back and retried (``"retry"``) if the worker says so (``worker.on_handler_error``); anything
+    else propagates.
     """
     if not isinstance(exc, Exception) and not isinstance(exc, InjectedCrash):
         raise exc  # KeyboardInterrupt, SystemExit, a cancelled task
@@ -318,6 +328,12 @@ def failure_action(worker: Any, exc: BaseException, delay: float) -> str:
         metrics.RESTARTS.labels(worker.kind).inc()
         log.warning("crashed (injected); restarting in-process", point=exc.point, **worker.label)
         return "restart"
+    if isinstance(exc, NotReplicated):  # rolled back before the checkpoint passed the record; connections are fine
+        _count_retry(worker.kind, "replicas", exc, delay)
+        log.error(
+            "too few replicas acknowledged a dead letter; retrying", error=str(exc), retry_in=delay, **worker.label
+        )
+        return "retry"
     if isinstance(exc, worker.retryable):
         _count_retry(worker.kind, "connection", exc, delay)
         advice = {"hint": hint} if (hint := engine.hint(exc)) else {}

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
+from ..config import postgres_conninfo
 from ..errors import ConfigurationError
-from .common import ExitCode, connection_args, settings_from
+from .common import ExitCode
 
 
 def cmd_grant(args: argparse.Namespace) -> int:
@@ -16,8 +18,9 @@ def cmd_grant(args: argparse.Namespace) -> int:
     wanted = [(kind, getattr(args, kind)) for kind in roles.KINDS if getattr(args, kind)]
     if not wanted:
         raise ConfigurationError("name at least one role: --producer, --streamer, --consumer or --operator ROLE")
-    settings = settings_from(args)
-    with store.connect(settings.conninfo, application_name="unilog-grant") as conn, conn.transaction():
+    # Postgres only: a release step granting roles has no Redis to name (DATABASE_URL as `unilog migrate` reads it)
+    conninfo = postgres_conninfo(args.database_url or os.environ.get("DATABASE_URL", ""))
+    with store.connect(conninfo, application_name="unilog-grant") as conn, conn.transaction():
         store.check_schema(conn)
         for kind, role in wanted:
             if not roles.role_exists(conn, role):
@@ -40,7 +43,9 @@ def cmd_acl(args: argparse.Namespace) -> int:
     if not streams:
         raise ConfigurationError("name the streams: --streams orders,payments (partitions are included)")
     users = {kind: getattr(args, f"{kind}_user") or f"{args.prefix}{kind}" for kind in acl.KINDS}
-    for line in acl.acl_lines(users, streams, args.password):
+    if args.admin_password and not args.aclfile:
+        raise ConfigurationError("--admin-password is for --aclfile (the default user's line of an ACL file)")
+    for line in acl.acl_lines(users, streams, args.password, aclfile=args.aclfile, admin_password=args.admin_password):
         print(line)
     return ExitCode.OK
 
@@ -54,12 +59,18 @@ def add(sub: Any) -> None:
     p.add_argument("--operator", metavar="ROLE", help="status, reset, rebuild, dead letters")
     p.add_argument("--create", action="store_true", help="create roles that do not exist (LOGIN, no password)")
     p.add_argument("--verbose", "-v", action="store_true", help="print every GRANT")
-    connection_args(p)
+    p.add_argument("--database-url", help="default: $DATABASE_URL")
     p.set_defaults(func=cmd_grant)
     a = sub.add_parser("acl", help="print ACL SETUSER lines: a Redis user per kind of process, its commands and keys")
     a.add_argument("--streams", help="comma-separated streams the users may touch (with their partitions)")
     a.add_argument("--prefix", default="unilog-", help="user names are PREFIX + kind (default %(default)s)")
     a.add_argument("--password", default="<password>", help="the password to put in the lines (default a placeholder)")
+    a.add_argument(
+        "--aclfile",
+        action="store_true",
+        help="print an ACL file for redis-server --aclfile: password hashes, and the default user off",
+    )
+    a.add_argument("--admin-password", help="with --aclfile: the default user keeps every right, under this password")
     for kind in ("streamer", "consumer", "group", "operator"):
         a.add_argument(f"--{kind}-user", metavar="USER", help=f"the {kind}'s user name")
     a.set_defaults(func=cmd_acl)

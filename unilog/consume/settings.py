@@ -60,6 +60,14 @@ class ConsumeSettings:
     on past it in the same transaction as the rest of its batch; ``"stop"`` raises
     :class:`~unilog.errors.MalformedEntry`. Entries with JSON ``data`` but no unilog position (another service's
     ``XADD``) are records: applied in stream order, but never deduplicated by position.
+
+    ``wait_replicas``: how many replicas must acknowledge a dead letter (``WAIT``, on the connection that wrote it,
+    to the node that owns the dead-letter stream's slot) before the consumer moves past its record; None (the
+    default) means 1 on a Redis Cluster (a ``redis+cluster://`` URL: its primaries have replicas to fail over to)
+    and 0 on a single Redis. A checkpoint consumer whose letter too few replicas acknowledged within
+    ``wait_timeout_ms`` rolls back (checkpoint and held row) and retries the record, so a failover cannot lose a
+    letter whose record it passed; a group's letter and acknowledgement are one MULTI, which a replica keeps whole
+    or not at all (a lost pair is delivered again), so a group only logs and counts the shortfall.
     """
 
     stream: str | None = field(default=None, metadata=_opt("stream to read (default: $UNILOG_STREAM)"))
@@ -70,6 +78,16 @@ class ConsumeSettings:
     )
     max_backoff: float = field(default=10.0, metadata=_opt("longest back-off, in seconds, between failed passes"))
     restart_after_crash: bool = True  # the command line's --exit-on-crash
+    wait_replicas: int | None = field(
+        default=None,
+        metadata=_opt(
+            "replicas that must acknowledge a dead letter before the consumer moves past its record (default: 1 on a "
+            "Redis Cluster, 0 on a single Redis)"
+        ),
+    )
+    wait_timeout_ms: int = field(
+        default=1000, metadata=_opt("milliseconds a dead letter waits for --wait-replicas replicas")
+    )
     on_malformed: str = field(
         default="dead-letter",
         metadata=_opt(
@@ -86,6 +104,8 @@ class ConsumeSettings:
         _at_least("pg_timeout", self.pg_timeout, 0, optional=True)
         _at_least("max_backoff", self.max_backoff, 0, strict=True)
         _one_of("on_malformed", self.on_malformed, MALFORMED_POLICIES)
+        _at_least("wait_replicas", self.wait_replicas, 0, optional=True)
+        _at_least("wait_timeout_ms", self.wait_timeout_ms, 1)  # WAIT's 0 would block for ever
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -239,7 +259,8 @@ def _cli_fields() -> dict[str, Any]:
 
 
 def _type(f: Any) -> Any:
-    return {"int": int, "float": float, "float | None": float, "str": str, "str | None": str}.get(str(f.type), str)
+    types = {"int": int, "int | None": int, "float": float, "float | None": float, "str": str, "str | None": str}
+    return types.get(str(f.type), str)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -254,7 +275,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             action = "store_false" if f.default else "store_true"
             parser.add_argument(flag, dest=name, action=action, default=None, help=f"{scope}{meta['help']}")
             continue
-        shown = "" if name == "stream" else f" (default {f.default})"
+        shown = "" if f.default is None else f" (default {f.default})"  # a None default is said in the help
         parser.add_argument(
             flag,
             dest=name,

@@ -12,6 +12,7 @@ import redis
 from ..wire import Packed, PublishRow, _b, _pack, hwm_key, pack_rows, to_str
 from ._sync.base import Adapter
 from .commands import issues, script_commands
+from .nodes import node_pool
 
 # Appends a batch only past this producer's high-water mark on the stream, so a batch re-sent after a crash, a
 # timeout with unknown outcome or a retry is not appended twice. Positions are (epoch, seq); seq is computed here as
@@ -204,10 +205,7 @@ class Publishing(Adapter):
     @issues()
     def _pool(self, key: str) -> Any:
         """The connection pool of the node that serves ``key`` (the one pool of a single Redis)."""
-        if isinstance(self.client, redis.RedisCluster):
-            node = self.client.get_node_from_key(key)
-            return self.client.get_redis_connection(node).connection_pool
-        return self.client.connection_pool
+        return node_pool(self.client, key)
 
     @issues("hget")
     def high_water(self, stream: str, producer: str) -> tuple[int, int] | None:

@@ -28,7 +28,7 @@ import structlog
 from ... import metrics, tracing
 from ...config import Settings
 from ...engine.aio import AsyncRedisStreams, Entry
-from ...errors import ConfigurationError, MalformedEntry, PoisonRecord, UnilogError
+from ...errors import ConfigurationError, MalformedEntry, NotReplicated, PoisonRecord, UnilogError
 from ...faults import NO_FAULTS, Faults
 from ...runtime import account_batch
 from ...runtime_async import AsyncLinks, AsyncWorker
@@ -70,6 +70,7 @@ class AsyncConsumer(AsyncWorker):
         self._last_rewind_check = 0.0
         self._malformed: dict[bytes, str] = {}  # entries found malformed by a handler: dead-lettered next pass
         self._failures: dict[str, int] = {}  # handler failures of the batch after this checkpoint id
+        self._unconfirmed: dict[bytes, str] = {}  # entry id -> its dead letter too few replicas acknowledged
         self.handled_total = self.skipped_total = self.malformed_total = self.dead_total = 0
 
     @property
@@ -305,13 +306,35 @@ class AsyncConsumer(AsyncWorker):
     ) -> str:
         """Hold the record (so a replay of it is applied once) and copy it to the dead letters, in this transaction,
         before the checkpoint passes it: a crash before the commit may dead-letter it twice, never lose it. Returns
-        the dead letter's id."""
+        the dead letter's id.
+
+        With replicas wanted (``wait_replicas``), raise :class:`~unilog.errors.NotReplicated` unless enough
+        acknowledged the letter: the transaction rolls back (no checkpoint past the record, no held row) and the
+        record is retried, its next letter replacing this one (one copy, not one per attempt)."""
         entry_id, fields = entry
         origin = fields.get(REPLAY_OF) or entry_id
         await store.hold_letter(conn, self.config.name, self.stream, to_str(origin))
-        return await api.dead_letter_entry(
-            self.stream, entry_id, fields, error=error, consumer=self.config.name, attempts=attempts
+        written = await api.dead_letter_entry(
+            self.stream,
+            entry_id,
+            fields,
+            error=error,
+            consumer=self.config.name,
+            attempts=attempts,
+            wait_replicas=self.config.wait_replicas,
+            wait_timeout_ms=self.config.wait_timeout_ms,
+            replaces=self._unconfirmed.pop(entry_id, None),
         )
+        if not written.confirmed:
+            self._unconfirmed[entry_id] = written.id
+            metrics.letter_unreplicated(self.stream, self.config.name)
+            raise NotReplicated(
+                f"consumer {self.config.name!r} on stream {self.stream!r}: dead letter {written.id} of entry "
+                f"{to_str(entry_id)} was acknowledged by {written.replicas} of {written.wanted} replicas within "
+                f"{self.config.wait_timeout_ms} ms; the checkpoint stays before the record, which is retried (a Redis "
+                "without replicas: --wait-replicas 0)"
+            )
+        return written.id
 
     async def _dead_letter_malformed(
         self, conn: psycopg.AsyncConnection[Any], api: AsyncRedisStreams, letters: list[tuple[bytes, Any, str]]

@@ -236,11 +236,33 @@ class GroupConsumer(Worker):
         return 1
 
     def _dead_letter(self, entry: Entry, error: str, *, attempts: int) -> None:
-        """Move ``entry`` to the dead letters with ``error`` and acknowledge it (one MULTI); log and count it."""
+        """Move ``entry`` to the dead letters with ``error`` and acknowledge it (one MULTI); log and count it.
+
+        Too few replicas acknowledging it (``wait_replicas``) is logged and counted, not retried: the letter and its
+        acknowledgement stand or fall together in a failover, and a lost pair leaves the record pending, delivered
+        again."""
         entry_id, fields = entry
-        letter = (self.links.redis()).dead_letter(
-            self.stream, self.config.group, entry_id, fields, error=error, consumer=self.worker, attempts=attempts
+        written = (self.links.redis()).dead_letter(
+            self.stream,
+            self.config.group,
+            entry_id,
+            fields,
+            error=error,
+            consumer=self.worker,
+            attempts=attempts,
+            wait_replicas=self.config.wait_replicas,
+            wait_timeout_ms=self.config.wait_timeout_ms,
         )
+        letter = written.id
+        if not written.confirmed:
+            metrics.letter_unreplicated(self.stream, self.config.group)
+            log.warning(
+                "too few replicas acknowledged a dead letter; a failover now would deliver its record again",
+                group=self.config.group,
+                dead_letter=letter,
+                replicas=written.replicas,
+                wanted=written.wanted,
+            )
         self.dead_total += 1
         reason = "malformed" if error.startswith("malformed:") else "max_deliveries"
         metrics.dead_lettered(self.stream, self.config.group, reason)

@@ -8,13 +8,15 @@ One source, two faces: written here for redis-py's asyncio client, and generated
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 import redis
 
 from ...wire import to_str
 from ..base import AsyncClient
 from ..commands import issues
+from ..nodes import async_node_connection
 from ..refusals import refusal, type_checked
 
 
@@ -40,7 +42,32 @@ class AsyncAdapter:
                 kinds = {k: to_str(await self.client.type(k)) for k in type_checked(stream)}
             raise refusal(exc, stream, kinds) or exc from None
 
+    @issues("wait")
+    async def _confirmed(
+        self, key: str, commands: Sequence[Sequence[Any]], replicas: int, timeout_ms: int
+    ) -> tuple[list[Any], int]:
+        """Send ``commands`` to the node that serves ``key``, then ``WAIT replicas timeout_ms``, all on one of its
+        connections (see :mod:`unilog.engine.nodes`: another connection's ``WAIT`` would count none of these
+        writes); return the commands' replies and how many replicas acknowledged them. A refused command raises its
+        ``ResponseError`` once every reply was read (the connection stays in step)."""
+        async with async_node_connection(self.client, key) as conn:
+            await conn.send_packed_command(conn.pack_commands([*commands, ("WAIT", replicas, timeout_ms)]))
+            replies = [await _reply(conn) for _ in commands]
+            acknowledged = int(await conn.read_response())
+        for reply in replies:
+            if isinstance(reply, redis.ResponseError):
+                raise reply
+        return replies, acknowledged
+
     @issues()
     async def aclose(self) -> None:
         """Close the client (its connections)."""
         await self.client.aclose()
+
+
+async def _reply(conn: Any) -> Any:
+    """The next reply on ``conn``; a refusal is returned, not raised, so the replies after it are read too."""
+    try:
+        return await conn.read_response()
+    except redis.ResponseError as exc:
+        return exc

@@ -9,13 +9,15 @@ One source, two faces: written here for redis-py's asyncio client, and generated
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import redis
 
 from ...wire import to_str
 from ..base import Client
 from ..commands import issues
+from ..nodes import node_connection
 from ..refusals import refusal, type_checked
 
 
@@ -41,7 +43,32 @@ class Adapter:
                 kinds = {k: to_str(self.client.type(k)) for k in type_checked(stream)}
             raise refusal(exc, stream, kinds) or exc from None
 
+    @issues("wait")
+    def _confirmed(
+        self, key: str, commands: Sequence[Sequence[Any]], replicas: int, timeout_ms: int
+    ) -> tuple[list[Any], int]:
+        """Send ``commands`` to the node that serves ``key``, then ``WAIT replicas timeout_ms``, all on one of its
+        connections (see :mod:`unilog.engine.nodes`: another connection's ``WAIT`` would count none of these
+        writes); return the commands' replies and how many replicas acknowledged them. A refused command raises its
+        ``ResponseError`` once every reply was read (the connection stays in step)."""
+        with node_connection(self.client, key) as conn:
+            conn.send_packed_command(conn.pack_commands([*commands, ("WAIT", replicas, timeout_ms)]))
+            replies = [_reply(conn) for _ in commands]
+            acknowledged = int(conn.read_response())
+        for reply in replies:
+            if isinstance(reply, redis.ResponseError):
+                raise reply
+        return replies, acknowledged
+
     @issues()
     def close(self) -> None:
         """Close the client (its connections)."""
         self.client.close()
+
+
+def _reply(conn: Any) -> Any:
+    """The next reply on ``conn``; a refusal is returned, not raised, so the replies after it are read too."""
+    try:
+        return conn.read_response()
+    except redis.ResponseError as exc:
+        return exc
