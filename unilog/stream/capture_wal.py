@@ -236,6 +236,9 @@ class WalCapture:
         """Send the batch from a helper thread while this one reads and decodes the next from the slot (a batch's
         worth at most: with the one in flight, three batches of decoded records are held at most). Waits for the send
         whatever happens here, so the Redis client is never used by two threads."""
+        if sum(payload.count for payload in targets.values()) < self.batch_size:  # caught up: no next batch to
+            self.publisher.send_all(targets, identity, first)  # decode, and a thread's hand-off costs latency
+            return
         if self._helper is None:
             name = f"unilog-{self.publisher.name}-redis"
             self._helper = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=name)
