@@ -215,7 +215,7 @@ class WalCapture:
         A row is fresh while it is still staged (looked up by id); a message while it comes after the saved mark."""
         ids = [r.row[0] for r in rows if r.row is not None]
         existing = store.existing_ids(conn, ids, xids) if ids else set()
-        fresh = [r for r in rows if (r.mark > self._mark if r.row is None else r.row[0] in existing)]
+        fresh = [r for r in rows if (r.row[0] in existing if r.row is not None else (r.mark or (0, -1)) > self._mark)]
         marks = [r.mark for r in fresh if r.mark is not None]
         return fresh, (marks[-1] if marks else None)
 
