@@ -32,7 +32,7 @@ def bigtx_trial(env: BenchEnv, mode: str, size: int) -> tuple[dict[str, float], 
     if mode == "wal":
         enable_wal(env.urls.settings())
     try:
-        env.stage(size)
+        env.stage(size, per_transaction=size)  # one transaction
         metrics = _run_measured(streamer_args(env.urls))
     finally:
         if mode == "wal":

@@ -5,10 +5,13 @@ Three processes besides the coordinator: a producer (2 threads, one connection e
 payload; the producer writes ``t0[i] = time.monotonic()`` into shared memory right *before* ``COMMIT``, and the
 consumer's handler writes ``lat[i] = time.monotonic() - t0[i]`` when it first sees the record (CLOCK_MONOTONIC is
 one clock for every process on the host). Two splits show where the time goes: the ``COMMIT`` itself, and commit
-start to the ``XADD`` (from the stream entry id's millisecond, so +-1 ms); the rest is Redis to the handler.
+start to the ``XADD`` (from the stream entry id's millisecond, so +-1 ms; also from the commit's end, its fsync
+left out); the rest is Redis to the handler.
 
 * ``unilog``: ``Streamer.run`` (LISTEN/NOTIFY wake-up) and ``Consumer.run`` (blocking ``XREAD``), defaults; records
   staged with ``unilog.emit``.
+* ``unilog-wal``: the same in WAL capture mode (``unilog capture wal``): ``emit`` writes logical messages, the
+  streamer reads them from the slot as they commit.
 * ``reference``: the ports in :mod:`bench.reference` run as the reference runs them: each loop passes again at once
   after a pass that did something and sleeps 5 s after one that found nothing; records staged with the reference's
   raw ``INSERT``. Its consumer skips a ride whose id is not above the last one it consumed, so a transaction that
@@ -25,6 +28,7 @@ from typing import Any
 import psycopg
 
 from unilog import Consumer, ConsumerConfig, Streamer, emit
+from unilog.stream.capture import disable_wal, enable_wal
 
 from .core import SPAWN, Profile, Results, interleaved, log, percentile, worker_init
 from .env import BenchEnv, Urls
@@ -84,7 +88,7 @@ def _payload(i: int) -> dict[str, Any]:
 
 def _streamer_main(urls: Urls, variant: str, ready: Any, stop: Any) -> None:
     worker_init()
-    if variant == "unilog":
+    if variant.startswith("unilog"):
         with Streamer(urls.settings(), name="bench-latency") as streamer:
             streamer.connect()
             ready.set()
@@ -100,7 +104,7 @@ def _consumer_main(urls: Urls, variant: str, probes: Probes, ready: Any, stop: A
     global _PROBES
     worker_init()
     _PROBES = probes
-    if variant == "unilog":
+    if variant.startswith("unilog"):
         with Consumer(urls.settings(), ConsumerConfig(name="bench-latency"), latency_handler) as consumer:
             consumer.connect()
             ready.set()
@@ -116,7 +120,7 @@ def _consumer_main(urls: Urls, variant: str, probes: Probes, ready: Any, stop: A
 
 def _produce(conn: psycopg.Connection[Any], variant: str, i: int, probes: Probes) -> None:
     data = _payload(i)
-    if variant == "unilog":
+    if variant.startswith("unilog"):
         emit(conn, action="create", object="ride", data=data, key=f"ride-{i + 1}")
     else:
         conn.execute(RAW_INSERT, (psycopg.types.json.Jsonb(data),))
@@ -160,7 +164,8 @@ def _caught_up(env: BenchEnv, variant: str) -> bool:
     """Nothing staged and the consumer's checkpoint at the stream's last entry (records it skipped never arrive)."""
     if env.staged():
         return False
-    stream, query = (env.urls.stream, CHECKPOINT_UNILOG) if variant == "unilog" else (REF_STREAM, CHECKPOINT_REF)
+    unilog = variant.startswith("unilog")
+    stream, query = (env.urls.stream, CHECKPOINT_UNILOG) if unilog else (REF_STREAM, CHECKPOINT_REF)
     row = env.admin.execute(query).fetchone()
     last: Any = env.rds.xrevrange(stream, count=1)
     return bool(row and last and row[0] == last[0][0].decode())
@@ -192,6 +197,25 @@ def latency_trial(
     ``before_producer()`` runs once the pipeline is up, just before the producer starts; ``threads`` producer
     connections; each of ``extra`` is a ``main(urls, ready, stop)`` run beside the pipeline (another consumer)."""
     env.reset()
+    if variant == "unilog-wal":
+        enable_wal(env.urls.settings())
+    try:
+        return _trial(env, variant, rate, seconds, consumer_main, before_producer, threads, extra)
+    finally:
+        if variant == "unilog-wal":
+            disable_wal(env.urls.settings())
+
+
+def _trial(
+    env: BenchEnv,
+    variant: str,
+    rate: int,
+    seconds: float,
+    consumer_main: Any,
+    before_producer: Any,
+    threads: int,
+    extra: tuple[Any, ...],
+) -> tuple[dict[str, float], dict[str, Any]]:
     n = int(rate * seconds)
     probes, behind = Probes.create(n), SPAWN.Value("d", 0.0, lock=False)
     stop, ready_s, ready_c = SPAWN.Event(), SPAWN.Event(), SPAWN.Event()
@@ -229,6 +253,7 @@ def _metrics(p: Probes, n: int) -> dict[str, float]:
     total = sorted(p.latency[i] * 1000 for i in seen)
     commit = sorted((p.committed[i] - p.t0[i]) * 1000 for i in seen)
     to_xadd = sorted(p.to_xadd[i] * 1000 for i in seen)
+    after_commit = sorted((p.to_xadd[i] - (p.committed[i] - p.t0[i])) * 1000 for i in seen)
     return {
         "p50 ms": percentile(total, 0.50),
         "p99 ms": percentile(total, 0.99),
@@ -238,17 +263,21 @@ def _metrics(p: Probes, n: int) -> dict[str, float]:
         "commit p99 ms": percentile(commit, 0.99),
         "to XADD p50 ms": percentile(to_xadd, 0.50),
         "to XADD p99 ms": percentile(to_xadd, 0.99),
+        "after commit to XADD p50 ms": percentile(after_commit, 0.50),  # the commit's own fsync left out
     }
 
 
 def run_latency(env: BenchEnv, profile: Profile, results: Results) -> None:
     for rate in profile.latency_rates:
-        log(f"latency: {rate}/s for {profile.latency_seconds:g} s, {profile.latency_reps} rounds of unilog, reference")
+        log(
+            f"latency: {rate}/s for {profile.latency_seconds:g} s, {profile.latency_reps} rounds of unilog, "
+            "unilog-wal, reference"
+        )
         interleaved(
             results,
             "latency",
             f"{rate}/s x {profile.latency_seconds:g}s",
-            ("unilog", "reference"),
+            ("unilog", "unilog-wal", "reference"),
             profile.latency_reps,
             lambda v, rate=rate: latency_trial(env, v, rate, profile.latency_seconds),  # type: ignore[misc]
         )

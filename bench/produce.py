@@ -141,8 +141,8 @@ def run_produce_clients(env: BenchEnv, profile: Profile, results: Results) -> No
     by 10-40 % here), and the median over many rounds is the figure.
 
     ``with emit``: table mode while the streamer is busy (no streamer sleeps, so no commit notifies); ``emit, WAL
-    mode``: the staging table as WAL capture leaves it (trigger disabled, table mode's read index dropped; the
-    slot's reader is not on the producer's path); ``emit, streamer asleep``: a session holds the wake-up lock, so
+    mode``: emit as WAL capture makes it, a transactional logical message rather than a row (the slot's reader is
+    not on the producer's path); ``emit, streamer asleep``: a session holds the wake-up lock, so
     every commit notifies (a real streamer wakes at the first one and stays awake while commits keep coming)."""
     for clients in SCALING_CLIENTS:
         log(
@@ -194,9 +194,11 @@ def lockstep(env: BenchEnv, results: Results, clients: int, rounds: int, seconds
 
 
 def _layout(admin: psycopg.Connection[Any], *, wal: bool) -> None:
-    """The staging table as table mode (trigger on, read index) or WAL capture (neither) leaves it."""
+    """The staging table as table mode (trigger on, read index) or WAL capture (neither, and emit writes logical
+    messages) leaves it."""
     store.set_notify_trigger(admin, not wal)
     store.set_read_index(admin, not wal)
+    store.set_emit_messages(admin, wal, wait=False)
 
 
 def _lockstep_client(urls: Urls, rounds: int, seconds: float, barrier: Any, out: Any) -> None:

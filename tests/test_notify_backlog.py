@@ -21,7 +21,10 @@ from unilog import Settings, Streamer, StreamerConfig, emit, store
 from unilog.harness.pytest_plugin import running
 
 COMMITS = 10_000
-BOUND = 200  # what a LISTEN session may keep, and NOTIFYs sent: before the fix, one per commit (10,000)
+# What a LISTEN session may keep, and NOTIFYs sent: before the fix, one per commit (10,000, of which ~4,700 kept). A
+# streamer woken by a commit keeps the wake-up lock through the look that follows (issue 26: the look does not wait
+# for the unlock), so commits during that look notify too: a few hundred in all here.
+BOUND = 500
 
 
 def backlog(streamer: Streamer) -> int:

@@ -1,5 +1,9 @@
 """WAL capture (issue 18): the streamer reads committed inserts from a logical slot in commit order.
 
+These tests stage records as ROWS of ``staged_log_records`` in WAL mode, as producers outside unilog's emit do (SQL,
+triggers, the reference's Ruby API): :func:`stage` inserts them. ``emit`` in WAL mode writes logical messages
+instead; tests/test_wal_messages.py runs the same crash windows for those.
+
 Every test runs on the suite's real Postgres (started with wal_level=logical) and Redis; a test that needs its own
 server (restart, WAL removal) starts one. Skipped, saying why, on a server given by URL without wal_level=logical.
 """
@@ -17,7 +21,7 @@ import pytest
 import redis
 from cli import one_line, unilog
 
-from unilog import Settings, Streamer, StreamerConfig, emit
+from unilog import Settings, Streamer, StreamerConfig
 from unilog.errors import CaptureLost, ConfigurationError, InjectedCrash
 from unilog.faults import Faults
 from unilog.stream.capture import WalCapture, capture_status, disable_wal, enable_wal
@@ -35,10 +39,18 @@ def wal(settings: Settings, pg: Any) -> Iterator[Settings]:
     yield settings
 
 
+def stage(conn: Any, n: int, key: str | None = None) -> None:
+    """A record staged as a row, as a producer outside unilog's emit (SQL, triggers) does in any capture mode."""
+    conn.execute(
+        "INSERT INTO staged_log_records (action, object, data, key) VALUES ('create', 'ride', jsonb_build_object('n', %s::int), %s)",
+        (n, key),
+    )
+
+
 def emit_n(settings: Settings, n: int, start: int = 0, key: str | None = None) -> None:
     with psycopg.connect(settings.conninfo) as conn:
         for i in range(start, start + n):
-            emit(conn, action="create", object="ride", data={"n": i}, key=key)
+            stage(conn, i, key)
 
 
 def published(rds: redis.Redis, stream: str = STREAM) -> list[tuple[int, int]]:
@@ -57,7 +69,7 @@ def streamer(settings: Settings, faults: Faults | None = None, name: str = "stre
 
 def test_commit_order_with_no_wait_behind_an_open_transaction(wal: Settings, pg: Any, rds: redis.Redis) -> None:
     early = psycopg.connect(wal.conninfo)  # begins first, commits last
-    emit(early, action="create", object="ride", data={"n": 100})
+    stage(early, 100)
     idle = psycopg.connect(wal.conninfo)  # an idle-in-transaction session holding an xid, as in the table-mode stall
     idle.execute("SELECT pg_current_xact_id()")
     emit_n(wal, 3)
@@ -103,7 +115,7 @@ def test_a_large_transaction_is_split_across_batches_and_confirmed_once_whole(
 ) -> None:
     with psycopg.connect(wal.conninfo) as conn:  # one transaction of 25 records
         for i in range(25):
-            emit(conn, action="create", object="ride", data={"n": i})
+            stage(conn, i)
     faults = Faults.scripted(streamer__crash_before_confirm=[False, True])
     with streamer(wal, faults, batch_size=10) as s, pytest.raises(InjectedCrash):
         s.drain(timeout=10)  # two batches of 10 deleted; the slot never confirmed (the transaction is unfinished)
@@ -168,7 +180,7 @@ def test_a_dropped_slot_stops_the_streamer_in_one_line_and_recreate_recovers(
     emit_n(wal, 3, start=2)
     slot = capture_status(wal)["slot"]
     pg.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
-    with streamer(wal) as s, pytest.raises(CaptureLost, match="nothing is lost"):
+    with streamer(wal) as s, pytest.raises(CaptureLost, match="records staged as rows are kept"):
         s.drain(timeout=10)
     result = unilog(wal, "streamer", "--once")
     assert result.returncode == 12, result.stderr
@@ -195,7 +207,7 @@ def test_switching_modes_back_and_forth_loses_and_repeats_nothing(
         with pytest.raises(InjectedCrash):
             s.run_once()  # a table-mode batch in flight: in Redis, still staged
     open_tx = psycopg.connect(settings.conninfo)  # spans the switch: it commits while the slot is being created
-    emit(open_tx, action="create", object="ride", data={"n": 99})
+    stage(open_tx, 99)
     # creating the slot waits for open transactions: this one commits meanwhile, before the slot's consistent
     # point, so its record is not in the WAL and the table-mode pass before WAL reading must publish it
     threading.Timer(0.5, open_tx.commit).start()
@@ -232,7 +244,8 @@ def test_wal_mode_drops_the_table_mode_index_once_nothing_predates_the_slot(
     emit_n(settings, 2, start=2)
     with streamer(settings) as s:
         assert s.drain(timeout=10) == 2
-    emit_n(settings, 2, start=4)  # staged, then the slot is re-created (as after an outage): they predate it
+    emit_n(settings, 2, start=4)  # staged, then the slot is lost and re-created (as after an outage): they predate it
+    pg.execute("SELECT pg_drop_replication_slot(%s)", (capture_status(settings)["slot"],))
     enable_wal(settings, recreate=True)
     assert read_index(pg), "rebuilt: a table-mode pass publishes what predates the new slot"
     with streamer(settings) as s:
@@ -263,7 +276,7 @@ def test_a_switch_behind_a_long_transaction_gives_up_on_its_lock_in_one_line(
     enable_wal(settings)
     assert not read_index(pg)
     writer = psycopg.connect(settings.conninfo)  # idle in transaction after staging: rebuilding the index waits on it
-    emit(writer, action="create", object="ride", data={"n": 0})
+    stage(writer, 0)
     started = time.monotonic()
     result = unilog(settings, "capture", "table")
     assert result.returncode == 3 and "could not lock staged_log_records" in one_line(result)
@@ -428,7 +441,7 @@ def test_a_slot_whose_wal_was_removed_is_detected_and_recreated(own: Settings, r
     assert status["slot_state"]["wal_status"] == "lost", status
     result = unilog(own, "streamer", "--once")
     assert result.returncode == 12, result.stderr
-    assert "nothing is lost" in one_line(result)
+    assert "records staged as rows are kept" in one_line(result)
     assert unilog(own, "capture", "wal").returncode == 0, "a lost slot is re-created by capture wal"
     assert unilog(own, "streamer", "--once").returncode == 0
     assert published(rds) == [(i + 1, i) for i in range(7)], "the rest from the table, each once"
@@ -447,7 +460,7 @@ def test_a_commit_the_wal_sent_before_it_became_visible_is_published_not_skipped
         admin.execute("SELECT pg_reload_conf()")
     producer = psycopg.connect(own.conninfo, options="-c synchronous_commit=on")
     try:
-        emit(producer, action="create", object="ride", data={"n": 0})
+        stage(producer, 0)
         pid = producer.info.backend_pid
         committing = threading.Thread(target=producer.commit)  # flushed, then waits for the standby
         committing.start()
@@ -477,8 +490,8 @@ def test_a_dropped_streamer_releases_its_locks_and_slot_without_close(wal: Setti
         assert Streamer(wal).drain(timeout=10) == 2
         emit_n(wal, 2, start=2)
         assert Streamer(wal).drain(timeout=10) == 2, "the first one's slot session and stream lock are gone"
-        emit_n(settings := wal, 1, start=4)
-        disable_wal(settings)
+        disable_wal(settings := wal)
+        emit_n(settings, 1, start=4)
         assert Streamer(settings).drain(timeout=10) == 1, "and in table mode"
         assert Streamer(settings).drain(timeout=10) == 0
     finally:

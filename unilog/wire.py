@@ -52,19 +52,35 @@ def pack_rows(rows: Sequence[PublishRow]) -> Packed:
     )
 
 
-def first_created_ms(body: bytes) -> int | None:
-    """The ``created`` ms of the first record of a :class:`Packed` body (its fourth bulk string), or None."""
+NO_TRACE = b"$0\r\n\r\n$0\r\n\r\n"  # an untraced record's traceparent and tracestate in a traced batch
+
+
+def pack_record(row: PublishRow, traced: bool) -> bytes:
+    """One record's arguments as :func:`pack_rows` encodes them in a batch (traced or not)."""
+    data, action, obj, created, key = row[:5]
+    head = [_b(data), _b(action), _b(obj), b"%d" % created, _b(key or "")]
+    return _bulk([*head, _b(row[5] or ""), _b(row[6] or "")] if traced else head)
+
+
+def nth_bulk(body: bytes, n: int) -> str | None:
+    """The ``n``-th (from 0) bulk string of an encoded record, as text, or None if it has fewer."""
     pos = 0
     try:
-        for field in range(4):
+        for field in range(n + 1):
             end = body.index(b"\r\n", pos)
             size = int(body[pos + 1 : end])
-            if field == 3:
-                return int(body[end + 2 : end + 2 + size])
+            if field == n:
+                return body[end + 2 : end + 2 + size].decode()
             pos = end + 2 + size + 2
     except ValueError:
         return None
     return None
+
+
+def first_created_ms(body: bytes) -> int | None:
+    """The ``created`` ms of the first record of a :class:`Packed` body (its fourth bulk string), or None."""
+    text = nth_bulk(body, 3)
+    return int(text) if text and text.isdigit() else None
 
 
 # Key layout. Every key of a stream carries the stream's name as a hash tag, ``{<stream>}``: Redis Cluster hashes

@@ -32,7 +32,7 @@ def cmd_capture_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
         return ExitCode.OK
-    print(f"mode: {report['mode']} (wal_level {report['wal_level']})")
+    print(f"mode: {report['mode']} (wal_level {report['wal_level']}); producers stage {report['records_as']}")
     if report["mode"] == "wal":
         state = report["slot_state"]
         if state is None:

@@ -44,8 +44,9 @@ def emit(
     using: str = DEFAULT_DB_ALIAS,
     producer: Producer | None = None,
     default: Encoder | None = None,
-) -> int:
-    """Stage one record in the current ``transaction.atomic()`` block of database ``using``; return its staged id.
+) -> int | None:
+    """Stage one record in the current ``transaction.atomic()`` block of database ``using``; return its staged id
+    (None in WAL capture mode, where the record is a logical message: see :func:`unilog.emit`).
 
     The arguments, validation, encoding of ``data`` (a model's ``DecimalField``, ``UUIDField``, ``DateTimeField``
     and ``BinaryField`` values included; ``default`` for other types) and errors are :func:`unilog.emit`'s: bad
@@ -65,7 +66,7 @@ def emit(
     except Exception as exc:
         raise_if_schema_missing(exc)
         raise
-    return int(row[0])
+    return None if row[0] is None else int(row[0])
 
 
 def migrate_schema(apps: Any, schema_editor: Any) -> None:

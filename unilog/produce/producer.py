@@ -51,8 +51,9 @@ class Producer:
         stream: str | None = None,
         key: str | None = None,
         default: Encoder | None = None,
-    ) -> int:
-        """Stage one record in ``tx``'s transaction and return its staged id.
+    ) -> int | None:
+        """Stage one record in ``tx``'s transaction and return its staged row's id (None in WAL capture mode, where
+        the record is a transactional logical message in the WAL, not a row: see :mod:`unilog.stream.capture`).
 
         ``tx`` is a SQLAlchemy ``Session`` or ``Connection`` or a psycopg ``Connection``. ``data`` is any JSON value
         (usually a dict), encoded as :func:`unilog.emit` says; ``default`` (else the producer's) encodes other types.
@@ -93,7 +94,7 @@ def _require_text(name: str, value: object) -> None:
         raise InvalidRecord(f"{name} must not contain NUL characters")
 
 
-def _insert(tx: Any, params: StagedParams) -> int:
+def _insert(tx: Any, params: StagedParams) -> int | None:
     if isinstance(tx, Session):
         tx = tx.connection()  # joins (or autobegins) the session's transaction, as any session statement would
     run: Callable[..., Any]
@@ -113,7 +114,7 @@ def _insert(tx: Any, params: StagedParams) -> int:
         raise_if_schema_missing(exc)
         raise
     assert row is not None
-    return int(row[0])
+    return None if row[0] is None else int(row[0])
 
 
 def raise_if_schema_missing(exc: BaseException) -> None:
@@ -153,7 +154,7 @@ def emit(
     stream: str | None = None,
     key: str | None = None,
     default: Encoder | None = None,
-) -> int:
+) -> int | None:
     """Stage a record in the caller's transaction with the default :class:`Producer` settings.
 
     ``data`` is JSON: dicts, lists, strings, numbers, booleans and None as they are, and by unilog's rules

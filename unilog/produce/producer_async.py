@@ -33,15 +33,16 @@ async def emit_async(
     key: str | None = None,
     producer: Producer | None = None,
     default: Encoder | None = None,
-) -> int:
-    """Stage one record in ``tx``'s transaction and return its staged id; ``data`` is encoded as :func:`unilog.emit`
-    says (``default``: your encoder for other types); see :meth:`unilog.Producer.emit`."""
+) -> int | None:
+    """Stage one record in ``tx``'s transaction and return its staged id (None in WAL mode: a message); ``data``
+    is encoded as :func:`unilog.emit` says (``default``: your encoder for other types); see
+    :meth:`unilog.Producer.emit`."""
     settings = producer or _default
     params = settings.prepare(action=action, object=object, data=data, stream=stream, key=key, default=default)
     return await _insert(tx, params)
 
 
-async def _insert(tx: Any, params: StagedParams) -> int:
+async def _insert(tx: Any, params: StagedParams) -> int | None:
     if AsyncSession is not None and isinstance(tx, AsyncSession):
         tx = await tx.connection()  # joins (or begins) the session's transaction
     try:
@@ -63,4 +64,4 @@ async def _insert(tx: Any, params: StagedParams) -> int:
         raise_if_schema_missing(exc)
         raise
     assert row is not None
-    return int(row[0])
+    return None if row[0] is None else int(row[0])

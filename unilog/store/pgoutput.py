@@ -1,8 +1,9 @@
 """Decoding Postgres's built-in ``pgoutput`` logical replication messages (protocol version 1) into staged rows.
 
-Only what WAL capture needs: ``B`` (begin), ``R`` (relation: the column names), ``I`` (insert) and ``C`` (commit).
-Other messages (origin, type, and the update/delete/truncate a publication limited to inserts never sends) are
-skipped. Transactions arrive whole and in commit order, each ``C`` carrying the LSN just past its commit, which is
+Only what WAL capture needs: ``B`` (begin), ``R`` (relation: the column names), ``I`` (insert), ``M`` (a logical
+message: a record that ``unilog_stage`` wrote with ``pg_logical_emit_message``, or a mode switch's marker) and ``C``
+(commit). Other messages (origin, type, and the update/delete/truncate a publication limited to inserts never sends)
+are skipped. Transactions arrive whole and in commit order, each ``C`` carrying the LSN just past its commit, which is
 what a streamer confirms once the transaction's records are published. Protocol version 1 without ``streaming``
 sends a transaction only once it has committed, so its rows may be handed on before its ``C`` is read: a decoder
 with ``part_rows`` returns a large transaction in parts of that many rows, and holds no more than one part. Pure
@@ -18,6 +19,9 @@ from datetime import datetime
 from .staging import StagedRow
 
 STAGING_TABLE = "staged_log_records"
+MESSAGE_PREFIX = "unilog"  # a record (see migration unilog_0009's unilog_stage)
+_RECORD = MESSAGE_PREFIX.encode() + b"\0"
+MARKER_PREFIX = "unilog-switch"  # a mode switch's marker: every record message commits before it (see store.wal)
 _REQUIRED = ("id", "stream", "action", "object", "data", "key", "created_at", "traceparent", "tracestate")
 _I16, _I32, _I64 = struct.Struct("!h"), struct.Struct("!i"), struct.Struct("!q")
 
@@ -26,12 +30,20 @@ class DecodeError(ValueError):
     """A pgoutput message this decoder cannot read (a protocol it does not speak, or a table it does not know)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs several times more, once per record
 class WalRow:
-    """One staged record read from the WAL: its target ``stream`` column and the row as the streamer publishes it."""
+    """One staged record read from the WAL, with its target ``stream`` column. A row of ``staged_log_records`` has
+    ``row`` (as the streamer publishes it; its id is ``row[0]``). A record written as a logical message has no row:
+    ``body`` holds its five publish arguments already encoded as RESP bulk strings (as unilog_stage wrote them),
+    ``trace`` its trace context's two (or nothing), and ``mark`` is (its transaction's commit LSN, its place among
+    the transaction's messages): the order the WAL delivers them in, which a streamer saves with its positions to
+    skip what it already published."""
 
     stream: str
-    row: StagedRow
+    row: StagedRow | None
+    mark: tuple[int, int] | None = None
+    body: bytes = b""
+    trace: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +54,7 @@ class WalTransaction:
     xid: int
     end_lsn: int | None
     rows: tuple[WalRow, ...]
+    marker: str | None = None  # a mode switch's marker committed in this transaction
 
 
 @dataclass
@@ -52,6 +65,9 @@ class Decoder:
     relations: dict[int, tuple[int, ...] | None] = field(default_factory=dict)  # relid -> column indexes, or None
     part_rows: int | None = None  # None: each transaction whole, however large
     _xid: int = 0
+    _final_lsn: int = 0  # the commit LSN of the transaction being read (from its begin message)
+    _messages: int = 0  # record messages of the transaction read so far
+    _marker: str | None = None
     _rows: list[WalRow] = field(default_factory=list)
     in_transaction: bool = False  # a begin was read and its commit not yet
 
@@ -65,17 +81,69 @@ class Decoder:
         kind = message[:1]
         if kind == b"I":
             return self._insert(message)
+        if kind == b"M":
+            return self._message(message)
         if kind == b"B":
+            self._final_lsn = _I64.unpack_from(message, 1)[0]
             self._xid, self._rows = _I32.unpack_from(message, 17)[0] & 0xFFFFFFFF, []
+            self._messages, self._marker = 0, None
             self.in_transaction = True
         elif kind == b"C":
             end_lsn = _I64.unpack_from(message, 10)[0]
-            done = WalTransaction(self._xid, end_lsn, tuple(self._rows))
+            done = WalTransaction(self._xid, end_lsn, tuple(self._rows), self._marker)
             self._rows, self.in_transaction = [], False
             return done
         elif kind == b"R":
             self._relation(message)
         return None
+
+    def _message(self, message: bytes) -> WalTransaction | None:
+        """Decode a logical message: unilog's record messages become records of the transaction, a switch marker is
+        noted on it; other prefixes, and messages outside a transaction (``pg_logical_emit_message(false, ...)``:
+        never unilog's), are not ours. A record message is ``stream LF trace-length LF body trace``."""
+        if not self.in_transaction or not message[1] & 1:
+            return None
+        if message.startswith(_RECORD, 10):  # after the flags byte and the message's LSN
+            return self._record(message, 10 + len(_RECORD))
+        prefix, pos = _cstring(message, 10)
+        if prefix == MARKER_PREFIX:
+            self._marker = message[pos + 4 :].decode()
+            return None
+        return None
+
+    def _record(self, message: bytes, pos: int) -> WalTransaction | None:
+        return self._add(self._decode_record(message, pos + 4), messages=1)
+
+    def _decode_record(self, message: bytes, start: int) -> WalRow:
+        """A record message's content (from ``start``): ``stream LF trace-length LF body trace``."""
+        try:
+            first = message.index(b"\n", start)
+            second = message.index(b"\n", first + 1)
+            trace_end = len(message) - int(message[first + 1 : second])
+        except ValueError:
+            where = f"{self._final_lsn >> 32:X}/{self._final_lsn & 0xFFFFFFFF:X}"
+            raise DecodeError(f"a unilog message in the WAL at {where} has a header unilog cannot read") from None
+        stream = message[start:first].decode() if first > start else ""
+        return WalRow(
+            stream, None, (self._final_lsn, self._messages), message[second + 1 : trace_end], message[trace_end:]
+        )
+
+    def feed_all(self, messages: list[bytes]) -> list[WalTransaction]:
+        """:meth:`feed` each message; return the transactions and parts they complete, in order. Record messages,
+        nearly all of a busy slot's stream, take a short path."""
+        done: list[WalTransaction] = []
+        record_at = 10 + len(_RECORD) + 4  # after kind, flags, LSN, the prefix and the content's length
+        part_rows = self.part_rows if self.part_rows is not None else 1 << 62
+        for message in messages:
+            if message[:1] == b"M" and self.in_transaction and message[1] & 1 and message.startswith(_RECORD, 10):
+                if len(self._rows) >= part_rows:
+                    done.append(WalTransaction(self._xid, None, tuple(self._rows)))
+                    self._rows = []
+                self._rows.append(self._decode_record(message, record_at))
+                self._messages += 1
+            elif (t := self.feed(message)) is not None:
+                done.append(t)
+        return done
 
     def _relation(self, message: bytes) -> None:
         relid = _I32.unpack_from(message, 1)[0]
@@ -112,10 +180,15 @@ class Decoder:
         if id_ is None or action is None or obj is None or data is None or created is None:
             raise DecodeError(f"a staged row in the WAL has a NULL where unilog needs a value (id {id_})")
         row: StagedRow = (int(id_), action, obj, data, key, created_ms(created), traceparent, tracestate)
+        return self._add(WalRow(stream or "", row))
+
+    def _add(self, row: WalRow, messages: int = 0) -> WalTransaction | None:
+        """Append a decoded record; return the part it follows when that part is full."""
         part = None
         if self.part_rows is not None and len(self._rows) >= self.part_rows:
             part, self._rows = WalTransaction(self._xid, None, tuple(self._rows)), []
-        self._rows.append(WalRow(stream or "", row))
+        self._rows.append(row)
+        self._messages += messages
         return part
 
 

@@ -20,12 +20,15 @@ GRANTS: dict[str, list[tuple[str, str]]] = {
         ("INSERT", "staged_log_records"),
         ("SELECT (id)", "staged_log_records"),
         ("USAGE", "SEQUENCE staged_log_records_id_seq"),
+        ("SELECT", "SEQUENCE unilog_emit_mode"),  # unilog_stage reads the mode: a row, or a message in WAL mode
     ],
     "streamer": [
         ("SELECT, UPDATE, DELETE", "staged_log_records"),
         ("SELECT, UPDATE", "unilog_producer"),
         ("SELECT, INSERT, UPDATE", "unilog_stream_positions"),
-        ("SELECT", "unilog_capture"),  # the mode; WAL mode also needs the role attribute REPLICATION (see security.md)
+        # the mode and the last message published; WAL mode also needs the role attribute REPLICATION (security.md)
+        ("SELECT, UPDATE", "unilog_capture"),
+        ("SELECT, UPDATE", "SEQUENCE unilog_emit_mode"),  # a lost slot switches producers to rows
         ("SELECT", "unilog_alembic_version"),
         ("EXECUTE", "FUNCTION pg_control_system()"),
     ],
@@ -42,6 +45,7 @@ GRANTS: dict[str, list[tuple[str, str]]] = {
         ("SELECT", "unilog_stream_positions"),
         ("SELECT", "unilog_capture"),
         ("SELECT", "unilog_backfills"),  # `unilog status` shows the backfills
+        ("SELECT", "SEQUENCE unilog_emit_mode"),
         ("SELECT, INSERT, UPDATE, DELETE", "unilog_checkpoints"),
         ("SELECT, INSERT, DELETE", "unilog_held_letters"),
         ("SELECT, INSERT, UPDATE, DELETE", "unilog_processed"),

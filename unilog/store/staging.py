@@ -9,17 +9,17 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
+from psycopg import pq
 
 from .positions import save_positions
 
 NOTIFY_CHANNEL = "unilog_staged"
 
 # Positional parameters (action, object, data, stream, key, traceparent, tracestate): a tuple skips the driver's
-# per-call mapping of names to positions, on the producer's hot path.
-INSERT_STAGED = (
-    "INSERT INTO staged_log_records (action, object, data, stream, key, traceparent, tracestate) "
-    "VALUES (%s, %s, %s::jsonb, %s, %s, %s, %s) RETURNING id"
-)
+# per-call mapping of names to positions, on the producer's hot path. unilog_stage (migration unilog_0009) writes a
+# row of staged_log_records in table mode and a transactional logical message in WAL capture mode, choosing under a
+# lock a mode switch takes; it returns the row's id, or NULL for a message.
+INSERT_STAGED = "SELECT unilog_stage(%s, %s, %s, %s, %s, %s, %s)"
 
 # A staged row as the streamer reads it: (id, action, object, data, key, created_ms, traceparent, tracestate).
 # ``data`` is Postgres's JSON text, passed through to Redis without decoding; plain tuples: the streamer's hot path.
@@ -251,14 +251,32 @@ def try_sleep(conn: psycopg.Connection[Any], wait: float = 0.0) -> bool:
     if wait <= 0:
         row = conn.execute("SELECT pg_try_advisory_lock(hashtextextended('unilog.wakeup', 0))").fetchone()
         return bool(row and row[0])
-    conn.execute(f"SET lock_timeout = {max(1, round(wait * 1000))}")
+    # one round trip: the timeout is set for the lock's wait and reset after it in the same statement; if the wait
+    # times out, the failed statement's transaction takes the setting back with it
     try:
-        conn.execute("SELECT pg_advisory_lock(hashtextextended('unilog.wakeup', 0))")
+        conn.execute(
+            "SELECT set_config('lock_timeout', %s, false), pg_advisory_lock(hashtextextended('unilog.wakeup', 0)), "
+            "set_config('lock_timeout', '0', false)",
+            (str(max(1, round(wait * 1000))),),
+        )
         return True
     except psycopg.errors.LockNotAvailable:
         return False
-    finally:
-        conn.execute("SET lock_timeout = 0")
+
+
+def wake_soon(conn: psycopg.Connection[Any]) -> None:
+    """:func:`wake`, sent without waiting for the reply: the server gives the lock back while the caller goes on
+    (a streamer woken by a commit looks for it on its other connection at once). The caller must read the reply
+    with :func:`wake_done` before ``conn`` runs anything else."""
+    conn.pgconn.send_query(b"SELECT pg_advisory_unlock(hashtextextended('unilog.wakeup', 0))")
+    conn.pgconn.flush()
+
+
+def wake_done(conn: psycopg.Connection[Any]) -> None:
+    """Read the reply of the :func:`wake_soon` sent on ``conn``."""
+    while (result := conn.pgconn.get_result()) is not None:
+        if result.status == pq.ExecStatus.FATAL_ERROR:
+            raise psycopg.OperationalError(result.error_message.decode(errors="replace").strip())
 
 
 def wake(conn: psycopg.Connection[Any]) -> None:

@@ -110,10 +110,83 @@ def record_capture(conn: psycopg.Connection[Any], slot: str, publication: str) -
         INSERT INTO unilog_capture (slot_name, publication, from_xid)
         VALUES (%s, %s, pg_snapshot_xmax(pg_current_snapshot()))
         ON CONFLICT (singleton) DO UPDATE SET slot_name = excluded.slot_name, publication = excluded.publication,
-            from_xid = excluded.from_xid, enabled_at = now()
+            from_xid = excluded.from_xid, enabled_at = now(), message_lsn = '0/0', message_ordinal = -1
         """,
         (slot, publication),
     )
+
+
+def emit_messages(conn: psycopg.Connection[Any]) -> bool:
+    """Whether producers write records as logical messages now (WAL capture mode) rather than rows."""
+    row = conn.execute("SELECT last_value = 1 FROM unilog_emit_mode").fetchone()
+    return bool(row and row[0])
+
+
+def set_emit_messages(
+    conn: psycopg.Connection[Any], messages: bool, *, marker: str | None = None, wait: bool = True
+) -> int | None:
+    """Switch how producers stage records (``unilog_stage`` reads the mode, a sequence, as it is now whatever the
+    producer's snapshot): logical messages, or rows. No lock is taken, so no producer ever waits for a switch.
+
+    Turning messages off with ``wait``, then waits (polling, queueing for no lock) until every transaction that
+    holds the message writers' shared lock has ended: a producer writes a message only after taking it and reading
+    the mode again under it, so one that takes it after the switch looked writes a row, and from then on no record
+    message will ever be committed. With ``marker``, it then commits a marker message, after all of them: a WAL
+    reader that has passed it has read every record message. Returns the marker's LSN (None without one). A
+    transaction still open after DDL_LOCK_TIMEOUT raises :class:`ConfigurationError` (producers stage rows
+    already; the slot is kept, and the command can be run again). ``conn``: autocommit, for the wait and the
+    marker."""
+    conn.execute("SELECT setval('unilog_emit_mode', %s)", (1 if messages else 0,))
+    if messages or not wait:
+        return None
+    _wait_for_open_transactions(conn, DDL_LOCK_TIMEOUT)
+    if marker is None:
+        return None
+    row = conn.execute(
+        "SELECT (pg_logical_emit_message(true, 'unilog-switch', %s) - '0/0')::bigint", (marker,)
+    ).fetchone()
+    return int(row[0]) if row else None
+
+
+def _wait_for_open_transactions(conn: psycopg.Connection[Any], timeout: float) -> None:
+    """Wait until every transaction that holds the message writers' lock now has ended; each also holds the lock on
+    its own virtual transaction id until it ends, so their set is read from ``pg_locks`` once and polled."""
+    row = conn.execute(_OPEN_TRANSACTIONS).fetchone()
+    open_now = list(row[0] or []) if row else []
+    deadline = time.monotonic() + timeout
+    while open_now:
+        row = conn.execute(_STILL_OPEN, (open_now,)).fetchone()
+        still = list(row[0] or []) if row else []
+        if not still:
+            return
+        if time.monotonic() > deadline:
+            raise ConfigurationError(
+                f"producers now stage rows, but a transaction that may have written a record message is still open "
+                f"after {timeout:g} s (pid {', '.join(map(str, still))}: see pg_stat_activity): end it and run the "
+                "command again"
+            )
+        time.sleep(0.01)
+
+
+# Holders of unilog_stage's advisory lock on 'unilog.emit_mode' (a bigint key: its high half in classid, its low
+# half in objid, objsubid 1) in this database.
+_OPEN_TRANSACTIONS = """
+    WITH k AS (SELECT hashtextextended('unilog.emit_mode', 0) AS key)
+    SELECT array_agg(l.virtualtransaction) FROM pg_locks l, k
+    WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND l.classid::text::bigint = (k.key >> 32) & 4294967295 AND l.objid::text::bigint = k.key & 4294967295
+"""
+_STILL_OPEN = """
+    SELECT array_agg(DISTINCT pid) FROM pg_locks
+    WHERE locktype = 'virtualxid' AND granted AND virtualxid = ANY(%s)
+"""
+
+
+def message_mark(conn: psycopg.Connection[Any]) -> tuple[int, int]:
+    """The (commit LSN, ordinal) of the last record message published from the slot ((0, -1): none yet)."""
+    row = conn.execute("SELECT (message_lsn - '0/0')::bigint, message_ordinal FROM unilog_capture").fetchone()
+    return (int(row[0]), int(row[1])) if row else (0, -1)
 
 
 def forget_capture(conn: psycopg.Connection[Any]) -> None:
@@ -205,6 +278,12 @@ def staged_before(conn: psycopg.Connection[Any], from_xid: str) -> bool:
     return bool(row and row[0])
 
 
+def wal_insert_lsn(conn: psycopg.Connection[Any]) -> int:
+    """The end of the WAL written so far: a committed transaction's records all lie before it."""
+    row = conn.execute("SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint").fetchone()
+    return int(row[0]) if row else 0
+
+
 def any_staged(conn: psycopg.Connection[Any]) -> bool:
     row = conn.execute("SELECT EXISTS (SELECT 1 FROM staged_log_records)").fetchone()
     return bool(row and row[0])
@@ -243,12 +322,20 @@ _SEES_ALL = """
 """
 
 
-def delete_ids(conn: psycopg.Connection[Any], ids: list[int], epoch: int, last_seqs: dict[str, int]) -> int:
-    """Delete published rows by id and advance each target stream's position, in the caller's transaction; return
-    the rows deleted (the caller checks it equals ``len(ids)``)."""
-    cur = conn.execute("DELETE FROM staged_log_records WHERE id = ANY(%s)", (ids,))
+def delete_ids(
+    conn: psycopg.Connection[Any],
+    ids: list[int],
+    epoch: int,
+    last_seqs: dict[str, int],
+    mark: tuple[int, int] | None = None,
+) -> int:
+    """Delete published rows by id, advance each target stream's position and, with ``mark``, the last record
+    message published, in the caller's transaction; return the rows deleted (the caller checks it is ``len(ids)``)."""
+    deleted = conn.execute("DELETE FROM staged_log_records WHERE id = ANY(%s)", (ids,)).rowcount if ids else 0
     save_positions(conn, epoch, last_seqs)
-    return cur.rowcount
+    if mark is not None:
+        conn.execute("UPDATE unilog_capture SET message_lsn = '0/0'::pg_lsn + %s::numeric, message_ordinal = %s", mark)
+    return deleted
 
 
 def published_positions(conn: psycopg.Connection[Any]) -> list[tuple[str, int, int]]:
@@ -288,7 +375,9 @@ class ReplicationStream:
 
     def _start(self) -> None:
         pgconn = self.conn.pgconn
-        query = sql.SQL("START_REPLICATION SLOT {} LOGICAL 0/0 (proto_version '1', publication_names {})").format(
+        query = sql.SQL(
+            "START_REPLICATION SLOT {} LOGICAL 0/0 (proto_version '1', publication_names {}, messages 'true')"
+        ).format(
             sql.Identifier(self.slot.slot), sql.Literal(sql.Identifier(self.slot.publication).as_string(self.conn))
         )
         pgconn.send_query(query.as_bytes(self.conn))
@@ -305,9 +394,9 @@ class ReplicationStream:
             raise SlotBusy(message)
         if state in ("42704", "55000"):  # no such slot; the slot was invalidated (its WAL was removed)
             raise CaptureLost(
-                f"WAL capture slot {self.slot.slot!r} at {redact_url(self.conninfo)} is unusable ({message}); "
-                "nothing is lost, the unpublished records are still staged: run `unilog capture wal --recreate` "
-                "(or `unilog capture table`) and restart the streamer (docs/guides/wal-capture.md)"
+                f"WAL capture slot {self.slot.slot!r} at {redact_url(self.conninfo)} is unusable ({message}): run "
+                "`unilog capture wal --recreate` (or `unilog capture table`) and restart the streamer "
+                "(docs/guides/wal-capture.md)"
             )
         raise psycopg.OperationalError(f"START_REPLICATION refused: {message}")
 

@@ -2,9 +2,11 @@
 mode's state. The WAL pass itself is :class:`unilog.stream.capture_wal.WalCapture` (re-exported here), table mode's
 :class:`unilog.stream.capture_table.TableCapture`.
 
-In WAL mode producers still insert into ``staged_log_records`` in their own transaction; the streamer reads the
-committed inserts from a logical replication slot (Postgres's ``pgoutput``), in commit order, so an open or idle
-transaction delays only its own records. Guarantees, as in table mode (the first two kept by ``WalCapture``):
+In WAL mode producers write each record as a transactional logical message (``pg_logical_emit_message``, through
+``unilog_stage``) in their own transaction, and rows other producers insert into ``staged_log_records`` are still
+captured; the streamer reads both from a logical replication slot (Postgres's ``pgoutput``), in commit order, so an
+open or idle transaction delays only its own records. Guarantees, as in table mode (the first two kept by
+``WalCapture``):
 
 * **Dense positions in commit order.** Each target stream's records get ``seq`` 1, 2, 3, ... in the order their
   transactions committed.
@@ -21,6 +23,11 @@ transaction delays only its own records. Guarantees, as in table mode (the first
   (xid, id) order), so a batch Redis has but Postgres has not deleted must be re-sent by the mode that sent it. A
   switch therefore runs only while no streamer runs on the database (one line otherwise), first settles such
   batches in the current mode (:func:`settle`), and streamers read the mode when their Postgres session opens.
+* **No record message is committed that no slot will read, and no producer waits for a switch.** Producers read
+  the mode without a lock (:func:`unilog.store.set_emit_messages`): ``unilog capture wal`` turns messages on only
+  once the slot exists; ``unilog capture table`` turns them off, waits for every transaction open at that moment to
+  end, commits a marker after them, and publishes through the marker before it drops the slot
+  (:func:`_drain_messages`).
 * **A lost slot is never skipped silently**: :class:`~unilog.errors.CaptureLost` stops the streamer, naming the
   recovery (``unilog capture wal --recreate``), and the unpublished records are still staged.
 """
@@ -28,6 +35,7 @@ transaction delays only its own records. Guarantees, as in table mode (the first
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Any
 
 import psycopg
@@ -110,8 +118,12 @@ def enable_wal(settings: Settings, *, slot: str | None = None, recreate: bool = 
             raise store.wal_capture_unavailable(level)
         current = store.capture_slot(conn)
         state = store.slot_state(conn, current.slot) if current else None
-        if current is None or (state is not None and state["wal_status"] != "lost" and not recreate):
+        healthy = state is not None and state["wal_status"] != "lost"
+        if current is None or (healthy and not recreate):
             settle(settings)
+        elif healthy:  # re-created on request: what its messages hold is published before it goes
+            settle(settings)
+            _drain_messages(settings, conn)
         else:
             _refuse_unsettled(settings)  # a lost slot cannot re-send its batch in flight
         name = slot or (current.slot if current else store.default_slot_name(conn))
@@ -128,8 +140,33 @@ def enable_wal(settings: Settings, *, slot: str | None = None, recreate: bool = 
         captured = store.capture_slot(conn)
         assert captured is not None
         _fit_read_index(conn, captured)
+        if store.packed_fetch_supported(conn):  # only now that the slot exists: it reads every message from here on
+            store.set_emit_messages(conn, True)
+        else:  # a message's RESP lengths are server-encoding bytes: right only in UTF8
+            log.warning("producers keep staging rows: record messages need a UTF8 database", encoding="not UTF8")
         log.info("WAL capture on", slot=name, publication=publication, new_slot=fresh)
         return captured
+
+
+def _drain_messages(settings: Settings, conn: psycopg.Connection[Any], timeout: float = 120.0) -> None:
+    """Switch producers to rows and publish every record message committed before the switch, so the slot can go:
+    the switch waits for every transaction that could have written a message and commits a marker after them; a
+    WAL-mode pass that has confirmed the marker's transaction has published all of them. ``conn``: autocommit.
+    Run only while no streamer runs (the caller refused otherwise)."""
+    marker = uuid.uuid4().hex
+    store.set_emit_messages(conn, False, marker=marker)
+    with Streamer(settings, StreamerConfig(restart_after_crash=False), name="capture-drain") as streamer:
+        deadline = time.monotonic() + timeout
+        while True:
+            streamer.run_once()
+            capture = streamer.capture
+            if isinstance(capture, WalCapture) and marker in capture.markers:
+                return
+            if time.monotonic() > deadline:
+                raise ConfigurationError(
+                    "could not publish the record messages committed before the switch within "
+                    f"{timeout:g} s: the slot is kept and producers stage rows; run the command again"
+                )
 
 
 def _fit_read_index(conn: psycopg.Connection[Any], captured: CaptureSlot) -> None:
@@ -159,8 +196,15 @@ def disable_wal(settings: Settings) -> None:
     settle(settings)
     with store.connect(settings.conninfo, autocommit=True, application_name="unilog-capture") as conn:
         current = store.capture_slot(conn)
-        # the table first (each change may give up behind a long transaction): a switch that fails then leaves WAL
-        # mode whole, with its slot, rather than table mode with no wake-up and a slot retaining WAL for nobody
+        # producers to rows first, and the slot's messages out: WAL mode captures rows too, so a switch that gives
+        # up after this leaves WAL mode whole, as does one that gives up on the table (each change may, behind a
+        # long transaction), rather than table mode with no wake-up and a slot retaining WAL for nobody
+        if current is not None:
+            state = store.slot_state(conn, current.slot)
+            if state is not None and state["wal_status"] != "lost":
+                _drain_messages(settings, conn)  # producers stage rows from here; the slot's messages go out first
+            else:
+                store.set_emit_messages(conn, False, wait=False)  # a lost slot: nothing left to drain
         store.set_read_index(conn, True)  # before table-mode passes start: they read by it (built concurrently)
         store.set_notify_trigger(conn, True)
         store.forget_capture(conn)
@@ -175,6 +219,7 @@ def capture_status(settings: Settings) -> dict[str, Any]:
     with store.connect(settings.conninfo, autocommit=True, application_name="unilog-capture") as conn:
         current = store.capture_slot(conn)
         report: dict[str, Any] = {"mode": "wal" if current else "table", "wal_level": store.wal_level(conn)}
+        report["records_as"] = "messages" if store.emit_messages(conn) else "rows"
         index = store.read_index_state(conn)
         report["read_index"], report["read_index_valid"] = index is not None, index == "valid"
         if current is not None:

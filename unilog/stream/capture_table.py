@@ -78,9 +78,10 @@ class TableCapture:
         self._packed_fetch = store.packed_fetch_supported(conn)
 
     def sources(self, conn: psycopg.Connection[Any]) -> list[str]:
-        """The sources (``stream`` column values) with staged rows that this streamer publishes; commits."""
+        """The sources (``stream`` column values) with staged rows that this streamer publishes. The transaction it
+        begins is not committed here: the pass's fetch follows in it (READ COMMITTED: each statement sees the
+        commits before it), one round trip less between a producer's commit and its XADD."""
         sources = store.staged_sources(conn)
-        conn.commit()
         if self.streams is None:
             return sources
         return [s for s in sources if self.publisher.stream_of(s) in self.streams]

@@ -13,7 +13,8 @@ its own records. Guarantees, as in table mode (the mode switches are :mod:`unilo
   and skips them.
 * **Memory does not grow with a transaction.** The slot's stream sends a transaction only once it has committed, so a
   large one is decoded, published and deleted a batch at a time as it arrives; the slot is confirmed past it once
-  its last part is deleted. At most two batches of decoded rows are held (:attr:`WalCapture.held_peak`).
+  its last part is deleted. At most two batches of decoded rows are held besides the one being sent
+  (:attr:`WalCapture.held_peak`).
 * **Rows that may predate the slot go first**, by table-mode passes, while any row below the slot's ``from_xid``
   is staged.
 * **A lost slot is never skipped silently**: :class:`~unilog.errors.CaptureLost` (raised by the replication stream)
@@ -22,6 +23,7 @@ its own records. Guarantees, as in table mode (the mode switches are :mod:`unilo
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
 from collections import deque
 from typing import Any
@@ -30,7 +32,7 @@ import psycopg
 import structlog
 
 from .. import routing, store
-from ..errors import ConfigurationError, PublishError
+from ..errors import CaptureLost, ConfigurationError, PublishError
 from ..store.pgoutput import Decoder, WalRow, WalTransaction
 from ..store.wal import CaptureSlot, ReplicationStream, SlotBusy
 from .publisher import BatchResult, Capture, Publisher
@@ -71,8 +73,12 @@ class WalCapture:
         self._decoder = Decoder(part_rows=batch_size)
         self._pending: deque[WalTransaction] = deque()  # transactions and parts of one received, not yet published
         self._pending_rows = 0
+        self._confirmed_markers: list[str] = []  # markers of the batch being published, until its confirmation
         self._head_offset = 0  # rows of the first pending part already published (split across batches)
         self._predrained = False
+        self._helper: concurrent.futures.ThreadPoolExecutor | None = None  # Redis, while the next batch decodes
+        self._mark = (0, -1)  # the last record message published: (commit LSN, ordinal); ones at or before it skip
+        self.markers: set[str] = set()  # switch markers whose transaction was confirmed to the slot
         self.held_peak = 0  # the most decoded rows held at once (pending, and the decoder's open part)
 
     @property
@@ -91,24 +97,31 @@ class WalCapture:
                 return self.predrain.run_once(conn)
             self._predrained = True
         try:
-            reader = self._open()
+            reader = self._open(conn)
         except SlotBusy:
             conn.commit()
             return BatchResult(blocked=True)  # another streamer streams this database's slot
         self._receive(reader, wait=0)
         if not self._pending:
             self._confirm_idle(reader)
-            waiting = store.any_staged(conn)
+            # rows staged, or WAL written that the slot's stream has not reached: a record message may be in it
+            waiting = store.any_staged(conn) or reader.received_end < store.wal_insert_lsn(conn)
             conn.commit()
             return BatchResult(waiting=waiting)
         return self._publish(conn, reader)
 
-    def _open(self) -> ReplicationStream:
+    def _open(self, conn: psycopg.Connection[Any]) -> ReplicationStream:
         if self._reader is None:
             name = self.publisher.name
-            self._reader = ReplicationStream(
-                self.conninfo, self.slot, application_name=f"unilog-{name}-wal", timeout=self.timeout
-            )
+            self._mark = store.message_mark(conn)  # where the slot's stream restarts, the last saved is the truth
+            conn.commit()
+            try:
+                self._reader = ReplicationStream(
+                    self.conninfo, self.slot, application_name=f"unilog-{name}-wal", timeout=self.timeout
+                )
+            except CaptureLost as exc:
+                lost = _stop_messages_after_loss(conn)
+                raise CaptureLost(f"{exc}; {lost}") from None
             log.info("streaming from the WAL", slot=self.slot.slot, streamer=name)
         return self._reader
 
@@ -121,11 +134,9 @@ class WalCapture:
             if not messages:
                 return
             wait = 0
-            for message in messages:
-                done = self._decoder.feed(message)
-                if done is not None:
-                    self._pending.append(done)
-                    self._pending_rows += len(done.rows)
+            for done in self._decoder.feed_all(messages):
+                self._pending.append(done)
+                self._pending_rows += len(done.rows)
             self.held_peak = max(self.held_peak, self.held_rows)
 
     def _confirm_idle(self, reader: ReplicationStream) -> None:
@@ -154,6 +165,8 @@ class WalCapture:
                 self._head_offset = 0
                 if head.end_lsn is not None:  # a transaction's last part: the slot may go past its commit
                     confirm, finished = head.end_lsn, finished + 1
+                    if head.marker is not None:
+                        self._confirmed_markers.append(head.marker)
         self._pending_rows -= len(rows)
         return rows, confirm, finished, xids
 
@@ -162,17 +175,16 @@ class WalCapture:
         publisher = self.publisher
         started = time.perf_counter()
         rows, confirm, finished, xids = self._take_batch()
-        existing = store.existing_ids(conn, [r.row[0] for r in rows], xids) if rows else set()
-        fresh = [r for r in rows if r.row[0] in existing]
-        by_stream: dict[str, list[store.StagedRow]] = {}
+        fresh, mark = self._fresh(conn, rows, xids)
+        by_stream: dict[str, list[WalRow]] = {}
         for r in fresh:
-            by_stream.setdefault(publisher.stream_of(r.stream), []).append(r.row)
+            by_stream.setdefault(publisher.stream_of(r.stream), []).append(r)
         if not all(publisher.owns(conn, stream) for stream in by_stream):
             self._rewind()  # a table-mode streamer still holds one: read these again once it let go
             return BatchResult(blocked=True)
         try:
             last_seqs = self._send(conn, by_stream)
-            self._delete(conn, [r.row[0] for r in fresh], last_seqs)
+            self._delete(conn, [r.row[0] for r in fresh if r.row is not None], last_seqs, mark)
         except BaseException:
             publisher.forget_positions()
             self._rewind()
@@ -180,8 +192,10 @@ class WalCapture:
         publisher.faults.crash("streamer.crash_before_confirm")
         if confirm is not None:  # a transaction split across batches is confirmed once its last part is deleted
             reader.confirm(confirm)
+        self.markers.update(self._confirmed_markers)
+        self._confirmed_markers.clear()
         for stream, stream_rows in by_stream.items():
-            publisher.counted(stream, len(stream_rows), started, stream_rows[0][5])
+            publisher.counted(stream, len(stream_rows), started, routing.created_ms(stream_rows[0]))
         log.info(
             "batch streamed",
             source="wal",
@@ -194,22 +208,55 @@ class WalCapture:
         # a batch of records published before (their rows gone) made progress too: the caller goes on at once
         return BatchResult(published=len(fresh), waiting=not fresh)
 
-    def _send(self, conn: psycopg.Connection[Any], by_stream: dict[str, list[store.StagedRow]]) -> dict[str, int]:
+    def _fresh(
+        self, conn: psycopg.Connection[Any], rows: list[WalRow], xids: list[int]
+    ) -> tuple[list[WalRow], tuple[int, int] | None]:
+        """The records of a batch not published yet, and the mark of its last record message (None: it has none).
+        A row is fresh while it is still staged (looked up by id); a message while it comes after the saved mark."""
+        ids = [r.row[0] for r in rows if r.row is not None]
+        existing = store.existing_ids(conn, ids, xids) if ids else set()
+        fresh = [r for r in rows if (r.row[0] in existing if r.row is not None else (r.mark or (0, -1)) > self._mark)]
+        marks = [r.mark for r in fresh if r.mark is not None]
+        return fresh, (marks[-1] if marks else None)
+
+    def _send(self, conn: psycopg.Connection[Any], by_stream: dict[str, list[WalRow]]) -> dict[str, int]:
         publisher = self.publisher
         identity = publisher.identity()
         targets: dict[str, Any] = {}
         for stream, stream_rows in by_stream.items():
-            targets |= routing.split(stream, publisher.partitions(stream), stream_rows)
+            targets |= routing.split_wal(stream, publisher.partitions(stream), stream_rows)
         first = {t: publisher.next_seq(conn, t, identity.epoch) for t in targets}
-        publisher.send_all(targets, identity, first)
+        self._send_overlapped(targets, identity, first)
         publisher.faults.crash("streamer.crash_after_publish")
         return {t: first[t] + payload.count - 1 for t, payload in targets.items()}
 
-    def _delete(self, conn: psycopg.Connection[Any], ids: list[int], last_seqs: dict[str, int]) -> None:
-        if not ids:
+    def _send_overlapped(
+        self, targets: dict[str, Any], identity: store.ProducerIdentity, first: dict[str, int]
+    ) -> None:
+        """Send the batch from a helper thread while this one reads and decodes the next from the slot (a batch's
+        worth at most: with the one in flight, three batches of decoded records are held at most). Waits for the send
+        whatever happens here, so the Redis client is never used by two threads."""
+        if sum(payload.count for payload in targets.values()) < self.batch_size:  # caught up: no next batch to
+            self.publisher.send_all(targets, identity, first)  # decode, and a thread's hand-off costs latency
+            return
+        if self._helper is None:
+            name = f"unilog-{self.publisher.name}-redis"
+            self._helper = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=name)
+        future = self._helper.submit(self.publisher.send_all, targets, identity, first)
+        try:
+            if self._reader is not None:
+                self._receive(self._reader, wait=0)
+        finally:
+            concurrent.futures.wait([future])
+        future.result()
+
+    def _delete(
+        self, conn: psycopg.Connection[Any], ids: list[int], last_seqs: dict[str, int], mark: tuple[int, int] | None
+    ) -> None:
+        if not ids and mark is None:
             conn.commit()
             return
-        deleted = store.delete_ids(conn, ids, self.publisher.identity().epoch, last_seqs)
+        deleted = store.delete_ids(conn, ids, self.publisher.identity().epoch, last_seqs, mark)
         if deleted != len(ids):
             conn.rollback()
             raise PublishError(
@@ -218,6 +265,8 @@ class WalCapture:
             )
         conn.commit()
         self.publisher.remember_positions(last_seqs)
+        if mark is not None:
+            self._mark = mark
 
     # -- waiting and resetting ---------------------------------------------------------------------------------------
 
@@ -243,8 +292,33 @@ class WalCapture:
         self._reader = None
         self._decoder = Decoder(part_rows=self.batch_size)
         self._pending.clear()
+        self._confirmed_markers.clear()
         self._pending_rows = self._head_offset = 0
 
     def close(self) -> None:
-        """Close the slot's replication session (the table-mode capture is its owner's to close)."""
+        """Close the slot's replication session and the helper thread (the table-mode capture is its owner's to
+        close)."""
         self._rewind()
+        if self._helper is not None:
+            self._helper.shutdown(wait=True)
+            self._helper = None
+
+
+def _stop_messages_after_loss(conn: psycopg.Connection[Any]) -> str:
+    """The slot is gone or lost: producers must stop writing record messages no slot will read. Switch them to rows
+    (which any capture finds again) at once; return what the loss cost, for the error's line."""
+    kept = "records staged as rows are kept and will be published"
+    try:
+        if not store.emit_messages(conn):
+            conn.commit()
+            return f"nothing is lost: {kept}"
+        store.set_emit_messages(conn, False, wait=False)
+        conn.commit()
+        switched = "producers now stage rows"
+    except (psycopg.Error, ConfigurationError) as exc:
+        conn.rollback()
+        switched = f"producers could not be switched to rows ({exc}): `unilog capture table` does it"
+    return (
+        f"{kept}, but records written as logical messages that the slot had not delivered are lost with it "
+        f"({switched}; docs/guides/wal-capture.md, 'a lost slot')"
+    )

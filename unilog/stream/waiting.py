@@ -23,7 +23,8 @@ class CommitListener:
     Producers notify only while a streamer sleeps (NOTIFY serializes their commits): :meth:`wait` first takes the
     wake-up lock (:func:`unilog.store.try_sleep`) and returns at once, so the caller looks once more; the next call,
     still holding it, sleeps until a producer's commit notifies, ``timeout`` passes, or ``stop_event`` is set, and
-    gives the lock back. Taking the lock waits up to ``retry`` seconds for transactions that staged without
+    gives the lock back without waiting for the reply (:func:`unilog.store.wake_soon`), so the caller looks at
+    once. Taking the lock waits up to ``retry`` seconds for transactions that staged without
     notifying to end (their commits are then visible to the caller's next look); if one stays open, or another
     streamer sleeps, the call returns and the next waits twice as long, up to ``retry_max``. :meth:`wake` gives
     the lock back when the caller found work without sleeping. Not thread-safe.
@@ -41,9 +42,11 @@ class CommitListener:
         self._retry = retry
         self._conn: psycopg.Connection[Any] | None = None
         self.asleep = False  # this session holds the wake-up lock: producers notify
+        self._unlocking = False  # the unlock was sent (wake_soon) and its reply is unread
 
     def wait(self, stop_event: threading.Event, timeout: float) -> None:
         try:
+            self._unlocked()
             if self._conn is None or self._conn.closed:
                 self.asleep = False
                 self._conn = store.connect(self.conninfo, autocommit=True, application_name=self.application_name)
@@ -52,7 +55,8 @@ class CommitListener:
             if self.asleep:
                 self._notified(stop_event, timeout)
                 self.asleep = False
-                store.wake(self._conn)
+                store.wake_soon(self._conn)  # sent, not waited for: the caller's look need not wait for it
+                self._unlocking = True
                 return
             store.discard_notifies(self._conn)  # sent before the lock: the caller's next look sees those commits
             if store.try_sleep(self._conn, self._retry):  # waits for producers in flight to commit
@@ -85,6 +89,7 @@ class CommitListener:
         if self._conn is None or self._conn.closed:
             return
         try:
+            self._unlocked()
             if self.asleep:
                 self.asleep = False
                 store.wake(self._conn)
@@ -93,8 +98,15 @@ class CommitListener:
             log.warning("listen connection lost", error=str(exc))
             self.close()
 
+    def _unlocked(self) -> None:
+        """Read the reply of an unlock sent without waiting, before the session runs anything else."""
+        if self._unlocking and self._conn is not None and not self._conn.closed:
+            self._unlocking = False
+            store.wake_done(self._conn)
+        self._unlocking = False
+
     def close(self) -> None:
-        self.asleep = False
+        self.asleep = self._unlocking = False
         if self._conn is not None and not self._conn.closed:
             self._conn.close()
         self._conn = None
