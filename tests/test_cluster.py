@@ -192,7 +192,11 @@ def test_dead_letters_wait_for_a_replica_of_their_slots_master_by_default(cluste
     from unilog import engine
     from unilog.engine.aio import AsyncRedisStreams, connect_async
 
-    streams = [f"letters{uuid.uuid4().hex[:6]}.p{i}" for i in range(4)]
+    prefix = f"letters{uuid.uuid4().hex[:6]}"
+    streams = [f"{prefix}.p{i}" for i in range(4)]
+    i = 4
+    while len({cluster.master_of(s).port for s in streams}) < 2:  # random names can all hash to one master
+        streams[-1], i = f"{prefix}.p{i}", i + 1
     assert len({cluster.master_of(s).port for s in streams}) > 1, "spread over the masters"
     api = engine.RedisStreams(engine.connect(cluster.cluster_url))
     written = []

@@ -119,10 +119,14 @@ def _insert(tx: Any, params: StagedParams) -> int | None:
 
 def raise_if_schema_missing(exc: BaseException) -> None:
     """Raise :class:`SchemaMissing` if ``exc`` (or what SQLAlchemy wrapped in ``.orig``) is a missing table."""
-    if isinstance(exc, psycopg.errors.UndefinedTable) or isinstance(
-        getattr(exc, "orig", None), psycopg.errors.UndefinedTable
-    ):
+    missing = (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedFunction)
+    cause = exc if isinstance(exc, missing) else getattr(exc, "orig", None)
+    if isinstance(cause, psycopg.errors.UndefinedTable):
         raise SchemaMissing("staged_log_records does not exist: run `unilog migrate`") from None
+    if isinstance(cause, psycopg.errors.UndefinedFunction) and "unilog_stage" in str(cause):
+        raise SchemaMissing(
+            "unilog_stage() does not exist (the schema predates unilog_0009): run `unilog migrate`"
+        ) from None
 
 
 def require_transaction(

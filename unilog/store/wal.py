@@ -98,8 +98,23 @@ def create_slot(conn: psycopg.Connection[Any], slot: str) -> None:
     conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
 
 
-def drop_slot(conn: psycopg.Connection[Any], slot: str) -> None:
-    conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+def drop_slot(conn: psycopg.Connection[Any], slot: str, timeout: float = 10.0) -> None:
+    """Drop the slot (autocommit). A streamer that just closed its replication session (a mode switch's own drain)
+    leaves a walsender that lets go of the slot a moment later: wait for it, up to ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            conn.execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+            )
+            return
+        except psycopg.errors.ObjectInUse:
+            if time.monotonic() > deadline:
+                raise ConfigurationError(
+                    f"replication slot {slot!r} is still in use by a streaming session (see pg_stat_replication): "
+                    "stop the streamer and run the command again"
+                ) from None
+            time.sleep(0.05)
 
 
 def record_capture(conn: psycopg.Connection[Any], slot: str, publication: str) -> None:
