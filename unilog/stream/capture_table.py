@@ -82,7 +82,6 @@ class TableCapture:
         begins is not committed here: the pass's fetch follows in it (READ COMMITTED: each statement sees the
         commits before it), one round trip less between a producer's commit and its XADD."""
         sources = store.staged_sources(conn)
-        conn.commit()
         if self.streams is None:
             return sources
         return [s for s in sources if self.publisher.stream_of(s) in self.streams]
