@@ -16,6 +16,11 @@ and records each transaction's latency (from its first statement to its commit's
 
 No streamer runs: the records stay staged (publishing costs are the drain workload's). Reported: rows/s, the producer
 transactions' p50/p99/max latency in ms, and their count.
+
+``backfill_fleet``: the fleet's commit-to-handler latency (:func:`bench.latency.latency_trial`: a producer at
+:data:`PRODUCER_RATE`/s, a streamer, a checkpoint consumer) with no backfill, an unpaced one and a paced one running
+beside it into a stream of its own (the streamer publishes both streams), for ``backfill_window`` seconds; with
+Redis's ``used_memory`` and the staging table's size at the end (Postgres's own memory is not measured).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from unilog import emit
 
 from .core import Measurement, Profile, Results, log, percentile
 from .env import BenchEnv
+from .latency import latency_trial
 
 PRODUCER_RATE = 100  # producer transactions per second, each an UPDATE of a row and an emit
 TABLE_DDL = """
@@ -86,10 +92,15 @@ class _Producer:
         }
 
 
+def _backfill_argv(env: BenchEnv, name: str, rate: int | None) -> list[str]:
+    argv = [sys.executable, "-m", "unilog", "--log-json", "backfill", "bench_backfill", "--key", "id", "--name", name]
+    argv += ["--database-url", env.urls.database, "--redis-url", env.urls.redis, "--stream", "bench-backfill"]
+    return argv
+
+
 def _backfill(env: BenchEnv, name: str, rate: int | None, window: float | None) -> dict[str, float]:
     """Run ``unilog backfill`` (stopped by SIGTERM after ``window`` seconds, if given); its rows and rows/s."""
-    argv = [sys.executable, "-m", "unilog", "--log-json", "backfill", "bench_backfill", "--key", "id", "--name", name]
-    argv += ["--database-url", env.urls.database, "--redis-url", env.urls.redis]
+    argv = _backfill_argv(env, name, None)
     if rate is not None:
         argv += ["--rate", str(rate)]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -132,6 +143,48 @@ def _trial(env: BenchEnv, profile: Profile, variant: str) -> tuple[dict[str, flo
     metrics.update(producer.metrics())
     notes = {"staged": env.staged(), "table_rows": size}
     return metrics, notes
+
+
+def _fleet_trial(env: BenchEnv, profile: Profile, rate: int | None, backfill: bool) -> tuple[dict[str, float], Any]:
+    """The fleet's commit-to-handler latency for ``backfill_window`` s, a backfill running beside it if asked."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start() -> None:
+        env.admin.execute("DELETE FROM unilog_backfills")
+        if backfill:
+            argv = _backfill_argv(env, "bench-fleet", None) + (["--rate", str(rate)] if rate else [])
+            procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            while _rows(env, "bench-fleet") is None and procs[0].poll() is None:
+                time.sleep(0.01)
+
+    try:
+        metrics, notes = latency_trial(env, "unilog", PRODUCER_RATE, profile.backfill_window, before_producer=start)
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(60)
+    memory = env.rds.info("memory")
+    row = env.admin.execute("SELECT pg_total_relation_size('staged_log_records')").fetchone()
+    keep = ("p50 ms", "p99 ms", "max ms", "missing")
+    out = {f"handler {k}": v for k, v in metrics.items() if k in keep}
+    out["backfill rows"] = float(_rows(env, "bench-fleet") or 0)
+    out["Redis used_memory MB"] = int(memory["used_memory"]) / 1e6  # at the end (the peak is the server's, all run)
+    out["staging table MB"] = (int(row[0]) if row else 0) / 1e6
+    return out, notes
+
+
+def run_backfill_fleet(env: BenchEnv, profile: Profile, results: Results) -> None:
+    size = profile.backfill_size
+    log(f"backfill_fleet: commit-to-handler at {PRODUCER_RATE}/s beside a backfill of {size:,} rows")
+    env.admin.execute(TABLE_DDL.replace("%s", str(int(size))))
+    variants = {"no backfill": (None, False), "backfill": (None, True)}
+    variants[f"backfill --rate {profile.backfill_rate}"] = (profile.backfill_rate, True)
+    try:
+        for variant, (rate, backfill) in variants.items():
+            metrics, notes = _fleet_trial(env, profile, rate, backfill)
+            results.add(Measurement("backfill_fleet", backfill_case(size), variant, 0, metrics, notes))
+    finally:
+        env.admin.execute("DROP TABLE IF EXISTS bench_backfill")
 
 
 def backfill_case(size: int) -> str:
