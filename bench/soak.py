@@ -250,6 +250,8 @@ def plot(runs: dict[str, dict[str, Any]], path: Path) -> None:
         ax.grid(True, alpha=0.3)
         if ax.lines:
             ax.legend(fontsize=7)
+        else:  # table mode has no slot
+            ax.text(0.5, 0.5, "not sampled in table mode", ha="center", va="center", transform=ax.transAxes)
     for ax in axes[1]:
         ax.set_xlabel("minutes")
     variants = ", ".join(runs)
