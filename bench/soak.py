@@ -30,6 +30,7 @@ prints one line naming what failed and ``python -m bench`` exits 1.
 
 from __future__ import annotations
 
+import itertools
 import tempfile
 import time
 from dataclasses import asdict
@@ -208,12 +209,14 @@ def _rise(g: Growth) -> str:
 
 
 def _cpu_percent(samples: list[dict[str, Any]]) -> dict[str, float]:
-    """Each process's CPU use over the run, in % of one core (from its first to its last sample)."""
+    """Each process's CPU use over the run, in % of one core: the sum of its CPU time's increments between samples
+    (a restarted process starts again from 0: its first sample counts whole)."""
     out: dict[str, float] = {}
     for name in samples[0]["cpu"] if samples else []:
-        seen = [(s["t"], s["cpu"].get(name)) for s in samples if s["cpu"].get(name) is not None]
-        if len(seen) >= 2 and seen[-1][0] > seen[0][0] and seen[-1][1] >= seen[0][1]:
-            out[name] = round(100 * (seen[-1][1] - seen[0][1]) / (seen[-1][0] - seen[0][0]), 1)
+        seen = [(s["t"], s["cpu"][name]) for s in samples if s["cpu"].get(name) is not None]
+        used = sum(b - a if b >= a else b for (_, a), (_, b) in itertools.pairwise(seen))
+        if len(seen) >= 2 and seen[-1][0] > seen[0][0]:
+            out[name] = round(100 * used / (seen[-1][0] - seen[0][0]), 1)
     return out
 
 
