@@ -1,9 +1,11 @@
 """``python -m bench [--quick] [--only drain,latency] [--out FILE]``: run the benchmarks, print the table and targets,
-write the JSON (default ``bench/results/<timestamp>.json``)."""
+write the JSON (default ``bench/results/<timestamp>.json``). The soak runs only when named: ``python -m bench --only
+soak --minutes 60`` (exit 1, with one line naming what failed, if a series grows without bound)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import sys
 import time
@@ -27,6 +29,9 @@ from .observe import run_observe
 from .produce import run_produce, run_produce_clients
 from .report import render, targets, write_json
 from .shards import run_shards
+from .soak import VARIANTS as SOAK_VARIANTS
+from .soak import failures as soak_failures
+from .soak import run_soak
 from .spark import run_spark
 
 Workload = Callable[[BenchEnv, Profile, Results], None]
@@ -48,10 +53,11 @@ WORKLOADS: dict[str, Workload] = {
     "observe": run_observe,
     "shards": run_shards,
     "curves": run_curves,
+    "soak": run_soak,
 }
-# Run only when named with --only: they would take the quick profile past its 5 minutes (issue 27's fleet beside a
-# backfill: about 45 s quick, 4 minutes full).
-ONLY_WHEN_ASKED = ("backfill_fleet",)
+# Run only when named in --only: an hour's soak is not part of a benchmark run, quick or full; the fleet beside a
+# backfill (issue 27: about 45 s quick, 4 minutes full) would take the quick profile past its 5 minutes.
+OPT_IN = ("soak", "backfill_fleet")
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 SETUP = [
     "one embedded Postgres (fsync on, synchronous_commit on) and one Redis (appendonly yes, appendfsync always,"
@@ -67,12 +73,32 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer rounds (a few minutes)")
     parser.add_argument("--only", help=f"comma-separated subset of: {', '.join(WORKLOADS)}")
     parser.add_argument("--out", type=Path, help="JSON output (default: bench/results/<timestamp>.json)")
+    parser.add_argument("--minutes", type=float, help="soak: minutes per variant (default 60)")
+    parser.add_argument("--soak-variants", help=f"soak: comma-separated, of {', '.join(SOAK_VARIANTS)}")
+    parser.add_argument("--soak-rate", type=int, help="soak: records per second produced (default 200)")
     args = parser.parse_args(argv)
-    args.workloads = args.only.split(",") if args.only else [w for w in WORKLOADS if w not in ONLY_WHEN_ASKED]
+    args.workloads = args.only.split(",") if args.only else [w for w in WORKLOADS if w not in OPT_IN]
     unknown = [w for w in args.workloads if w not in WORKLOADS]
     if unknown:
         parser.error(f"unknown workload(s): {', '.join(unknown)}")
+    variants = args.soak_variants.split(",") if args.soak_variants else []
+    if [v for v in variants if v not in SOAK_VARIANTS]:
+        parser.error(f"unknown soak variant(s) in {args.soak_variants!r}; known: {', '.join(SOAK_VARIANTS)}")
+    if any(v is not None and v <= 0 for v in (args.minutes, args.soak_rate)):
+        parser.error("--minutes and --soak-rate must be positive")
     return args
+
+
+def _soak_options(profile: Profile, args: argparse.Namespace, out: Path) -> Profile:
+    """The profile with the soak's options from the command line; its plot goes next to ``--out`` when given."""
+    changes: dict[str, Any] = {"soak_plot": str(out.with_suffix(".png"))} if args.out else {}
+    if args.minutes is not None:
+        changes["soak_minutes"] = args.minutes
+    if args.soak_variants:
+        changes["soak_variants"] = tuple(args.soak_variants.split(","))
+    if args.soak_rate is not None:
+        changes["soak_rate"] = args.soak_rate
+    return dataclasses.replace(profile, **changes)
 
 
 def _run_workloads(
@@ -91,7 +117,7 @@ def _run_workloads(
 def _context(env: BenchEnv, profile: Profile) -> dict[str, Any]:
     context: dict[str, Any] = {"machine": sysinfo.machine(), "load_average_before": sysinfo.load_average()}
     context["fsync_per_second"] = round(sysinfo.fsync_rate(env.pg.base_dir), 1)
-    if profile is FULL:
+    if profile.name == FULL.name:
         log("pg_test_fsync (about 15 s)")
         context["pg_test_fsync"] = sysinfo.pg_test_fsync(env)
     else:
@@ -109,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     preload()
     started = time.monotonic()
     out = args.out or RESULTS_DIR / f"{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}-{profile.name}.json"
+    profile = _soak_options(profile, args, out)
     log(f"starting Postgres (fsync on) and Redis (appendonly yes, appendfsync always); {profile.name} mode")
     env = BenchEnv().start()
     results = Results()
@@ -128,6 +155,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     write_json(out, results, profile, found, context)
     print(f"results: {out}")
+    failed = soak_failures(results)
+    if failed:
+        print(f"soak FAILED: {'; '.join(failed)}", file=sys.stderr)
+        return 1
     return 0
 
 

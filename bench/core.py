@@ -62,6 +62,11 @@ class Profile:
     spark_batches: tuple[int, ...] = (20_000, 50_000, 100_000)  # the Spark throughput trials' maxEntriesPerBatch
     spark_latency_rates: tuple[int, ...] | None = None  # the Spark latency trials' rates (None: latency_rates)
     curve_variants: tuple[str, ...] = ("table", "table, idle 2s", "wal", "wal, idle 2s")
+    # soak (only with --only soak; --minutes, --soak-variants, --soak-rate): each variant's run, its rate, the plot
+    soak_minutes: float = 60.0
+    soak_variants: tuple[str, ...] = ("table", "wal-faults")
+    soak_rate: int = 200
+    soak_plot: str = ""  # "" : bench/soak.png
 
 
 # Within about 5 minutes on 2 cores: every workload runs, every target ratio over at least 2 paired rounds; the

@@ -54,6 +54,7 @@ def targets(results: Results, profile: Profile) -> list[Target]:
         _memory_target(results, profile),
         *_bigtx_targets(results, profile),
         *_commits_targets(results),
+        *_soak_targets(results),
     ]
 
 
@@ -146,6 +147,32 @@ def _commits_targets(results: Results) -> list[Target]:
         for process in ("publisher", "consumer"):
             growth = results.median("commits", case, process, "RSS growth bytes/commit")
             out.append(Target(f"commits {case}: {process} RSS growth per commit", growth, "<", 20, " B"))
+    return out
+
+
+def _soak_targets(results: Results) -> list[Target]:
+    """Issue 28: over a soak nothing grows without bound, no process exits, every record is applied once."""
+    out = []
+    for m in results.measurements:
+        if m.workload == "soak":
+            growing = [g["series"] for g in m.notes.get("growth", []) if g["unbounded"]]
+            shown = f" ({', '.join(growing)})" if growing else ""
+            out.append(
+                Target(
+                    f"soak {m.case}, {m.variant}: series growing without bound{shown}",
+                    m.metrics["series growing"],
+                    "<=",
+                    0,
+                )
+            )
+            out.append(
+                Target(
+                    f"soak {m.case}, {m.variant}: failures (exits, records lost or doubled, growth)",
+                    float(len(m.notes.get("failures", []))),
+                    "<=",
+                    0,
+                )
+            )
     return out
 
 

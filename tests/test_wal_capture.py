@@ -11,6 +11,8 @@ server (restart, WAL removal) starts one. Skipped, saying why, on a server given
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -24,6 +26,7 @@ from cli import one_line, unilog
 from unilog import Settings, Streamer, StreamerConfig
 from unilog.errors import CaptureLost, ConfigurationError, InjectedCrash
 from unilog.faults import Faults
+from unilog.harness.proxy import FaultProxy
 from unilog.stream.capture import WalCapture, capture_status, disable_wal, enable_wal
 
 STREAM = "test-stream"
@@ -153,6 +156,41 @@ def until_published(s: Streamer) -> int:
         assert time.monotonic() < deadline, result
         time.sleep(0.02)
     return result.published
+
+
+def test_a_connection_cut_while_waiting_on_the_slot_is_reconnected(wal: Settings, pg: Any, rds: redis.Redis) -> None:
+    """Found by the soak (``python -m bench --only soak``, WAL mode with connection cuts): Postgres lost while the
+    streamer waited on its slot between passes ended the process with a traceback; it must reconnect and go on.
+
+    The streamer runs as its own process: libpq's blocking calls hold the GIL, so a proxy in the same process would
+    stall with it."""
+    port = int(wal.database_url.rsplit(":", 1)[1].split("/")[0])
+    with FaultProxy("127.0.0.1", port) as proxy:
+        argv = [sys.executable, "-m", "unilog", "streamer", "--name", "cut-while-waiting", "--poll-interval", "30"]
+        connection = ["--database-url", proxy.url_for(wal.database_url), "--redis-url", wal.redis_url]
+        proc = subprocess.Popen([*argv, *connection, "--default-stream", STREAM], stderr=subprocess.PIPE, text=True)
+        try:
+            emit_n(wal, 1)
+            assert until(lambda: rds.xlen(STREAM) == 1, timeout=30), "the first record was not published"
+            time.sleep(1.0)  # published and confirmed: waiting on the slot (up to --poll-interval) for a commit
+            proxy.cut()
+            time.sleep(1.0)
+            emit_n(wal, 1, start=1)
+            assert until(lambda: rds.xlen(STREAM) == 2 or proc.poll() is not None, timeout=30)
+            assert proc.poll() is None, f"the streamer exited with {proc.returncode}: {proc.communicate()[1][-800:]}"
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    assert published(rds) == [(1, 0), (2, 1)]
+
+
+def until(check: Any, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def test_two_streamers_one_slot_owner(wal: Settings, pg: Any, rds: redis.Redis) -> None:

@@ -271,7 +271,8 @@ class Backoff:
 
 def serve(worker: Worker, stop_event: threading.Event) -> None:
     """The loop every worker shares: passes until ``stop_event`` is set (the pass in progress always finishes),
-    with the one failure policy of :func:`failure_action`."""
+    with the one failure policy of :func:`failure_action`, for the pass and for the wait after it alike (a WAL-mode
+    streamer reads its slot's connection while it waits: a connection lost then is reconnected, not fatal)."""
     backoff = Backoff(worker.max_backoff)
     loop = health_name(worker)
     HEALTH.turned(loop)  # the loop exists from here: a first pass that hangs makes /healthz fail too
@@ -280,6 +281,9 @@ def serve(worker: Worker, stop_event: threading.Event) -> None:
             try:
                 worker.before_pass()
                 result = worker.run_once()
+                HEALTH.turned(loop)
+                backoff.reset()
+                worker.idle(result, stop_event)
             except BaseException as exc:
                 action = failure_action(worker, exc, backoff.delay)
                 HEALTH.turned(loop, ready=action != "reconnect", reason=str(exc))
@@ -289,10 +293,6 @@ def serve(worker: Worker, stop_event: threading.Event) -> None:
                 if action == "reconnect":
                     worker.recover()
                 backoff.wait(stop_event)
-                continue
-            HEALTH.turned(loop)
-            backoff.reset()
-            worker.idle(result, stop_event)
     finally:
         HEALTH.stopped(loop)
 
