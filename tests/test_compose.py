@@ -122,6 +122,8 @@ def test_every_procfile_process_has_a_compose_service(services: dict[str, dict[s
         "group0b",
         "spark",
         "simulator",
+        "exporter",
+        "dashboard",
     }, "the Procfile changed"
     missing = [name for name in expected if name not in services]
     assert not missing, f"Procfile processes without a compose service: {missing}"
