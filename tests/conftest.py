@@ -28,6 +28,19 @@ def pg(settings: Settings) -> Iterator[psycopg.Connection[Any]]:
 
 
 @pytest.fixture
+def wal(settings: Settings, pg: Any) -> Iterator[Settings]:
+    """The test's database in WAL capture mode (producers' ``emit`` writes logical messages); skipped, saying why,
+    on a server given by URL without wal_level=logical."""
+    from unilog.stream.capture import enable_wal  # here: most tests never switch modes
+
+    level = pg.execute("SHOW wal_level").fetchone()[0]
+    if level != "logical":
+        pytest.skip(f"the Postgres given by DATABASE_URL has wal_level={level}; WAL capture needs logical")
+    enable_wal(settings)
+    yield settings
+
+
+@pytest.fixture
 def rds(settings: Settings) -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
     yield client

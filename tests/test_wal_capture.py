@@ -32,16 +32,6 @@ from unilog.stream.capture import WalCapture, capture_status, disable_wal, enabl
 STREAM = "test-stream"
 
 
-@pytest.fixture
-def wal(settings: Settings, pg: Any) -> Iterator[Settings]:
-    """The test's database in WAL capture mode."""
-    level = pg.execute("SHOW wal_level").fetchone()[0]
-    if level != "logical":
-        pytest.skip(f"the Postgres given by DATABASE_URL has wal_level={level}; WAL capture needs logical")
-    enable_wal(settings)
-    yield settings
-
-
 def stage(conn: Any, n: int, key: str | None = None) -> None:
     """A record staged as a row, as a producer outside unilog's emit (SQL, triggers) does in any capture mode."""
     conn.execute(

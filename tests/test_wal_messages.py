@@ -31,16 +31,6 @@ from unilog.stream.capture import capture_status, disable_wal, enable_wal
 STREAM = "test-stream"
 
 
-@pytest.fixture
-def wal(settings: Settings, pg: Any) -> Iterator[Settings]:
-    level = pg.execute("SHOW wal_level").fetchone()[0]
-    if level != "logical":
-        pytest.skip(f"the Postgres given by DATABASE_URL has wal_level={level}; WAL capture needs logical")
-    enable_wal(settings)
-    assert capture_status(settings)["records_as"] == "messages"
-    yield settings
-
-
 def emit_n(settings: Settings, n: int, start: int = 0) -> None:
     with psycopg.connect(settings.conninfo) as conn:
         for i in range(start, start + n):
@@ -66,6 +56,7 @@ def streamer(settings: Settings, faults: Faults | None = None, **config: Any) ->
 def test_emit_writes_a_message_not_a_row_and_it_is_published_in_commit_order(
     wal: Settings, pg: Any, rds: redis.Redis
 ) -> None:
+    assert capture_status(wal)["records_as"] == "messages"
     early = psycopg.connect(wal.conninfo)  # begins first, commits last
     assert emit(early, action="create", object="ride", data={"n": 100}, key="k") is None, "no staged id: a message"
     emit_n(wal, 3)
