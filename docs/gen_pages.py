@@ -1,6 +1,6 @@
 """Bring files kept elsewhere in the repository into the site at build time, so they are not duplicated in docs/.
 
-Run by the mkdocs-gen-files plugin (mkdocs.yml): the benchmark results (bench/RESULTS.md and the load-curve plot)
+Run by the mkdocs-gen-files plugin (mkdocs.yml): the benchmark results (bench/RESULTS.md, the load-curve and soak plots)
 and the architecture and contributing guides at the repository's top level.
 """
 
@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 COPIES = {
     "bench/RESULTS.md": "benchmarks/results.md",
     "bench/load-curves.png": "benchmarks/load-curves.png",
+    "bench/RESULTS-soak.png": "benchmarks/RESULTS-soak.png",  # the hour's soak, embedded in results.md
     "ARCHITECTURE.md": "architecture.md",
     "CONTRIBUTING.md": "contributing.md",
 }
