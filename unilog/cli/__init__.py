@@ -14,6 +14,7 @@ plugin that cannot be loaded never breaks the other commands; running it prints 
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 from collections.abc import Callable, Sequence
 from importlib.metadata import EntryPoint, entry_points
@@ -70,6 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``unilog`` command; return its exit code."""
     args = _parser().parse_args(argv)
     configure_logging(level=args.log_level, json=args.log_json)
+    _freeze_startup_objects()
     return _guarded(args.func, args)
 
 
@@ -83,7 +85,16 @@ def consume_main(handler: Handler, argv: Sequence[str] | None = None, *, prog: s
     consume.consume_args(parser)
     args = parser.parse_args(argv)
     configure_logging(level=args.log_level, json=args.log_json)
+    _freeze_startup_objects()
     return _guarded(lambda a: consume.run_consumer(a, handler), args)
+
+
+def _freeze_startup_objects() -> None:
+    """Move everything imported so far out of the cyclic collector's reach. A batch holds thousands of short-lived
+    records (the WAL streamer one object each), and the full collections they trigger would otherwise walk the
+    process's hundreds of thousands of long-lived import-time objects again and again: about a fifth of a WAL
+    streamer's CPU (bench/RESULTS.md, issue 26)."""
+    gc.freeze()
 
 
 def _guarded(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:

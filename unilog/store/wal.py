@@ -432,22 +432,24 @@ class ReplicationStream:
         pgconn = self.conn.pgconn
         pgconn.consume_input()
         out: list[bytes] = []
+        last = None  # the last XLogData: its end is the furthest (they arrive in WAL order), read once per drain
         while len(out) < limit:
             size, data = pgconn.get_copy_data(1)
             if size == 0:
                 break
             if size < 0:
                 self._ended()
-            kind = data[:1]
-            if kind == b"w":
-                _w, _start, end, _clock = _XLOG_HEADER.unpack_from(data)
-                self._received_end = max(self._received_end, end)
+            kind = data[0]
+            if kind == 119:  # 'w': XLogData
                 out.append(bytes(data[_XLOG_HEADER.size :]))
-            elif kind == b"k":
+                last = data
+            elif kind == 107:  # 'k': a keep-alive
                 _k, end, _clock, reply = _KEEPALIVE.unpack_from(data)
                 self._received_end = max(self._received_end, end)
                 if reply:
                     self._status(False)
+        if last is not None:
+            self._received_end = max(self._received_end, _XLOG_HEADER.unpack_from(last)[2])
         return out
 
     def _ended(self) -> None:
