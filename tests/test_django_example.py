@@ -29,3 +29,4 @@ def test_the_django_examples_own_tests_pass(unilog_postgres: PostgresHandle, uni
     assert "Applying unilog.0002_unilog_0007" in result.stdout, "a project migrated before 0006 catches up"
     assert "Applying unilog.0003_unilog_0008" in result.stdout, "and before the backfills' cursors"
     assert "Applying unilog.0004_unilog_0009" in result.stdout, "and before records as messages"
+    assert "Applying unilog.0005_unilog_0010" in result.stdout, "and before the cheaper unilog_stage"

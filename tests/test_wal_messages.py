@@ -441,3 +441,38 @@ def test_emit_async_writes_a_message_too(wal: Settings, pg: Any, rds: redis.Redi
     with streamer(wal) as s:
         assert s.drain(timeout=10) == 1
     assert published(rds) == dense(1)
+
+
+def test_the_decoders_short_path_reads_messages_as_the_general_one_does(wal: Settings, pg: Any) -> None:
+    """feed_all's short path (untraced record messages) and feed's general one, on one real slot's output: records of
+    every shape (default and named streams, with and without a key, traced, a row among them) decode alike."""
+    from unilog.store.pgoutput import Decoder
+    from unilog.store.wal import ReplicationStream, capture_slot
+
+    with psycopg.connect(wal.conninfo) as conn:
+        conn.execute("SELECT unilog_stage('create', 'ride', '{\"n\": 0}', '', NULL, NULL, NULL)")
+        conn.execute("SELECT unilog_stage('create', 'ride', '{\"n\": 1}', 'named.s-1', 'k1', NULL, NULL)")
+        conn.execute("SELECT unilog_stage('create', 'ride', '{\"n\": 2}', '', 'k2', '00-ab-cd-01', 'x=1')")
+        conn.execute("SELECT unilog_stage('create', 'ride', '{\"n\": 3}', 'named', NULL, '00-ab-cd-01', NULL)")
+        conn.execute("SELECT unilog_stage('create', 'ride', '{\"é\": 4}', 'named', 'ü', NULL, NULL)")
+        conn.execute("SELECT pg_logical_emit_message(true, 'other', 'not ours')")
+        conn.execute(
+            "INSERT INTO staged_log_records (action, object, data, stream) VALUES ('create', 'ride', '{\"n\": 5}', '')"
+        )
+    slot = capture_slot(pg)
+    assert slot is not None
+    reader = ReplicationStream(wal.conninfo, slot, application_name="test-decoder", timeout=10)
+    messages: list[bytes] = []
+    deadline = time.monotonic() + 10
+    while not any(m[:1] == b"C" for m in messages) and time.monotonic() < deadline:
+        messages += reader.read(1000, 0.2)
+    reader.close()
+    general = Decoder()
+    by_feed = [t for m in messages if (t := general.feed(m)) is not None]
+    by_feed_all = Decoder().feed_all(messages)
+    assert [t.rows for t in by_feed_all] == [t.rows for t in by_feed]
+    rows = by_feed_all[-1].rows
+    assert [r.stream for r in rows] == ["", "named.s-1", "", "named", "named", ""]
+    assert [bool(r.trace) for r in rows] == [False, False, True, True, False, False]
+    assert rows[4].body.startswith('$9\r\n{"é": 4}\r\n'.encode()) and rows[4].body.endswith("$2\r\nü\r\n".encode())
+    assert [r.mark[1] if r.mark else None for r in rows] == [0, 1, 2, 3, 4, None]

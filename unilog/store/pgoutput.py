@@ -19,7 +19,7 @@ from datetime import datetime
 from .staging import StagedRow
 
 STAGING_TABLE = "staged_log_records"
-MESSAGE_PREFIX = "unilog"  # a record (see migration unilog_0009's unilog_stage)
+MESSAGE_PREFIX = "unilog"  # a record (see unilog_stage, migrations unilog_0009 and unilog_0010)
 _RECORD = MESSAGE_PREFIX.encode() + b"\0"
 _RECORD_AT = 10 + len(_RECORD) + 4  # a record message's content: after kind, flags, LSN, the prefix and its length
 MARKER_PREFIX = "unilog-switch"  # a mode switch's marker: every record message commits before it (see store.wal)
