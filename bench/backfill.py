@@ -14,13 +14,15 @@ and records each transaction's latency (from its first statement to its commit's
 
 ``rows/s`` is from the cursor's creation (the interpreter's start and the checks left out) to the process's end.
 
-No streamer runs: the records stay staged (publishing costs are the drain workload's). Reported: rows/s, the producer
-transactions' p50/p99/max latency in ms, and their count.
+No streamer runs: the records stay staged (publishing costs are the drain workload's), so Redis does no work here
+and its memory is not reported. Reported: rows/s, the producer transactions' p50/p99/max latency in ms, and their
+count, and Postgres's memory while the variant runs (:mod:`bench.pgmemory`: the peak summed PSS and RSS of the
+server's processes and the PSS at the start; "not measured" for a server that is not local).
 
 ``backfill_fleet``: the fleet's commit-to-handler latency (:func:`bench.latency.latency_trial`: a producer at
 :data:`PRODUCER_RATE`/s, a streamer, a checkpoint consumer) with no backfill, an unpaced one and a paced one running
 beside it into a stream of its own (the streamer publishes both streams), for ``backfill_window`` seconds; with
-Redis's ``used_memory`` and the staging table's size at the end (Postgres's own memory is not measured).
+Redis's ``used_memory`` and the staging table's size at the end, and Postgres's memory while it runs (as above).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from unilog import emit
 from .core import Measurement, Profile, Results, log, percentile
 from .env import BenchEnv
 from .latency import latency_trial
+from .pgmemory import PostgresMemory
 
 PRODUCER_RATE = 100  # producer transactions per second, each an UPDATE of a row and an emit
 TABLE_DDL = """
@@ -134,14 +137,16 @@ def _trial(env: BenchEnv, profile: Profile, variant: str) -> tuple[dict[str, flo
     with _Producer(env.urls.database, size) as producer:
         time.sleep(0.5)  # the producer's connection and first transactions before the measured part
         producer.latencies.clear()
-        if variant == "no backfill":
-            time.sleep(profile.backfill_window)
-        elif variant == "backfill":
-            metrics = _backfill(env, "bench-full", None, None)
-        else:
-            metrics = _backfill(env, "bench-rate", profile.backfill_rate, profile.backfill_window)
+        with PostgresMemory(env.postmaster_pid) as memory:
+            if variant == "no backfill":
+                time.sleep(profile.backfill_window)
+            elif variant == "backfill":
+                metrics = _backfill(env, "bench-full", None, None)
+            else:
+                metrics = _backfill(env, "bench-rate", profile.backfill_rate, profile.backfill_window)
     metrics.update(producer.metrics())
-    notes = {"staged": env.staged(), "table_rows": size}
+    metrics.update(memory.metrics())
+    notes = {"staged": env.staged(), "table_rows": size, "postgres_memory": memory.note()}
     return metrics, notes
 
 
@@ -158,7 +163,8 @@ def _fleet_trial(env: BenchEnv, profile: Profile, rate: int | None, backfill: bo
                 time.sleep(0.01)
 
     try:
-        metrics, notes = latency_trial(env, "unilog", PRODUCER_RATE, profile.backfill_window, before_producer=start)
+        with PostgresMemory(env.postmaster_pid) as pg_memory:
+            metrics, notes = latency_trial(env, "unilog", PRODUCER_RATE, profile.backfill_window, before_producer=start)
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
@@ -170,7 +176,8 @@ def _fleet_trial(env: BenchEnv, profile: Profile, rate: int | None, backfill: bo
     out["backfill rows"] = float(_rows(env, "bench-fleet") or 0)
     out["Redis used_memory MB"] = int(memory["used_memory"]) / 1e6  # at the end (the peak is the server's, all run)
     out["staging table MB"] = (int(row[0]) if row else 0) / 1e6
-    return out, notes
+    out.update(pg_memory.metrics())
+    return out, {**notes, "postgres_memory": pg_memory.note()}
 
 
 def run_backfill_fleet(env: BenchEnv, profile: Profile, results: Results) -> None:

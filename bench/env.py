@@ -152,6 +152,11 @@ class BenchEnv:
     def xlen(self, stream: str) -> int:
         return int(self.rds.xlen(stream))
 
+    @property
+    def postmaster_pid(self) -> int | None:
+        """The local server's postmaster pid (the embedded one's), for reading its memory; None if unknown."""
+        return self.pg.pid
+
     def postgres_setting(self, name: str) -> str:
         row = self.admin.execute("SELECT current_setting(%s)", (name,)).fetchone()
         return str(row[0]) if row else "?"

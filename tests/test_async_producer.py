@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from unilog import InvalidRecord, NotInTransaction, Settings, emit_async
+from unilog import InvalidRecord, NotInTransaction, PayloadNotSerializable, Settings, emit_async, emit_many_async
 from unilog.config import sqlalchemy_url
 
 pytest.importorskip("greenlet")
@@ -129,3 +129,34 @@ def test_a_handle_without_a_transaction_is_refused(settings: Settings, pg: Any) 
 
     run(scenario)
     assert staged(pg) == []
+
+
+@pytest.mark.parametrize("handle", HANDLES)
+def test_emit_many_async_stages_in_order_and_refuses_a_bad_record(settings: Settings, pg: Any, handle: str) -> None:
+    def records(*ns: str) -> list[dict[str, Any]]:
+        return [{"action": "create", "object": "ride", "data": {"n": n}} for n in ns]
+
+    async def scenario() -> None:
+        async with HANDLES[handle](settings) as tx:
+            assert await emit_many_async(tx, []) == []
+            ids = await emit_many_async(tx, records("3", "1", "2"))
+            assert len(ids) == 3 and ids == sorted(ids)
+            with pytest.raises(PayloadNotSerializable, match=r"^records\[1\]: data\['n'\] is nan") as refused:
+                await emit_many_async(tx, [*records("bad"), {**records("x")[0], "data": {"n": float("nan")}}])
+            assert refused.value.index == 1
+            await emit_many_async(tx, records("4"))  # still usable
+            await tx.commit()
+            await emit_many_async(tx, records("rolled back"))
+            await tx.rollback()
+        if handle == "psycopg":
+            conn = await psycopg.AsyncConnection.connect(settings.conninfo, autocommit=True)
+            try:
+                with pytest.raises(NotInTransaction, match=r"^emit_many_async\(\) needs an open transaction"):
+                    await emit_many_async(conn, records("no transaction"))
+            finally:
+                await conn.close()
+            with pytest.raises(TypeError, match=r"use emit_many\(\) for synchronous handles"):
+                await emit_many_async(object(), records("x"))
+
+    run(scenario)
+    assert staged(pg) == ["3", "1", "2", "4"]

@@ -317,6 +317,25 @@ def test_bad_input_is_one_line_with_a_named_exit_code_and_nothing_staged(
     assert pg.execute("SELECT count(*) FROM unilog_backfills").fetchone()[0] == 0
 
 
+def test_a_row_that_cannot_be_encoded_refuses_its_page_naming_the_rows_key(settings: Settings, pg: Any) -> None:
+    """The page is staged with one emit_many: a row it refuses (a NaN float) names the row's key, and nothing of
+    that page is staged; the pages before it stay committed."""
+    pg.execute("CREATE TABLE readings (id int PRIMARY KEY, value float8 NOT NULL)")
+    pg.execute(
+        "INSERT INTO readings SELECT i, CASE WHEN i = 37 THEN 'NaN'::float8 ELSE i END FROM generate_series(1, 50) i"
+    )
+    cursor = start(settings, BackfillConfig("readings", "id", batch_size=20))
+    with Backfill(settings, cursor["name"]) as b, pytest.raises(BackfillRefused) as refused:
+        b.drain()
+    assert (
+        str(refused.value)
+        == "the row with key '37' cannot be staged: data['value'] is nan: NaN and Infinity are not valid JSON"
+    )
+    assert backfill_counts(pg) == Counter({str(i): 1 for i in range(1, 21)}), "page 21-40 staged nothing"
+    (state,) = [c for c in backfills(settings) if c["name"] == cursor["name"]]
+    assert state["rows_done"] == 20 and state["last_key"] == "20"
+
+
 @pytest.fixture
 def reader(settings: Settings, pg: Any) -> Iterator[str]:
     """A login role that may use unilog's tables and stage records, and nothing of ``accounts``: its URL."""

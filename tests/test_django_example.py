@@ -24,7 +24,7 @@ def test_the_django_examples_own_tests_pass(unilog_postgres: PostgresHandle, uni
     argv = [sys.executable, "manage.py", "test", "rides", "--noinput", "-v", "2"]
     result = subprocess.run(argv, cwd=EXAMPLE, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    assert "Ran 8 tests" in result.stderr and "OK" in result.stderr, result.stderr[-2000:]
+    assert "Ran 9 tests" in result.stderr and "OK" in result.stderr, result.stderr[-2000:]
     assert "Applying unilog.0001_unilog_schema" in result.stdout, "unilog's tables by Django's migrate"
     assert "Applying unilog.0002_unilog_0007" in result.stdout, "a project migrated before 0006 catches up"
     assert "Applying unilog.0003_unilog_0008" in result.stdout, "and before the backfills' cursors"

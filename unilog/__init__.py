@@ -47,8 +47,8 @@ if TYPE_CHECKING:
     from .consume.partitions import PartitionConfig, PartitionedConsumer
     from .consume.records import Batch, Handler, Record
     from .faults import Faults
-    from .produce.producer import Producer, emit
-    from .produce.producer_async import emit_async
+    from .produce.producer import Producer, emit, emit_many
+    from .produce.producer_async import emit_async, emit_many_async
     from .runtime import Worker
     from .stream.streamer import Streamer, StreamerConfig
 
@@ -66,7 +66,9 @@ _LAZY = {
     "PartitionedConsumer": "consume.partitions",
     "Producer": "produce.producer",
     "emit": "produce.producer",
+    "emit_many": "produce.producer",
     "emit_async": "produce.producer_async",
+    "emit_many_async": "produce.producer_async",
     "Batch": "consume.records",
     "Handler": "consume.records",
     "Record": "consume.records",
@@ -136,4 +138,6 @@ __all__ = [
     "__version__",
     "emit",
     "emit_async",
+    "emit_many",
+    "emit_many_async",
 ]

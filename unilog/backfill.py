@@ -1,4 +1,4 @@
-"""Backfills: one record per existing row of a table, staged through ``emit``, consistent with live writes.
+"""Backfills: one record per existing row of a table, staged through ``emit_many``, consistent with live writes.
 
 ``unilog backfill TABLE --key COLUMN`` (and :func:`start`, :class:`Backfill`) pages through ``TABLE`` by its unique
 key (keyset: ``key > last key ORDER BY key LIMIT batch``, never ``OFFSET``) and stages one record per row with the
@@ -12,7 +12,8 @@ name, ``action`` ``backfill``, ``key`` the key's value as text, ``data`` the row
 2. locks the cursor row ``unilog_backfills`` (a cancel waits for the page) and reads the page's rows
    ``FOR SHARE``: an update of one of them that is in progress makes the read wait for it and then return the
    updated row; an update that comes later waits for the page's commit;
-3. stages the page's records and advances the cursor, and commits both at once.
+3. stages the page's records (one ``emit_many``: one statement, in key order) and advances the cursor, and commits
+   both at once.
 
 So for each row, a change committed before the page read it is in the page's record and that change's own record
 comes first (its transaction is older or committed first: in table mode records go out in transaction-id order, in
@@ -341,8 +342,7 @@ class Backfill(Worker):
                 conn, self.plan.after if cursor["last_key"] is not None else self.plan.first, cursor["last_key"],
                 cursor["batch_size"],
             )  # fmt: skip
-            for row in rows:
-                self._stage(conn, cursor, row)
+            self._stage(conn, cursor, rows)
             if rows:
                 sql.advance_backfill(conn, self.name, rows[-1][0], len(rows))
             if len(rows) < cursor["batch_size"]:
@@ -351,20 +351,28 @@ class Backfill(Worker):
         self._account(cursor, len(rows), time.perf_counter() - started)
         return len(rows)
 
-    def _stage(self, conn: psycopg.Connection[Any], cursor: dict[str, Any], row: tuple[Any, ...]) -> None:
+    def _stage(self, conn: psycopg.Connection[Any], cursor: dict[str, Any], rows: list[tuple[Any, ...]]) -> None:
+        """Stage the page's records with one ``emit_many`` (one statement), in key order."""
         assert self.plan is not None
-        data = {c.name: v for c, v in zip(self.plan.columns, row[1:], strict=True)}
+        columns = self.plan.columns
+        action, object_, stream = cursor["action"], cursor["object"], cursor["stream"] or None
+        records = [
+            {
+                "action": action,
+                "object": object_,
+                "data": {c.name: v for c, v in zip(columns, row[1:], strict=True)},
+                "stream": stream,
+                "key": row[0],
+            }
+            for row in rows
+        ]
         try:
-            self.producer.emit(
-                conn,
-                action=cursor["action"],
-                object=cursor["object"],
-                data=data,
-                stream=cursor["stream"] or None,
-                key=row[0],
-            )
+            self.producer.emit_many(conn, records)
         except PayloadNotSerializable as exc:
-            raise BackfillRefused(f"the row with key {row[0]!r} cannot be staged: {exc}") from None
+            if exc.index is None:
+                raise
+            reason = str(exc).removeprefix(produce.record_prefix(exc.index, records[exc.index]))
+            raise BackfillRefused(f"the row with key {rows[exc.index][0]!r} cannot be staged: {reason}") from None
 
     def _account(self, cursor: dict[str, Any], rows: int, seconds: float) -> None:
         """After a committed page: totals, metrics, the progress callback."""

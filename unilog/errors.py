@@ -17,7 +17,12 @@ class UnilogError(Exception):
 
 
 class InvalidRecord(UnilogError, ValueError):
-    """A record handed to ``emit`` is malformed; nothing was written and the caller's transaction is still usable."""
+    """A record handed to ``emit`` is malformed; nothing was written and the caller's transaction is still usable.
+
+    From ``emit_many``, ``index`` is the position of the first bad record in the list (its message starts with
+    ``records[index]``); None from ``emit``."""
+
+    index: int | None = None
 
 
 class PayloadNotSerializable(InvalidRecord):

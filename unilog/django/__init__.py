@@ -6,7 +6,7 @@ migrate`` works as well), then:
 
 * :func:`emit` stages a record in the current ``atomic()`` block: it commits with the block, and a block or savepoint
   rolled back takes it with it. Outside ``atomic()`` it is refused (Django would commit it on its own, before the
-  rest of the request).
+  rest of the request). :func:`emit_many` stages many records so, in one statement.
 * :class:`DjangoConsumer` (or ``python manage.py unilog_consume app.module:handler --name NAME``) runs a checkpoint
   consumer whose transaction is Django's: the handler gets the psycopg connection and may use the ORM freely; its
   writes, the checkpoint and nothing else commit together.
@@ -16,6 +16,7 @@ Django must use its ``psycopg`` (3) backend, the one it picks when psycopg is in
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 from urllib.parse import quote
 
@@ -27,11 +28,11 @@ from ..consume.records import Handler
 from ..errors import ConfigurationError, NotInTransaction
 from ..faults import NO_FAULTS, Faults
 from ..produce.encoding import Encoder
-from ..produce.producer import Producer, _default, raise_if_schema_missing
+from ..produce.producer import Producer, RecordFields, _default, raise_if_schema_missing
 from ..runtime import Links
-from ..store import INSERT_STAGED, check_schema
+from ..store import INSERT_STAGED, INSERT_STAGED_MANY, check_schema, staged_columns
 
-__all__ = ["DjangoConsumer", "database_url", "emit"]
+__all__ = ["DjangoConsumer", "database_url", "emit", "emit_many"]
 
 
 def emit(
@@ -51,22 +52,51 @@ def emit(
     The arguments, validation, encoding of ``data`` (a model's ``DecimalField``, ``UUIDField``, ``DateTimeField``
     and ``BinaryField`` values included; ``default`` for other types) and errors are :func:`unilog.emit`'s: bad
     input raises before anything is sent, so the block stays usable."""
+    connection = _atomic(using, "emit()")
+    settings = producer or _default
+    params = settings.prepare(action=action, object=object, data=data, stream=stream, key=key, default=default)
+    rows = _run(connection, INSERT_STAGED, params)
+    return None if rows[0][0] is None else int(rows[0][0])
+
+
+def emit_many(
+    records: Iterable[RecordFields],
+    *,
+    using: str = DEFAULT_DB_ALIAS,
+    producer: Producer | None = None,
+    default: Encoder | None = None,
+) -> list[int | None]:
+    """Stage many records in the current ``transaction.atomic()`` block of database ``using`` with one statement,
+    in the order given; return their staged ids (None each in WAL capture mode). The records (mappings of
+    :func:`emit`'s arguments), checks and errors are :func:`unilog.emit_many`'s; an empty list sends nothing."""
+    connection = _atomic(using, "emit_many()")
+    params = (producer or _default).prepare_many(records, default=default)
+    if not params:
+        return []
+    return [
+        None if row[0] is None else int(row[0]) for row in _run(connection, INSERT_STAGED_MANY, staged_columns(params))
+    ]
+
+
+def _atomic(using: str, caller: str) -> Any:
+    """Database ``using``'s connection, refused outside ``transaction.atomic()``."""
     connection = connections[using]
     if not connection.in_atomic_block:
         raise NotInTransaction(
-            "unilog.django.emit() needs transaction.atomic(): outside it Django commits every statement at once, "
+            f"unilog.django.{caller} needs transaction.atomic(): outside it Django commits every statement at once, "
             "so the record would be published even if the rest of the work failed"
         )
-    settings = producer or _default
-    params = settings.prepare(action=action, object=object, data=data, stream=stream, key=key, default=default)
+    return connection
+
+
+def _run(connection: Any, statement: str, params: tuple[Any, ...]) -> list[Any]:
     try:
         with connection.cursor() as cursor:
-            cursor.execute(INSERT_STAGED, params)
-            row = cursor.fetchone()
+            cursor.execute(statement, params)
+            return list(cursor.fetchall())
     except Exception as exc:
         raise_if_schema_missing(exc)
         raise
-    return None if row[0] is None else int(row[0])
 
 
 def migrate_schema(apps: Any, schema_editor: Any) -> None:

@@ -8,7 +8,7 @@ rejected record leaves the caller's transaction untouched and usable.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,11 +20,16 @@ from sqlalchemy.orm import Session
 from .. import tracing
 from ..config import validate_stream_name
 from ..errors import InvalidRecord, NotInTransaction, SchemaMissing
-from ..store import INSERT_STAGED
+from ..store import INSERT_STAGED, INSERT_STAGED_MANY, staged_columns
 from .encoding import DEFAULT_MAX_PAYLOAD_BYTES, Encoder, encode_data
 
 # INSERT_STAGED's parameters: action, object, data (JSON text), stream, key, traceparent, tracestate.
 StagedParams = tuple[str, str, str, str, str | None, str | None, str | None]
+
+# A record for emit_many: emit's keyword arguments (action, object, data; optionally key and stream) as a mapping.
+RecordFields = Mapping[str, Any]
+_REQUIRED = ("action", "object", "data")
+_FIELDS = frozenset((*_REQUIRED, "key", "stream"))
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,33 @@ class Producer:
         params = self.prepare(action=action, object=object, data=data, stream=stream, key=key, default=default)
         return _insert(tx, params)
 
+    def emit_many(
+        self, tx: Any, records: Iterable[RecordFields], *, default: Encoder | None = None
+    ) -> list[int | None]:
+        """Stage many records in ``tx``'s transaction with one statement, in the order given; return their staged
+        ids in that order (None for each in WAL capture mode). An empty list stages nothing and sends nothing.
+
+        Each record is a mapping of :meth:`emit`'s keyword arguments: ``action``, ``object`` and ``data``, and
+        optionally ``key`` and ``stream``; ``default`` (else the producer's) encodes other types for all of them.
+        Every record is checked and encoded as :meth:`emit` does before anything is sent: the first bad one raises
+        the :class:`~unilog.errors.InvalidRecord` subclass ``emit`` would, its message starting with
+        ``records[i]`` (and its key) and its ``index`` set to ``i``; none is staged and the transaction is usable.
+        """
+        params = self.prepare_many(records, default=default)
+        return _insert_many(tx, params) if params else []
+
+    def prepare_many(self, records: Iterable[RecordFields], *, default: Encoder | None = None) -> list[StagedParams]:
+        """:meth:`prepare` for each record of :meth:`emit_many` (no I/O); errors name the record (see there)."""
+        out: list[StagedParams] = []
+        for i, record in enumerate(records):
+            try:
+                out.append(self.prepare(**_fields(record), default=default))
+            except InvalidRecord as exc:
+                named = type(exc)(record_prefix(i, record) + str(exc))
+                named.index = i
+                raise named from None
+        return out
+
     def prepare(
         self,
         *,
@@ -85,6 +117,25 @@ class Producer:
         return action, object, text, target, key, traceparent, tracestate
 
 
+def record_prefix(index: int, record: Any) -> str:
+    """How an error from :meth:`Producer.emit_many` names its record: ``records[i]``, with the record's key."""
+    key = record.get("key") if isinstance(record, Mapping) else None
+    return f"records[{index}]{'' if key is None else f' (key {key!r})'}: "
+
+
+def _fields(record: Any) -> dict[str, Any]:
+    """One of emit_many's records as emit's keyword arguments, or InvalidRecord for a record of the wrong shape."""
+    if not isinstance(record, Mapping):
+        raise InvalidRecord(f"a record must be a mapping of emit's arguments, got {type(record).__name__}")
+    unknown = sorted(str(name) for name in record if name not in _FIELDS)
+    if unknown:
+        raise InvalidRecord(f"unknown fields {unknown} (a record has action, object, data, and optionally key, stream)")
+    missing = [name for name in _REQUIRED if name not in record]
+    if missing:
+        raise InvalidRecord(f"missing fields {missing} (a record has action, object, data, and optionally key, stream)")
+    return dict(record)
+
+
 def _require_text(name: str, value: object) -> None:
     if not isinstance(value, str):
         raise InvalidRecord(f"{name} must be a string, got {type(value).__name__}")
@@ -95,19 +146,7 @@ def _require_text(name: str, value: object) -> None:
 
 
 def _insert(tx: Any, params: StagedParams) -> int | None:
-    if isinstance(tx, Session):
-        tx = tx.connection()  # joins (or autobegins) the session's transaction, as any session statement would
-    run: Callable[..., Any]
-    if isinstance(tx, psycopg.Connection):
-        _require_transaction(tx)
-        run = tx.execute
-    elif isinstance(tx, Connection):
-        driver = tx.connection.driver_connection
-        if isinstance(driver, psycopg.Connection):
-            _require_transaction(driver)
-        run = tx.exec_driver_sql
-    else:
-        raise TypeError(f"emit() needs a SQLAlchemy Session or Connection or a psycopg Connection, got {type(tx)!r}")
+    run = _runner(tx, "emit()")
     try:
         row = run(INSERT_STAGED, params).fetchone()
     except Exception as exc:
@@ -115,6 +154,31 @@ def _insert(tx: Any, params: StagedParams) -> int | None:
         raise
     assert row is not None
     return None if row[0] is None else int(row[0])
+
+
+def _insert_many(tx: Any, params: list[StagedParams]) -> list[int | None]:
+    run = _runner(tx, "emit_many()")
+    try:
+        rows = run(INSERT_STAGED_MANY, staged_columns(params)).fetchall()
+    except Exception as exc:
+        raise_if_schema_missing(exc)
+        raise
+    return [None if row[0] is None else int(row[0]) for row in rows]
+
+
+def _runner(tx: Any, caller: str) -> Callable[..., Any]:
+    """How to run a statement in ``tx``'s transaction (refused if it has none): execute or exec_driver_sql."""
+    if isinstance(tx, Session):
+        tx = tx.connection()  # joins (or autobegins) the session's transaction, as any session statement would
+    if isinstance(tx, psycopg.Connection):
+        _require_transaction(tx, caller)
+        return tx.execute
+    if isinstance(tx, Connection):
+        driver = tx.connection.driver_connection
+        if isinstance(driver, psycopg.Connection):
+            _require_transaction(driver, caller)
+        return tx.exec_driver_sql
+    raise TypeError(f"{caller} needs a SQLAlchemy Session or Connection or a psycopg Connection, got {type(tx)!r}")
 
 
 def raise_if_schema_missing(exc: BaseException) -> None:
@@ -169,3 +233,13 @@ def emit(
     :meth:`Producer.emit`.
     """
     return _default.emit(tx, action=action, object=object, data=data, stream=stream, key=key, default=default)
+
+
+def emit_many(tx: Any, records: Iterable[RecordFields], *, default: Encoder | None = None) -> list[int | None]:
+    """Stage many records in the caller's transaction, in one statement and in the order given, with the default
+    :class:`Producer` settings; return their staged ids (None each in WAL capture mode). Each record is a mapping
+    of :func:`emit`'s arguments (``action``, ``object``, ``data``; optionally ``key``, ``stream``), checked and
+    encoded as :func:`emit` does; the first bad one raises before anything is sent, naming it (``records[i]``). See
+    :meth:`Producer.emit_many`.
+    """
+    return _default.emit_many(tx, records, default=default)

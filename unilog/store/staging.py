@@ -21,6 +21,23 @@ NOTIFY_CHANNEL = "unilog_staged"
 # lock a mode switch takes; it returns the row's id, or NULL for a message.
 INSERT_STAGED = "SELECT unilog_stage(%s, %s, %s, %s, %s, %s, %s)"
 
+# Many records in one statement (emit_many): seven text arrays of equal length, the columns of INSERT_STAGED's
+# parameters, one element per record. unilog_stage runs once per element in the arrays' order (WITH ORDINALITY and
+# the sort on it: the planner evaluates a volatile function in the select list after the sort), so rows get
+# ascending ids and messages are written in that order; one row per record comes back, in the same order.
+INSERT_STAGED_MANY = """
+    SELECT unilog_stage(r.action, r.object, r.data, r.stream, r.key, r.traceparent, r.tracestate)
+    FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[])
+        WITH ORDINALITY AS r(action, object, data, stream, key, traceparent, tracestate, n)
+    ORDER BY r.n
+"""
+
+
+def staged_columns(records: list[tuple[Any, ...]]) -> tuple[list[Any], ...]:
+    """INSERT_STAGED_MANY's parameters for ``records`` (each one INSERT_STAGED's parameters): their columns."""
+    return tuple(list(column) for column in zip(*records, strict=True))
+
+
 # A staged row as the streamer reads it: (id, action, object, data, key, created_ms, traceparent, tracestate).
 # ``data`` is Postgres's JSON text, passed through to Redis without decoding; plain tuples: the streamer's hot path.
 StagedRow = tuple[int, str, str, str, str | None, int, str | None, str | None]

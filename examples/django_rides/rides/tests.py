@@ -16,7 +16,7 @@ from django.db import connection, transaction
 from django.test import TransactionTestCase
 
 from unilog import ConsumerConfig, Faults, InjectedCrash, NotInTransaction, PayloadNotSerializable, Settings, Streamer
-from unilog.django import DjangoConsumer, database_url, emit
+from unilog.django import DjangoConsumer, database_url, emit, emit_many
 
 from .consumers import totals
 from .models import Ride, Total
@@ -68,6 +68,19 @@ class EmitTests(TransactionTestCase):
             emit(action="create", object="ride", data={"n": 4})
         self.assertEqual(staged(), [{"n": 4}])
         self.assertEqual(Ride.objects.count(), 1)
+
+    def test_emit_many_stages_in_order_in_the_block_and_refuses_naming_the_bad_record(self) -> None:
+        records = [{"action": "create", "object": "ride", "data": {"n": n}} for n in (3, 1, 2)]
+        with self.assertRaises(NotInTransaction):
+            emit_many(records)
+        with transaction.atomic():
+            self.assertEqual(emit_many([]), [])
+            with self.assertRaisesRegex(PayloadNotSerializable, r"^records\[1\]: data\['when'\]"):
+                emit_many([records[0], {**records[0], "data": {"when": object()}}])
+            ids = emit_many(records)
+        self.assertEqual(len(ids), 3)
+        self.assertEqual(ids, sorted(ids))
+        self.assertEqual(staged(), [{"n": 3}, {"n": 1}, {"n": 2}])
 
     def test_model_values_are_encoded_by_the_documented_rules_and_a_default_encoder(self) -> None:
         ref = uuid.uuid4()
