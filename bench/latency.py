@@ -6,7 +6,9 @@ payload; the producer writes ``t0[i] = time.monotonic()`` into shared memory rig
 consumer's handler writes ``lat[i] = time.monotonic() - t0[i]`` when it first sees the record (CLOCK_MONOTONIC is
 one clock for every process on the host). Two splits show where the time goes: the ``COMMIT`` itself, and commit
 start to the ``XADD`` (from the stream entry id's millisecond, so +-1 ms; also from the commit's end, its fsync
-left out); the rest is Redis to the handler.
+left out); the rest is Redis to the handler. For unilog the ``XADD`` is also bracketed to the microsecond: the
+streamer process notes when it called Redis with each position and when Redis confirmed it (after its AOF fsync),
+and the handler notes each record's position, so "to publish call" and "to Redis confirmed" enclose the ``XADD``.
 
 * ``unilog``: ``Streamer.run`` (LISTEN/NOTIFY wake-up) and ``Consumer.run`` (blocking ``XREAD``), defaults; records
   staged with ``unilog.emit``.
@@ -54,11 +56,16 @@ class Probes:
     latency: Any  # seconds from t0 to the consumer's handler
     to_xadd: Any  # seconds from wall to the entry id's millisecond
     seen: Any  # records seen by the handler
+    seq: Any = None  # record i's position (unilog's consumer only; 0: not seen)
+    called: Any = None  # by position: monotonic, when the streamer called Redis with it
+    confirmed: Any = None  # by position: monotonic, when Redis confirmed it
 
     @staticmethod
     def create(n: int) -> Probes:
         t0, committed, wall, latency, to_xadd = (SPAWN.Array("d", n, lock=False) for _ in range(5))
-        return Probes(t0, committed, wall, latency, to_xadd, SPAWN.Value("l", 0, lock=False))
+        seq = SPAWN.Array("l", n, lock=False)
+        called, confirmed = (SPAWN.Array("d", n + 1, lock=False) for _ in range(2))
+        return Probes(t0, committed, wall, latency, to_xadd, SPAWN.Value("l", 0, lock=False), seq, called, confirmed)
 
 
 _PROBES: Probes | None = None  # the consumer process's probes, set before its handler runs
@@ -75,8 +82,29 @@ def _probe(i: int, entry_id: str) -> None:
 
 
 def latency_handler(conn: psycopg.Connection[Any], records: Any) -> None:
+    p = _PROBES
+    assert p is not None
     for r in records:
         _probe(r.data["i"], r.id)
+        if r.position is not None:
+            p.seq[r.data["i"]] = r.position[1]
+
+
+def _timed_sends(streamer: Streamer, probes: Probes) -> None:
+    """Note, per position, when ``streamer`` called Redis with it and when Redis confirmed it (monotonic)."""
+    publisher = streamer.publisher
+    send_all = publisher.send_all
+
+    def timed(targets: Any, identity: Any, first: dict[str, int]) -> Any:
+        called = time.monotonic()
+        out = send_all(targets, identity, first)
+        confirmed = time.monotonic()
+        for target, payload in targets.items():
+            for seq in range(first[target], min(first[target] + payload.count, len(probes.called))):
+                probes.called[seq], probes.confirmed[seq] = called, confirmed
+        return out
+
+    publisher.send_all = timed  # type: ignore[method-assign]
 
 
 def _payload(i: int) -> dict[str, Any]:
@@ -86,10 +114,12 @@ def _payload(i: int) -> dict[str, Any]:
 # -- processes -------------------------------------------------------------------------------------------------------
 
 
-def _streamer_main(urls: Urls, variant: str, ready: Any, stop: Any) -> None:
+def _streamer_main(urls: Urls, variant: str, ready: Any, stop: Any, probes: Probes | None = None) -> None:
     worker_init()
     if variant.startswith("unilog"):
         with Streamer(urls.settings(), name="bench-latency") as streamer:
+            if probes is not None:
+                _timed_sends(streamer, probes)
             streamer.connect()
             ready.set()
             streamer.run(stop)
@@ -222,7 +252,7 @@ def _trial(
     ready_x = [SPAWN.Event() for _ in extra]
     pipeline = [
         *(SPAWN.Process(target=main, args=(env.urls, ready, stop)) for main, ready in zip(extra, ready_x, strict=True)),
-        SPAWN.Process(target=_streamer_main, args=(env.urls, variant, ready_s, stop)),
+        SPAWN.Process(target=_streamer_main, args=(env.urls, variant, ready_s, stop, probes)),
         SPAWN.Process(target=_consumer_main, args=(env.urls, variant, probes, ready_c, stop))
         if consumer_main is None
         else SPAWN.Process(target=consumer_main, args=(env.urls, probes, ready_c, stop)),
@@ -254,6 +284,17 @@ def _metrics(p: Probes, n: int) -> dict[str, float]:
     commit = sorted((p.committed[i] - p.t0[i]) * 1000 for i in seen)
     to_xadd = sorted(p.to_xadd[i] * 1000 for i in seen)
     after_commit = sorted((p.to_xadd[i] - (p.committed[i] - p.t0[i])) * 1000 for i in seen)
+    bracketed = [i for i in seen if p.seq[i] and p.called[p.seq[i]]]  # unilog's consumer notes positions
+    called = sorted((p.called[p.seq[i]] - p.t0[i]) * 1000 for i in bracketed)
+    confirmed = sorted((p.confirmed[p.seq[i]] - p.t0[i]) * 1000 for i in bracketed)
+    called_after = sorted((p.called[p.seq[i]] - p.committed[i]) * 1000 for i in bracketed)
+    brackets = {
+        "to publish call p50 ms": percentile(called, 0.50),  # the XADD comes after this ...
+        "to publish call p99 ms": percentile(called, 0.99),
+        "to Redis confirmed p50 ms": percentile(confirmed, 0.50),  # ... and before this (Redis's AOF fsync in it)
+        "to Redis confirmed p99 ms": percentile(confirmed, 0.99),
+        "after commit to publish call p50 ms": percentile(called_after, 0.50),
+    }
     return {
         "p50 ms": percentile(total, 0.50),
         "p99 ms": percentile(total, 0.99),
@@ -264,6 +305,7 @@ def _metrics(p: Probes, n: int) -> dict[str, float]:
         "to XADD p50 ms": percentile(to_xadd, 0.50),
         "to XADD p99 ms": percentile(to_xadd, 0.99),
         "after commit to XADD p50 ms": percentile(after_commit, 0.50),  # the commit's own fsync left out
+        **(brackets if bracketed else {}),
     }
 
 

@@ -75,10 +75,10 @@ def _latency_targets(results: Results) -> list[Target]:
         for metric, limit in (("p50 ms", 5.0), ("p99 ms", 20.0)):
             value = results.median("latency", case, "unilog", metric)
             out.append(Target(f"latency {case}: unilog {metric.split()[0]}", value, "<=", limit, " ms"))
-        for variant in ("unilog", "unilog-wal"):  # issue 26: commit to XADD (the entry id's ms: +-1 ms)
-            for metric, limit in (("to XADD p50 ms", 1.0), ("to XADD p99 ms", 10.0)):
-                value = results.median("latency", case, variant, metric)
-                name = f"latency {case}: {variant} commit-to-{metric.removeprefix('to ')}"
+        for variant in ("unilog", "unilog-wal"):  # issue 26: commit to XADD, checked at its upper bound (Redis's
+            for metric, limit in (("to Redis confirmed p50 ms", 1.0), ("to Redis confirmed p99 ms", 10.0)):
+                value = results.median("latency", case, variant, metric)  # confirmation: the XADD came before it)
+                name = f"latency {case}: {variant} commit-to-XADD {metric.split()[-2]} (by Redis's confirmation)"
                 out.append(Target(name, value, "<=", limit, " ms"))
     return out
 
