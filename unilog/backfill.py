@@ -28,7 +28,7 @@ import hashlib
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import psycopg
@@ -159,7 +159,7 @@ def check(conn: psycopg.Connection[Any], table: str, key: str, where: str | None
     if key_column is None:
         raise BackfillRefused(f"table {found.qualified} has no column {key!r}")
     _check_key(conn, found, key_column)
-    _check_types(conn, found, columns)
+    columns = _text_where_needed(conn, columns)
     try:
         sql.check_page(conn, found, columns, key_column, where)
     except psycopg.Error as exc:
@@ -196,19 +196,18 @@ def _check_key(conn: psycopg.Connection[Any], table: sql.Table, key: sql.Column)
         )
 
 
-def _check_types(conn: psycopg.Connection[Any], table: sql.Table, columns: list[sql.Column]) -> None:
-    refused = [
-        f"{c.name} ({c.type_sql})"
-        for c in columns
+def _text_where_needed(conn: psycopg.Connection[Any], columns: list[sql.Column]) -> list[sql.Column]:
+    """The columns, those whose values psycopg would hand over as types emit does not encode (an interval, inet,
+    a range, a geometric type, ...) marked to be read as Postgres's text form instead, as a string in the record's
+    data (an array of them as an array of strings): what a consumer would parse, as it parses Postgres's output."""
+    return [
+        replace(c, as_text=True)
         if c.scalar_kind != "e"
         and c.scalar_name not in ENCODABLE
         and conn.adapters.get_loader(c.scalar_oid, Format.TEXT) is not None
+        else c
+        for c in columns
     ]
-    if refused:
-        raise BackfillRefused(
-            f"columns of {table.qualified} that a record's data cannot hold: {', '.join(refused)} (emit's types: "
-            "numbers, text, numeric, uuid, dates and times, bytea, json, arrays of them, enums)"
-        )
 
 
 def start(settings: Settings, config: BackfillConfig) -> dict[str, Any]:

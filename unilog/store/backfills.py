@@ -48,6 +48,7 @@ class Column:
     scalar_oid: int
     scalar_name: str
     scalar_kind: str
+    as_text: bool = False  # read as Postgres's text form (an interval, inet, range, ...: no type emit encodes)
 
 
 def resolve_table(conn: psycopg.Connection[Any], name: str) -> Table | None:
@@ -122,12 +123,21 @@ def page_query(table: Table, columns: list[Column], key: Column, where: str | No
     filtered = sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conditions) if conditions else sql.SQL("")
     return sql.SQL("SELECT {}::text AS unilog_key, {} FROM {}{} ORDER BY {} LIMIT %s FOR SHARE OF {}").format(
         key_ident,
-        sql.SQL(", ").join(sql.Identifier(c.name) for c in columns),
+        sql.SQL(", ").join(_selected(c) for c in columns),
         table.ident,
         filtered,
         sql.Identifier(table.schema, table.name, key.name),
         sql.Identifier(table.name),
     )
+
+
+def _selected(column: Column) -> sql.Composable:
+    """A column in the page's select list: itself, or its text form (an array of them as text[]: a JSON array)."""
+    ident = sql.Identifier(column.name)
+    if not column.as_text:
+        return ident
+    cast = "text[]" if column.type_sql.endswith("]") else "text"
+    return sql.SQL("{}::{} AS {}").format(ident, sql.SQL(cast), ident)
 
 
 def _where(where: str) -> sql.Composable:
