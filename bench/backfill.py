@@ -31,6 +31,7 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import Any
@@ -152,13 +153,20 @@ def _trial(env: BenchEnv, profile: Profile, variant: str) -> tuple[dict[str, flo
 
 def _fleet_trial(env: BenchEnv, profile: Profile, rate: int | None, backfill: bool) -> tuple[dict[str, float], Any]:
     """The fleet's commit-to-handler latency for ``backfill_window`` s, a backfill running beside it if asked."""
+    with tempfile.TemporaryFile() as stderr:  # the backfill's log: its last lines go in the notes if it failed
+        return _fleet_trial_logged(env, profile, rate, backfill, stderr)
+
+
+def _fleet_trial_logged(
+    env: BenchEnv, profile: Profile, rate: int | None, backfill: bool, stderr: Any
+) -> tuple[dict[str, float], Any]:
     procs: list[subprocess.Popen[bytes]] = []
 
     def start() -> None:
         env.admin.execute("DELETE FROM unilog_backfills")
         if backfill:
             argv = _backfill_argv(env, "bench-fleet", None) + (["--rate", str(rate)] if rate else [])
-            procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=stderr))
             while _rows(env, "bench-fleet") is None and procs[0].poll() is None:
                 time.sleep(0.01)
 
@@ -166,9 +174,14 @@ def _fleet_trial(env: BenchEnv, profile: Profile, rate: int | None, backfill: bo
         with PostgresMemory(env.postmaster_pid) as pg_memory:
             metrics, notes = latency_trial(env, "unilog", PRODUCER_RATE, profile.backfill_window, before_producer=start)
     finally:
+        exited = [proc.poll() for proc in procs]  # before the SIGTERM: None while it ran to the window's end
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
             proc.wait(60)
+    if any(code not in (None, 0) for code in exited):
+        stderr.seek(0)
+        notes["backfill_failed"] = {"exit": exited, "log": stderr.read().decode(errors="replace")[-2000:]}
+        log(f"backfill_fleet: the backfill exited with {exited}: {notes['backfill_failed']['log'][-300:]}")
     memory = env.rds.info("memory")
     row = env.admin.execute("SELECT pg_total_relation_size('staged_log_records')").fetchone()
     keep = ("p50 ms", "p99 ms", "max ms", "missing")
@@ -184,7 +197,7 @@ def run_backfill_fleet(env: BenchEnv, profile: Profile, results: Results) -> Non
     size = profile.backfill_size
     log(f"backfill_fleet: commit-to-handler at {PRODUCER_RATE}/s beside a backfill of {size:,} rows")
     env.admin.execute(TABLE_DDL.replace("%s", str(int(size))))
-    variants = {"no backfill": (None, False), "backfill": (None, True)}
+    variants: dict[str, tuple[int | None, bool]] = {"no backfill": (None, False), "backfill": (None, True)}
     variants[f"backfill --rate {profile.backfill_rate}"] = (profile.backfill_rate, True)
     try:
         for variant, (rate, backfill) in variants.items():
