@@ -472,7 +472,9 @@ def test_the_decoders_short_path_reads_messages_as_the_general_one_does(wal: Set
     by_feed_all = Decoder().feed_all(messages)
     assert [t.rows for t in by_feed_all] == [t.rows for t in by_feed]
     rows = by_feed_all[-1].rows
-    assert [r.stream for r in rows] == ["", "named.s-1", "", "named", "named", ""]
-    assert [bool(r.trace) for r in rows] == [False, False, True, True, False, False]
-    assert rows[4].body.startswith('$9\r\n{"é": 4}\r\n'.encode()) and rows[4].body.endswith("$2\r\nü\r\n".encode())
-    assert [r.mark[1] if r.mark else None for r in rows] == [0, 1, 2, 3, 4, None]
+    assert [stream for stream, *_ in rows] == ["", "named.s-1", "", "named", "named", ""]
+    assert [bool(trace) for *_, trace in rows] == [False, False, True, True, False, False]
+    body = rows[4][3]
+    assert body.startswith('$9\r\n{"é": 4}\r\n'.encode()) and body.endswith("$2\r\nü\r\n".encode())
+    assert [mark[1] if mark else None for _s, _r, mark, *_ in rows] == [0, 1, 2, 3, 4, None]
+    assert rows[5][1] is not None and rows[5][3:] == (b"", b""), "a row: no body, no trace"

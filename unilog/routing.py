@@ -36,27 +36,30 @@ def split_wal(stream: str, count: int, records: Sequence[WalRow]) -> dict[str, P
     """:func:`split` for a WAL batch: record messages arrive already encoded, and are only concatenated (their
     key read back from the encoding when the stream is partitioned; one without a key is spread by its mark); staged
     rows among them are encoded alike."""
-    traced = any(r.trace or (r.row is not None and r.row[6]) for r in records)
+    traced = any(trace or (row is not None and row[6]) for _s, row, _m, _b, trace in records)
     targets: dict[str, list[bytes]] = {}
-    for r in records:
-        if r.row is None:
-            encoded = r.body + (r.trace or NO_TRACE) if traced else r.body
+    for record in records:
+        _stream, row, _mark, body, trace = record
+        if row is None:
+            encoded = body + (trace or NO_TRACE) if traced else body
         else:
-            _id, action, obj, data, key, created, traceparent, tracestate = r.row
+            _id, action, obj, data, key, created, traceparent, tracestate = row
             encoded = pack_record((data, action, obj, created, key, traceparent, tracestate), traced)
-        target = stream if count <= 1 else partition_stream(stream, partition_of(_spread_key(r), count))
+        target = stream if count <= 1 else partition_stream(stream, partition_of(_spread_key(record), count))
         targets.setdefault(target, []).append(encoded)
     return {target: Packed(len(parts), b"".join(parts), 7 if traced else 5) for target, parts in targets.items()}
 
 
 def _spread_key(record: WalRow) -> str:
     """What routes a WAL record to a partition: its key; without one, its staged id or its message's mark."""
-    if record.row is not None:
-        return record.row[4] if record.row[4] is not None else str(record.row[0])
-    mark = record.mark or (0, 0)
-    return nth_bulk(record.body, 4) or f"{mark[0]}:{mark[1]}"
+    _stream, row, mark, body, _trace = record
+    if row is not None:
+        return row[4] if row[4] is not None else str(row[0])
+    lsn, ordinal = mark or (0, 0)
+    return nth_bulk(body, 4) or f"{lsn}:{ordinal}"
 
 
 def created_ms(record: WalRow) -> int | None:
     """A WAL record's created time in ms since the epoch (for the publish-lag metrics)."""
-    return first_created_ms(record.body) if record.row is None else record.row[5]
+    row = record[1]
+    return first_created_ms(record[3]) if row is None else row[5]

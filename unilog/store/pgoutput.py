@@ -31,20 +31,15 @@ class DecodeError(ValueError):
     """A pgoutput message this decoder cannot read (a protocol it does not speak, or a table it does not know)."""
 
 
-@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs several times more, once per record
-class WalRow:
-    """One staged record read from the WAL, with its target ``stream`` column. A row of ``staged_log_records`` has
-    ``row`` (as the streamer publishes it; its id is ``row[0]``). A record written as a logical message has no row:
-    ``body`` holds its five publish arguments already encoded as RESP bulk strings (as unilog_stage wrote them),
-    ``trace`` its trace context's two (or nothing), and ``mark`` is (its transaction's commit LSN, its place among
-    the transaction's messages): the order the WAL delivers them in, which a streamer saves with its positions to
-    skip what it already published."""
-
-    stream: str
-    row: StagedRow | None
-    mark: tuple[int, int] | None = None
-    body: bytes = b""
-    trace: bytes = b""
+# One staged record read from the WAL: ``(stream, row, mark, body, trace)``, its target ``stream`` column first. A row
+# of staged_log_records has ``row`` (as the streamer publishes it; its id is ``row[0]``) and an empty body and trace.
+# A record written as a logical message has no row: ``body`` holds its five publish arguments already encoded as
+# RESP bulk strings (as unilog_stage wrote them), ``trace`` its trace context's two (or nothing), and ``mark`` is
+# (its transaction's commit LSN, its place among the transaction's messages): the order the WAL delivers them in,
+# which a streamer saves with its positions to skip what it already published. A plain tuple, not a class: a
+# streamer holds thousands at a time, and the cyclic collector stops tracking a tuple of strings, bytes and numbers
+# at its first look, where it walks a class instance in every full collection (a fifth of a WAL streamer's CPU).
+WalRow = tuple[str, "StagedRow | None", "tuple[int, int] | None", bytes, bytes]
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,9 +120,7 @@ class Decoder:
             where = f"{self._final_lsn >> 32:X}/{self._final_lsn & 0xFFFFFFFF:X}"
             raise DecodeError(f"a unilog message in the WAL at {where} has a header unilog cannot read") from None
         stream = message[start:first].decode() if first > start else ""
-        return WalRow(
-            stream, None, (self._final_lsn, self._messages), message[second + 1 : trace_end], message[trace_end:]
-        )
+        return (stream, None, (self._final_lsn, self._messages), message[second + 1 : trace_end], message[trace_end:])
 
     def feed_all(self, messages: list[bytes]) -> list[WalTransaction]:
         """:meth:`feed` each message; return the transactions and parts they complete, in order. Record messages,
@@ -145,7 +138,7 @@ class Decoder:
                 first = message.find(b"\n", record_at)
                 if message.startswith(b"0\n", first + 1):  # no trace context
                     stream = message[record_at:first].decode() if first > record_at else ""
-                    rows.append(WalRow(stream, None, (lsn, ordinal), message[first + 3 :]))
+                    rows.append((stream, None, (lsn, ordinal), message[first + 3 :], b""))
                 else:
                     self._messages = ordinal
                     rows.append(self._decode_record(message, record_at))
@@ -194,7 +187,7 @@ class Decoder:
         if id_ is None or action is None or obj is None or data is None or created is None:
             raise DecodeError(f"a staged row in the WAL has a NULL where unilog needs a value (id {id_})")
         row: StagedRow = (int(id_), action, obj, data, key, created_ms(created), traceparent, tracestate)
-        return self._add(WalRow(stream or "", row))
+        return self._add((stream or "", row, None, b"", b""))
 
     def _add(self, row: WalRow, messages: int = 0) -> WalTransaction | None:
         """Append a decoded record; return the part it follows when that part is full."""

@@ -178,13 +178,13 @@ class WalCapture:
         fresh, mark = self._fresh(conn, rows, xids)
         by_stream: dict[str, list[WalRow]] = {}
         for r in fresh:
-            by_stream.setdefault(publisher.stream_of(r.stream), []).append(r)
+            by_stream.setdefault(publisher.stream_of(r[0]), []).append(r)
         if not all(publisher.owns(conn, stream) for stream in by_stream):
             self._rewind()  # a table-mode streamer still holds one: read these again once it let go
             return BatchResult(blocked=True)
         try:
             last_seqs = self._send(conn, by_stream)
-            self._delete(conn, [r.row[0] for r in fresh if r.row is not None], last_seqs, mark)
+            self._delete(conn, [row[0] for _s, row, *_ in fresh if row is not None], last_seqs, mark)
         except BaseException:
             publisher.forget_positions()
             self._rewind()
@@ -213,10 +213,10 @@ class WalCapture:
     ) -> tuple[list[WalRow], tuple[int, int] | None]:
         """The records of a batch not published yet, and the mark of its last record message (None: it has none).
         A row is fresh while it is still staged (looked up by id); a message while it comes after the saved mark."""
-        ids = [r.row[0] for r in rows if r.row is not None]
+        ids = [row[0] for _s, row, *_ in rows if row is not None]
         existing = store.existing_ids(conn, ids, xids) if ids else set()
-        fresh = [r for r in rows if (r.row[0] in existing if r.row is not None else (r.mark or (0, -1)) > self._mark)]
-        marks = [r.mark for r in fresh if r.mark is not None]
+        fresh = [r for r in rows if (r[1][0] in existing if r[1] is not None else (r[2] or (0, -1)) > self._mark)]
+        marks = [mark for _s, _r, mark, *_ in fresh if mark is not None]
         return fresh, (marks[-1] if marks else None)
 
     def _send(self, conn: psycopg.Connection[Any], by_stream: dict[str, list[WalRow]]) -> dict[str, int]:
