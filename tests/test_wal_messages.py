@@ -478,3 +478,37 @@ def test_the_decoders_short_path_reads_messages_as_the_general_one_does(wal: Set
     assert body.startswith('$9\r\n{"é": 4}\r\n'.encode()) and body.endswith("$2\r\nü\r\n".encode())
     assert [mark[1] if mark else None for _s, _r, mark, *_ in rows] == [0, 1, 2, 3, 4, None]
     assert rows[5][1] is not None and rows[5][3:] == (b"", b""), "a row: no body, no trace"
+    assert by_feed_all[-1].plain is None, "traced messages and a row: not plain"
+
+
+def test_the_decoder_says_which_transactions_hold_untraced_messages_of_one_stream(wal: Settings, pg: Any) -> None:
+    """WalTransaction.plain, which lets the streamer concatenate a batch without looking at each record: the one
+    stream of a transaction (or part) whose records are all untraced messages; None for anything else."""
+    from unilog.store.pgoutput import Decoder
+    from unilog.store.wal import ReplicationStream, capture_slot
+
+    stage = "SELECT unilog_stage('create', 'ride', '{}', %s, NULL, %s, NULL)"
+    shapes = [[("s", None)] * 3, [("s", None), ("t", None)], [("s", None), ("s", "00-ab-cd-01")], [("", None)] * 5]
+    for shape in shapes:
+        with psycopg.connect(wal.conninfo) as conn:
+            for stream, traceparent in shape:
+                conn.execute(stage, (stream, traceparent))
+    slot = capture_slot(pg)
+    assert slot is not None
+    reader = ReplicationStream(wal.conninfo, slot, application_name="test-plain", timeout=10)
+    messages: list[bytes] = []
+    deadline = time.monotonic() + 10
+    while sum(m[:1] == b"C" for m in messages) < len(shapes) and time.monotonic() < deadline:
+        messages += reader.read(1000, 0.2)
+    reader.close()
+    assert [t.plain for t in Decoder().feed_all(messages)] == ["s", None, None, ""]
+    parts = Decoder(part_rows=2).feed_all(messages)
+    assert [(len(t.rows), t.plain) for t in parts] == [
+        (2, "s"),
+        (1, "s"),
+        (2, None),
+        (2, None),
+        (2, ""),
+        (2, ""),
+        (1, ""),
+    ]

@@ -32,10 +32,12 @@ def split(stream: str, count: int, rows: Sequence[StagedRow]) -> dict[str, Packe
     return {target: pack_rows(payload) for target, payload in targets.items()}
 
 
-def split_wal(stream: str, count: int, records: Sequence[WalRow]) -> dict[str, Packed]:
+def split_wal(stream: str, count: int, records: Sequence[WalRow], plain: bool = False) -> dict[str, Packed]:
     """:func:`split` for a WAL batch: record messages arrive already encoded, and are only concatenated (their
     key read back from the encoding when the stream is partitioned; one without a key is spread by its mark); staged
-    rows among them are encoded alike."""
+    rows among them are encoded alike. ``plain``: every record is an untraced message (the decoder knows)."""
+    if plain and count <= 1:  # the usual batch: its messages concatenated
+        return {stream: Packed(len(records), b"".join([body for *_, body, _t in records]), 5)}
     traced = any(trace or (row is not None and row[6]) for _s, row, _m, _b, trace in records)
     targets: dict[str, list[bytes]] = {}
     for record in records:

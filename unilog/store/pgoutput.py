@@ -21,6 +21,7 @@ from .staging import StagedRow
 STAGING_TABLE = "staged_log_records"
 MESSAGE_PREFIX = "unilog"  # a record (see unilog_stage, migrations unilog_0009 and unilog_0010)
 _RECORD = MESSAGE_PREFIX.encode() + b"\0"
+_NONE_YET = "\0"  # no stream is named so (Postgres text holds no NUL)
 _RECORD_AT = 10 + len(_RECORD) + 4  # a record message's content: after kind, flags, LSN, the prefix and its length
 MARKER_PREFIX = "unilog-switch"  # a mode switch's marker: every record message commits before it (see store.wal)
 _REQUIRED = ("id", "stream", "action", "object", "data", "key", "created_at", "traceparent", "tracestate")
@@ -51,6 +52,7 @@ class WalTransaction:
     end_lsn: int | None
     rows: tuple[WalRow, ...]
     marker: str | None = None  # a mode switch's marker committed in this transaction
+    plain: str | None = None  # the one stream of all its rows when each is an untraced message (None: not so)
 
 
 @dataclass
@@ -65,6 +67,7 @@ class Decoder:
     _messages: int = 0  # record messages of the transaction read so far
     _marker: str | None = None
     _rows: list[WalRow] = field(default_factory=list)
+    _plain: str | None = _NONE_YET  # what WalTransaction.plain says of _rows (_NONE_YET: no rows yet)
     in_transaction: bool = False  # a begin was read and its commit not yet
 
     @property
@@ -82,11 +85,11 @@ class Decoder:
         if kind == b"B":
             self._final_lsn = _I64.unpack_from(message, 1)[0]
             self._xid, self._rows = _I32.unpack_from(message, 17)[0] & 0xFFFFFFFF, []
-            self._messages, self._marker = 0, None
+            self._messages, self._marker, self._plain = 0, None, _NONE_YET
             self.in_transaction = True
         elif kind == b"C":
             end_lsn = _I64.unpack_from(message, 10)[0]
-            done = WalTransaction(self._xid, end_lsn, tuple(self._rows), self._marker)
+            done = WalTransaction(self._xid, end_lsn, tuple(self._rows), self._marker, _plain(self._plain))
             self._rows, self.in_transaction = [], False
             return done
         elif kind == b"R":
@@ -129,27 +132,31 @@ class Decoder:
         done: list[WalTransaction] = []
         record_at = _RECORD_AT
         part_rows = self.part_rows if self.part_rows is not None else 1 << 62
-        rows, ordinal, lsn = self._rows, self._messages, self._final_lsn
+        rows, ordinal, lsn, plain = self._rows, self._messages, self._final_lsn, self._plain
         for message in messages:
             if message[0] == 77 and message[1] & 1 and self.in_transaction and message.startswith(_RECORD, 10):
                 if len(rows) >= part_rows:
-                    done.append(WalTransaction(self._xid, None, tuple(rows)))
-                    rows = self._rows = []
+                    done.append(WalTransaction(self._xid, None, tuple(rows), plain=_plain(plain)))
+                    rows, plain = [], _NONE_YET
+                    self._rows = rows
                 first = message.find(b"\n", record_at)
                 if message.startswith(b"0\n", first + 1):  # no trace context
                     stream = message[record_at:first].decode() if first > record_at else ""
                     rows.append((stream, None, (lsn, ordinal), message[first + 3 :], b""))
+                    if stream != plain:
+                        plain = stream if plain == _NONE_YET else None
                 else:
                     self._messages = ordinal
                     rows.append(self._decode_record(message, record_at))
+                    plain = None
                 ordinal += 1
                 continue
-            self._messages = ordinal
+            self._messages, self._plain = ordinal, plain
             completed = self.feed(message)
-            rows, ordinal, lsn = self._rows, self._messages, self._final_lsn
+            rows, ordinal, lsn, plain = self._rows, self._messages, self._final_lsn, self._plain
             if completed is not None:
                 done.append(completed)
-        self._messages = ordinal
+        self._messages, self._plain = ordinal, plain
         return done
 
     def _relation(self, message: bytes) -> None:
@@ -193,10 +200,15 @@ class Decoder:
         """Append a decoded record; return the part it follows when that part is full."""
         part = None
         if self.part_rows is not None and len(self._rows) >= self.part_rows:
-            part, self._rows = WalTransaction(self._xid, None, tuple(self._rows)), []
+            part, self._rows = WalTransaction(self._xid, None, tuple(self._rows), plain=_plain(self._plain)), []
         self._rows.append(row)
+        self._plain = None  # a row, or a message fed alone: not known to be plain (only feed_all's short path is)
         self._messages += messages
         return part
+
+
+def _plain(state: str | None) -> str | None:
+    return None if state == _NONE_YET else state
 
 
 def _cstring(buf: bytes, pos: int) -> tuple[str, int]:

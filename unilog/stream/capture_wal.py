@@ -26,6 +26,7 @@ from __future__ import annotations
 import concurrent.futures
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -145,18 +146,22 @@ class WalCapture:
         if not self._decoder.in_transaction:
             reader.confirm(reader.received_end)
 
-    def _take_batch(self) -> tuple[list[WalRow], int | None, int, list[int]]:
+    def _take_batch(self) -> tuple[list[WalRow], int | None, int, list[int], str | None]:
         """Up to ``batch_size`` rows in commit order, a large transaction split across batches; returns (rows, the
-        end LSN of the last transaction finished by them or None, transactions finished, their transactions' xids)."""
+        end LSN of the last transaction finished by them or None, transactions finished, their transactions' xids,
+        the one stream of them all when each is an untraced message, else None: see WalTransaction.plain)."""
         rows: list[WalRow] = []
         xids: list[int] = []
         confirm, finished = None, 0
         room = self.batch_size
+        plains: set[str | None] = set()
         while self._pending and room > 0:
             head = self._pending[0]
             if not xids or xids[-1] != head.xid:
                 xids.append(head.xid)
             part = head.rows[self._head_offset : self._head_offset + room]
+            if part:
+                plains.add(head.plain)
             rows.extend(part)
             room -= len(part)
             self._head_offset += len(part)
@@ -168,23 +173,21 @@ class WalCapture:
                     if head.marker is not None:
                         self._confirmed_markers.append(head.marker)
         self._pending_rows -= len(rows)
-        return rows, confirm, finished, xids
+        return rows, confirm, finished, xids, (plains.pop() if len(plains) == 1 else None)
 
     def _publish(self, conn: psycopg.Connection[Any], reader: ReplicationStream) -> BatchResult:
         """Publish the next whole transactions' records whose rows exist, delete those rows, confirm the slot."""
         publisher = self.publisher
         started = time.perf_counter()
-        rows, confirm, finished, xids = self._take_batch()
-        fresh, mark = self._fresh(conn, rows, xids)
-        by_stream: dict[str, list[WalRow]] = {}
-        for r in fresh:
-            by_stream.setdefault(publisher.stream_of(r[0]), []).append(r)
+        rows, confirm, finished, xids, plain = self._take_batch()
+        fresh, mark = self._fresh(conn, rows, xids, plain)
+        by_stream = {publisher.stream_of(plain): fresh} if plain is not None and fresh else _by_stream(publisher, fresh)
         if not all(publisher.owns(conn, stream) for stream in by_stream):
             self._rewind()  # a table-mode streamer still holds one: read these again once it let go
             return BatchResult(blocked=True)
         try:
-            last_seqs = self._send(conn, by_stream)
-            self._delete(conn, [row[0] for _s, row, *_ in fresh if row is not None], last_seqs, mark)
+            ids = [] if plain is not None else [row[0] for _s, row, *_ in fresh if row is not None]
+            self._send(conn, by_stream, ids, mark, plain is not None)
         except BaseException:
             publisher.forget_positions()
             self._rewind()
@@ -209,40 +212,55 @@ class WalCapture:
         return BatchResult(published=len(fresh), waiting=not fresh)
 
     def _fresh(
-        self, conn: psycopg.Connection[Any], rows: list[WalRow], xids: list[int]
+        self, conn: psycopg.Connection[Any], rows: list[WalRow], xids: list[int], plain: str | None = None
     ) -> tuple[list[WalRow], tuple[int, int] | None]:
         """The records of a batch not published yet, and the mark of its last record message (None: it has none).
         A row is fresh while it is still staged (looked up by id); a message while it comes after the saved mark."""
-        ids = [row[0] for _s, row, *_ in rows if row is not None]
+        ids = [] if plain is not None else [row[0] for _s, row, *_ in rows if row is not None]
+        if not ids and rows and rows[0][2] is not None and rows[0][2] > self._mark:  # messages only, all new: the
+            return rows, rows[-1][2]  # usual batch (each message has a mark, and marks only grow along a batch)
         existing = store.existing_ids(conn, ids, xids) if ids else set()
         fresh = [r for r in rows if (r[1][0] in existing if r[1] is not None else (r[2] or (0, -1)) > self._mark)]
-        marks = [mark for _s, _r, mark, *_ in fresh if mark is not None]
-        return fresh, (marks[-1] if marks else None)
+        last_mark = next((mark for _s, _r, mark, *_ in reversed(fresh) if mark is not None), None)
+        return fresh, last_mark
 
-    def _send(self, conn: psycopg.Connection[Any], by_stream: dict[str, list[WalRow]]) -> dict[str, int]:
+    def _send(
+        self,
+        conn: psycopg.Connection[Any],
+        by_stream: dict[str, list[WalRow]],
+        ids: list[int],
+        mark: tuple[int, int] | None,
+        plain: bool = False,
+    ) -> None:
+        """Send the batch, then delete its rows and save its positions and mark (:meth:`_delete`); ``plain``: each
+        record an untraced message (see WalTransaction.plain)."""
         publisher = self.publisher
         identity = publisher.identity()
         targets: dict[str, Any] = {}
         for stream, stream_rows in by_stream.items():
-            targets |= routing.split_wal(stream, publisher.partitions(stream), stream_rows)
+            targets |= routing.split_wal(stream, publisher.partitions(stream), stream_rows, plain)
         first = {t: publisher.next_seq(conn, t, identity.epoch) for t in targets}
-        self._send_overlapped(targets, identity, first)
-        publisher.faults.crash("streamer.crash_after_publish")
-        return {t: first[t] + payload.count - 1 for t, payload in targets.items()}
+        last_seqs = {t: first[t] + payload.count - 1 for t, payload in targets.items()}
 
-    def _send_overlapped(
-        self, targets: dict[str, Any], identity: store.ProducerIdentity, first: dict[str, int]
-    ) -> None:
-        """Send the batch from a helper thread while this one reads and decodes the next from the slot (a batch's
-        worth at most: with the one in flight, three batches of decoded records are held at most). Waits for the send
-        whatever happens here, so the Redis client is never used by two threads."""
-        if sum(payload.count for payload in targets.values()) < self.batch_size:  # caught up: no next batch to
-            self.publisher.send_all(targets, identity, first)  # decode, and a thread's hand-off costs latency
+        def send_and_delete() -> None:
+            publisher.send_all(targets, identity, first)
+            publisher.faults.crash("streamer.crash_after_publish")
+            self._delete(conn, ids, last_seqs, mark)
+
+        self._overlapped(send_and_delete, sum(payload.count for payload in targets.values()))
+
+    def _overlapped(self, send_and_delete: Callable[[], None], records: int) -> None:
+        """Run ``send_and_delete`` from a helper thread while this one reads and decodes the next batch from the
+        slot (a batch's worth at most: with the one in flight, three batches of decoded records are held at most).
+        The helper is then the only user of the Redis client and of ``conn`` (this thread reads the slot's own
+        connection), and this thread waits for it whatever happens here."""
+        if records < self.batch_size:  # caught up: no next batch to decode, and a thread's hand-off costs latency
+            send_and_delete()
             return
         if self._helper is None:
             name = f"unilog-{self.publisher.name}-redis"
             self._helper = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=name)
-        future = self._helper.submit(self.publisher.send_all, targets, identity, first)
+        future = self._helper.submit(send_and_delete)
         try:
             if self._reader is not None:
                 self._receive(self._reader, wait=0)
@@ -302,6 +320,17 @@ class WalCapture:
         if self._helper is not None:
             self._helper.shutdown(wait=True)
             self._helper = None
+
+
+def _by_stream(publisher: Publisher, records: list[WalRow]) -> dict[str, list[WalRow]]:
+    """A batch's records by target stream, in batch order (one stream, the usual case, found without a loop here)."""
+    sources = {stream for stream, *_ in records}
+    if len(sources) == 1:
+        return {publisher.stream_of(sources.pop()): records}
+    by_stream: dict[str, list[WalRow]] = {}
+    for r in records:
+        by_stream.setdefault(publisher.stream_of(r[0]), []).append(r)
+    return by_stream
 
 
 def _stop_messages_after_loss(conn: psycopg.Connection[Any]) -> str:
