@@ -26,7 +26,7 @@ from __future__ import annotations
 import concurrent.futures
 import time
 from collections import deque
-from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -41,6 +41,26 @@ from .publisher import BatchResult, Capture, Publisher
 log = structlog.get_logger(__name__)
 
 MAX_MESSAGES = 50_000  # messages taken from the socket per read (fewer when decoded rows would pass two batches)
+
+
+@dataclass(frozen=True, slots=True)
+class _Batch:
+    """A batch of the slot's records on its way: taken (``rows`` of them, ``fresh`` not published before), encoded
+    per target stream, sent, then saved (rows deleted, positions and mark committed) and confirmed to the slot."""
+
+    started: float
+    rows: int
+    fresh: int
+    by_stream: dict[str, list[WalRow]]
+    ids: list[int]  # the staged rows among them, to delete
+    mark: tuple[int, int] | None  # of its last record message
+    confirm: int | None  # the end LSN of the last transaction it finishes
+    finished: int  # transactions it finishes
+    markers: list[str]  # mode switch markers of those transactions
+    identity: store.ProducerIdentity
+    targets: dict[str, Any]  # target stream -> its packed records
+    first: dict[str, int]  # target stream -> the position of its first record
+    last_seqs: dict[str, int]  # ... and of its last
 
 
 class WalCapture:
@@ -60,6 +80,7 @@ class WalCapture:
         batch_size: int,
         timeout: float | None,
         streams: tuple[str, ...] | None = None,
+        pipeline_batches: int = 8,
     ) -> None:
         if streams is not None:
             raise ConfigurationError(
@@ -70,11 +91,11 @@ class WalCapture:
         self.slot = slot
         self.predrain = predrain
         self.conninfo, self.batch_size, self.timeout = conninfo, batch_size, timeout
+        self.pipeline_batches = pipeline_batches
         self._reader: ReplicationStream | None = None
         self._decoder = Decoder(part_rows=batch_size)
         self._pending: deque[WalTransaction] = deque()  # transactions and parts of one received, not yet published
         self._pending_rows = 0
-        self._confirmed_markers: list[str] = []  # markers of the batch being published, until its confirmation
         self._head_offset = 0  # rows of the first pending part already published (split across batches)
         self._predrained = False
         self._helper: concurrent.futures.ThreadPoolExecutor | None = None  # Redis, while the next batch decodes
@@ -146,12 +167,14 @@ class WalCapture:
         if not self._decoder.in_transaction:
             reader.confirm(reader.received_end)
 
-    def _take_batch(self) -> tuple[list[WalRow], int | None, int, list[int], str | None]:
+    def _take_batch(self) -> tuple[list[WalRow], int | None, int, list[int], str | None, list[str]]:
         """Up to ``batch_size`` rows in commit order, a large transaction split across batches; returns (rows, the
         end LSN of the last transaction finished by them or None, transactions finished, their transactions' xids,
-        the one stream of them all when each is an untraced message, else None: see WalTransaction.plain)."""
+        the one stream of them all when each is an untraced message, else None: see WalTransaction.plain, and the
+        switch markers of the transactions they finish)."""
         rows: list[WalRow] = []
         xids: list[int] = []
+        markers: list[str] = []
         confirm, finished = None, 0
         room = self.batch_size
         plains: set[str | None] = set()
@@ -171,45 +194,60 @@ class WalCapture:
                 if head.end_lsn is not None:  # a transaction's last part: the slot may go past its commit
                     confirm, finished = head.end_lsn, finished + 1
                     if head.marker is not None:
-                        self._confirmed_markers.append(head.marker)
+                        markers.append(head.marker)
         self._pending_rows -= len(rows)
-        return rows, confirm, finished, xids, (plains.pop() if len(plains) == 1 else None)
+        return rows, confirm, finished, xids, (plains.pop() if len(plains) == 1 else None), markers
 
     def _publish(self, conn: psycopg.Connection[Any], reader: ReplicationStream) -> BatchResult:
-        """Publish the next whole transactions' records whose rows exist, delete those rows, confirm the slot."""
+        """Publish up to ``pipeline_batches`` batches of whole committed transactions' records not published yet.
+        While Redis appends batch *i* (in the helper thread), this thread saves batch *i-1* (its rows deleted, its
+        positions and mark committed), confirms it to the slot, and reads and decodes what comes next. Positions of
+        *i* follow those of *i-1* before *i-1* is saved: if that save fails, both are read from the slot again and
+        sent with the same positions, which Redis deduplicates. Every batch sent in a pass is saved (or the pass
+        raises) before it returns."""
+        published, sent = 0, None
+        try:
+            for _ in range(self.pipeline_batches):
+                batch = self._prepare(conn, sent)
+                if batch is None:  # a table-mode streamer still holds a stream: read these again once it let go
+                    if sent is not None:
+                        self._save(conn, reader, sent)
+                    self._rewind()
+                    return BatchResult(published, blocked=True)
+                self._send(conn, reader, batch, sent)
+                published, sent = published + batch.fresh, batch
+                if not self._pending:
+                    break
+            if sent is not None:
+                self._save(conn, reader, sent)
+        except BaseException:
+            self.publisher.forget_positions()
+            self._rewind()
+            raise
+        # a batch of records published before (their rows gone) made progress too: the caller goes on at once
+        return BatchResult(published=published, waiting=not published)
+
+    def _prepare(self, conn: psycopg.Connection[Any], before: _Batch | None) -> _Batch | None:
+        """The next batch, encoded per target stream, its positions following ``before``'s (sent, maybe not saved);
+        None if a stream of it is not this streamer's to publish."""
         publisher = self.publisher
         started = time.perf_counter()
-        rows, confirm, finished, xids, plain = self._take_batch()
+        rows, confirm, finished, xids, plain, markers = self._take_batch()
         fresh, mark = self._fresh(conn, rows, xids, plain)
         by_stream = {publisher.stream_of(plain): fresh} if plain is not None and fresh else _by_stream(publisher, fresh)
         if not all(publisher.owns(conn, stream) for stream in by_stream):
-            self._rewind()  # a table-mode streamer still holds one: read these again once it let go
-            return BatchResult(blocked=True)
-        try:
-            ids = [] if plain is not None else [row[0] for _s, row, *_ in fresh if row is not None]
-            self._send(conn, by_stream, ids, mark, plain is not None)
-        except BaseException:
-            publisher.forget_positions()
-            self._rewind()
-            raise
-        publisher.faults.crash("streamer.crash_before_confirm")
-        if confirm is not None:  # a transaction split across batches is confirmed once its last part is deleted
-            reader.confirm(confirm)
-        self.markers.update(self._confirmed_markers)
-        self._confirmed_markers.clear()
+            return None
+        identity = publisher.identity()
+        targets: dict[str, Any] = {}
         for stream, stream_rows in by_stream.items():
-            publisher.counted(stream, len(stream_rows), started, routing.created_ms(stream_rows[0]))
-        log.info(
-            "batch streamed",
-            source="wal",
-            records=len(fresh),
-            skipped=len(rows) - len(fresh),
-            transactions=finished,
-            streams=len(by_stream),
-            ms=round((time.perf_counter() - started) * 1000, 2),
-        )
-        # a batch of records published before (their rows gone) made progress too: the caller goes on at once
-        return BatchResult(published=len(fresh), waiting=not fresh)
+            targets |= routing.split_wal(stream, publisher.partitions(stream), stream_rows, plain is not None)
+        planned = before.last_seqs if before is not None else {}
+        first = {t: planned[t] + 1 if t in planned else publisher.next_seq(conn, t, identity.epoch) for t in targets}
+        ids = [] if plain is not None else [row[0] for _s, row, *_ in fresh if row is not None]
+        return _Batch(
+            started, len(rows), len(fresh), by_stream, ids, mark, confirm, finished, markers, identity, targets,
+            first, {t: first[t] + payload.count - 1 for t, payload in targets.items()},
+        )  # fmt: skip
 
     def _fresh(
         self, conn: psycopg.Connection[Any], rows: list[WalRow], xids: list[int], plain: str | None = None
@@ -225,48 +263,53 @@ class WalCapture:
         return fresh, last_mark
 
     def _send(
-        self,
-        conn: psycopg.Connection[Any],
-        by_stream: dict[str, list[WalRow]],
-        ids: list[int],
-        mark: tuple[int, int] | None,
-        plain: bool = False,
+        self, conn: psycopg.Connection[Any], reader: ReplicationStream, batch: _Batch, before: _Batch | None
     ) -> None:
-        """Send the batch, then delete its rows and save its positions and mark (:meth:`_delete`); ``plain``: each
-        record an untraced message (see WalTransaction.plain)."""
-        publisher = self.publisher
-        identity = publisher.identity()
-        targets: dict[str, Any] = {}
-        for stream, stream_rows in by_stream.items():
-            targets |= routing.split_wal(stream, publisher.partitions(stream), stream_rows, plain)
-        first = {t: publisher.next_seq(conn, t, identity.epoch) for t in targets}
-        last_seqs = {t: first[t] + payload.count - 1 for t, payload in targets.items()}
-
-        def send_and_delete() -> None:
-            publisher.send_all(targets, identity, first)
-            publisher.faults.crash("streamer.crash_after_publish")
-            self._delete(conn, ids, last_seqs, mark)
-
-        self._overlapped(send_and_delete, sum(payload.count for payload in targets.values()))
-
-    def _overlapped(self, send_and_delete: Callable[[], None], records: int) -> None:
-        """Run ``send_and_delete`` from a helper thread while this one reads and decodes the next batch from the
-        slot (a batch's worth at most: with the one in flight, three batches of decoded records are held at most).
-        The helper is then the only user of the Redis client and of ``conn`` (this thread reads the slot's own
-        connection), and this thread waits for it whatever happens here."""
-        if records < self.batch_size:  # caught up: no next batch to decode, and a thread's hand-off costs latency
-            send_and_delete()
+        """Send ``batch``, saving ``before`` meanwhile. A full batch is sent from the helper thread while this one
+        saves ``before`` and reads and decodes the next (a batch's worth at most: with the one in flight, three
+        batches of decoded records are held at most); the helper is then the only user of the Redis client, and
+        this thread waits for it whatever happens here. A smaller batch (caught up: nothing to decode meanwhile,
+        and a thread's hand-off costs latency) is sent from this thread."""
+        if batch.fresh < self.batch_size:
+            if before is not None:
+                self._save(conn, reader, before)
+            self._send_now(batch)
             return
         if self._helper is None:
             name = f"unilog-{self.publisher.name}-redis"
             self._helper = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=name)
-        future = self._helper.submit(send_and_delete)
+        future = self._helper.submit(self._send_now, batch)
         try:
-            if self._reader is not None:
-                self._receive(self._reader, wait=0)
+            if before is not None:
+                self._save(conn, reader, before)
+            self._receive(reader, wait=0)
         finally:
             concurrent.futures.wait([future])
         future.result()
+
+    def _send_now(self, batch: _Batch) -> None:
+        self.publisher.send_all(batch.targets, batch.identity, batch.first)
+        self.publisher.faults.crash("streamer.crash_after_publish")
+
+    def _save(self, conn: psycopg.Connection[Any], reader: ReplicationStream, batch: _Batch) -> None:
+        """After Redis confirmed ``batch``: delete its rows and commit its positions and mark, then confirm it to the
+        slot (a transaction split across batches is confirmed once its last part is saved)."""
+        self._delete(conn, batch.ids, batch.last_seqs, batch.mark)
+        self.publisher.faults.crash("streamer.crash_before_confirm")
+        if batch.confirm is not None:
+            reader.confirm(batch.confirm)
+        self.markers.update(batch.markers)
+        for stream, stream_rows in batch.by_stream.items():
+            self.publisher.counted(stream, len(stream_rows), batch.started, routing.created_ms(stream_rows[0]))
+        log.info(
+            "batch streamed",
+            source="wal",
+            records=batch.fresh,
+            skipped=batch.rows - batch.fresh,
+            transactions=batch.finished,
+            streams=len(batch.by_stream),
+            ms=round((time.perf_counter() - batch.started) * 1000, 2),
+        )
 
     def _delete(
         self, conn: psycopg.Connection[Any], ids: list[int], last_seqs: dict[str, int], mark: tuple[int, int] | None
@@ -310,7 +353,6 @@ class WalCapture:
         self._reader = None
         self._decoder = Decoder(part_rows=self.batch_size)
         self._pending.clear()
-        self._confirmed_markers.clear()
         self._pending_rows = self._head_offset = 0
 
     def close(self) -> None:

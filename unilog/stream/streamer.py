@@ -60,7 +60,8 @@ class StreamerConfig:
     no notification arrives; while committed records wait behind an older open transaction the streamer re-checks
     after ``horizon_poll`` seconds, doubling up to ``horizon_poll_max`` (that transaction's end sends no NOTIFY).
     A backlog drains up to ``pipeline_batches`` batches per pass, Redis appending one batch while Postgres deletes
-    the one before and fetches the one after. A batch is one script call in Redis, which serves no other client
+    the one before and fetches the one after (in WAL mode: saves the one before, and the slot's next is decoded). A
+    batch is one script call in Redis, which serves no other client
     while it runs (about 5 us per record measured here: 25 ms for the default 5000); smaller batches trade drain
     rate (see bench/RESULTS.md) for shorter pauses. When committed records have waited ``horizon_warn_after``
     seconds behind an open transaction, a warning names the session that holds them, every
@@ -255,6 +256,7 @@ class Streamer(Worker):
                 batch_size=config.batch_size,
                 timeout=config.pg_timeout,
                 streams=config.streams,
+                pipeline_batches=config.pipeline_batches,
             )
             self._listener.close()  # the slot's stream wakes a WAL-mode streamer
         log.info("capture mode", mode="wal" if slot else "table", streamer=self.name)
