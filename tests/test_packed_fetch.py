@@ -88,26 +88,3 @@ def test_a_traced_batch_is_packed_the_same_in_postgres_and_in_python(settings: S
     )
     assert expected.stride == 7 and body == expected.body
     assert parents == [row[6] for row in rows if row[6]]
-
-
-def test_a_woken_pass_fetches_its_source_with_the_scan(settings: Settings, pg: Any, monkeypatch: Any) -> None:
-    """The pass after one that published from a source fetches that source's next batch in the scan's round trip
-    (pipelined), and publishes it: no separate fetch. The same batch a separate fetch would have given: dense
-    positions, in order, once."""
-    with Streamer(settings, StreamerConfig(batch_size=100)) as streamer:
-        streamer.connect()
-        stage(pg)
-        assert streamer.run_once().published == len(TRICKY)
-        stage(pg)
-        with psycopg.connect(settings.conninfo) as conn:
-            scanned, batch = store.sources_and_packed(conn, "", 100, store.START)
-            assert (scanned, batch) == (store.staged_sources(conn), store.fetch_packed(conn, "", 100, store.START))
-
-        def no_separate_fetch(*args: Any) -> Any:
-            raise AssertionError("fetched apart from the scan")
-
-        monkeypatch.setattr(store, "fetch_packed", no_separate_fetch)
-        assert streamer.run_once().published == len(TRICKY)
-    entries = redis.Redis.from_url(settings.redis_url).xrange(settings.stream)
-    assert [int(f[b"seq"]) for _, f in entries] == list(range(1, 2 * len(TRICKY) + 1))
-    assert [json.loads(f[b"data"]) for _, f in entries] == [data for data, _ in TRICKY] * 2

@@ -43,36 +43,20 @@ def staged_columns(records: list[tuple[Any, ...]]) -> tuple[list[Any], ...]:
 StagedRow = tuple[int, str, str, str, str | None, int, str | None, str | None]
 
 
-# Distinct values of staged_log_records.stream, found with a loose index scan (fast on big backlogs).
-SOURCES = """
-    WITH RECURSIVE s AS (
-        (SELECT stream FROM staged_log_records ORDER BY stream LIMIT 1)
-        UNION ALL
-        SELECT (SELECT r.stream FROM staged_log_records r WHERE r.stream > s.stream ORDER BY r.stream LIMIT 1)
-        FROM s WHERE s.stream IS NOT NULL
-    )
-    SELECT stream FROM s WHERE stream IS NOT NULL
-"""
-
-
 def staged_sources(conn: psycopg.Connection[Any]) -> list[str]:
-    """Distinct values of ``staged_log_records.stream`` (the sources with staged rows)."""
-    return [r[0] for r in conn.execute(SOURCES).fetchall()]
-
-
-def sources_and_packed(
-    conn: psycopg.Connection[Any], source: str, limit: int, after: tuple[str, int]
-) -> tuple[list[str], tuple[int, bytes, tuple[str, int], list[str]]]:
-    """:func:`staged_sources` and :func:`fetch_packed` of ``source``, in one round trip (pipelined, where libpq can):
-    a woken table-mode streamer scans the sources and fetches the one it expects without waiting in between. Each
-    statement sees the commits before it (READ COMMITTED), so the fetch is exactly what :func:`fetch_packed` would
-    return next; the caller uses it only if ``source`` is among the sources and its to publish."""
-    if not psycopg.Pipeline.is_supported():
-        return staged_sources(conn), fetch_packed(conn, source, limit, after)
-    with conn.pipeline():
-        scan = conn.execute(SOURCES)
-        batch = conn.execute(FETCH_PACKED, (source, after[0], after[1], limit), binary=True)
-    return [r[0] for r in scan.fetchall()], _packed(batch.fetchone(), after)
+    """Distinct values of ``staged_log_records.stream``, found with a loose index scan (fast on big backlogs)."""
+    rows = conn.execute(
+        """
+        WITH RECURSIVE s AS (
+            (SELECT stream FROM staged_log_records ORDER BY stream LIMIT 1)
+            UNION ALL
+            SELECT (SELECT r.stream FROM staged_log_records r WHERE r.stream > s.stream ORDER BY r.stream LIMIT 1)
+            FROM s WHERE s.stream IS NOT NULL
+        )
+        SELECT stream FROM s WHERE stream IS NOT NULL
+        """
+    ).fetchall()
+    return [r[0] for r in rows]
 
 
 # The text of xid is selected under another name: an output column named "xid" would be what ORDER BY xid sorts by
@@ -160,10 +144,7 @@ def fetch_packed(
     any record has a traceparent, each record has seven arguments (its traceparent and tracestate, maybe empty, after
     the five), else five: see :class:`unilog.wire.Packed`.
     """
-    return _packed(conn.execute(FETCH_PACKED, (source, after[0], after[1], limit), binary=True).fetchone(), after)
-
-
-def _packed(row: tuple[Any, ...] | None, after: tuple[str, int]) -> tuple[int, bytes, tuple[str, int], list[str]]:
+    row = conn.execute(FETCH_PACKED, (source, after[0], after[1], limit), binary=True).fetchone()
     if row is None or not row[0]:
         return 0, b"", after, []
     count, body, last_xid, last_id, parents = row

@@ -71,7 +71,6 @@ class TableCapture:
         self._after: dict[str, tuple[str, int]] = {}  # (xid, id) last published per source: valid like positions
         self._helper: concurrent.futures.ThreadPoolExecutor | None = None  # Redis, while a backlog drains
         self._packed_fetch = False  # whether Postgres can encode batches for Redis (a UTF8 database)
-        self._expected: str | None = None  # the source fetched with the scan (the last pass's first)
 
     def session_opened(self, conn: psycopg.Connection[Any]) -> None:
         """A new Postgres session: the cursor starts again; whether Postgres can encode batches (UTF8)."""
@@ -82,39 +81,20 @@ class TableCapture:
         """The sources (``stream`` column values) with staged rows that this streamer publishes. The transaction it
         begins is not committed here: the pass's fetch follows in it (READ COMMITTED: each statement sees the
         commits before it), one round trip less between a producer's commit and its XADD."""
-        return self._ours(store.staged_sources(conn))
-
-    def _ours(self, sources: list[str]) -> list[str]:
+        sources = store.staged_sources(conn)
         if self.streams is None:
             return sources
         return [s for s in sources if self.publisher.stream_of(s) in self.streams]
 
-    def _scan(self, conn: psycopg.Connection[Any]) -> tuple[list[str], dict[str, _Batch | None]]:
-        """:meth:`sources`, and the first batch of the source the last pass began with, fetched in the same round
-        trip (an unpartitioned stream's packed batch): a woken streamer reaches its XADD one round trip sooner."""
-        expected = self._expected
-        if expected is None or not self._packed_fetch:
-            return self.sources(conn), {}
-        stream = self.publisher.stream_of(expected)
-        if self.publisher.partitions(stream) > 1:
-            return self.sources(conn), {}
-        after = self._after.get(expected, store.START)
-        sources, fetched = store.sources_and_packed(conn, expected, self.batch_size, after)
-        return self._ours(sources), {expected: self._packed_batch(stream, after, fetched)}
-
     def run_once(self, conn: psycopg.Connection[Any]) -> BatchResult:
         """At most one batch per owned source, read below the visibility horizon."""
         published, waiting, blocked = 0, False, False
-        sources, fetched = self._scan(conn)
-        if sources:
-            self._expected = None  # the first source this streamer publishes, fetched with the next pass's scan
-        for source in sources:
+        for source in self.sources(conn):
             stream = self.publisher.stream_of(source)
             if not self.publisher.owns(conn, stream):
                 blocked = True  # another session publishes it (or is about to release it)
                 continue
-            self._expected = self._expected if self._expected is not None else source
-            n = self._publish_batch(conn, source, stream, fetched)
+            n = self._publish_batch(conn, source, stream)
             published += n
             if n == 0:
                 waiting = waiting or store.has_staged(conn, source)
@@ -138,24 +118,18 @@ class TableCapture:
 
     # -- one source's batches ----------------------------------------------------------------------------------------
 
-    def _publish_batch(
-        self, conn: psycopg.Connection[Any], source: str, stream: str, fetched: dict[str, _Batch | None]
-    ) -> int:
+    def _publish_batch(self, conn: psycopg.Connection[Any], source: str, stream: str) -> int:
         """Publish up to ``pipeline_batches`` batches of ``source`` back to back; return the records published.
 
         While Redis appends batch *i* (in a helper thread), this thread deletes batch *i-1*, which Redis already
         confirmed, and fetches batch *i+1*. Positions of batch *i* follow those of *i-1* before *i-1*'s delete
         commits; that is safe because they are fixed by the (xid, id) order: if the delete fails, every batch not
         deleted is re-sent later with the same positions, and the broker drops the ones it already has. Every
-        batch published in a pass is deleted (or the pass raises) before it returns. ``fetched`` may hold this
-        source's first batch, fetched with the pass's scan (packed: used only while the stream is unpartitioned).
+        batch published in a pass is deleted (or the pass raises) before it returns.
         """
         publisher = self.publisher
         partitions = publisher.partitions(stream)  # here: the helper thread must be the only user of the Redis client
-        if source in fetched and partitions <= 1:
-            batch = fetched[source]
-        else:
-            batch = self._fetch(conn, source, stream, partitions, self._after.get(source, store.START))
+        batch = self._fetch(conn, source, stream, partitions, self._after.get(source, store.START))
         if batch is None:
             return 0
         identity = publisher.identity()
@@ -198,21 +172,16 @@ class TableCapture:
         already encoded for Redis; a partitioned one is read as rows and split by key here."""
         limit = self.batch_size
         if partitions <= 1 and self._packed_fetch:
-            return self._packed_batch(stream, after, store.fetch_packed(conn, source, limit, after))
+            count, body, last, parents = store.fetch_packed(conn, source, limit, after)
+            if not count:
+                return None
+            packed = engine.Packed(count, body, 7 if parents else 5)
+            return _Batch(count, after, last, {stream: packed}, engine.first_created_ms(body), tuple(parents))
         rows, last = store.fetch_visible(conn, source, limit, after)
         if not rows:
             return None
         traced = tuple(row[6] for row in rows if row[6])
         return _Batch(len(rows), after, last, routing.split(stream, partitions, rows), rows[0][5], traced)
-
-    @staticmethod
-    def _packed_batch(stream: str, after: tuple[str, int], fetched: tuple[int, bytes, Any, list[str]]) -> _Batch | None:
-        """A batch from :func:`unilog.store.fetch_packed`'s result (None: nothing visible)."""
-        count, body, last, parents = fetched
-        if not count:
-            return None
-        packed = engine.Packed(count, body, 7 if parents else 5)
-        return _Batch(count, after, last, {stream: packed}, engine.first_created_ms(body), tuple(parents))
 
     def _overlapped(
         self,
