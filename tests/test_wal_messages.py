@@ -26,6 +26,8 @@ from cli import TESTS, one_line, unilog
 from unilog import Settings, Streamer, StreamerConfig, emit, store
 from unilog.errors import CaptureLost, ConfigurationError, InjectedCrash
 from unilog.faults import Faults
+from unilog.store.pgoutput import Decoder
+from unilog.store.wal import ReplicationStream, capture_slot
 from unilog.stream.capture import capture_status, disable_wal, enable_wal
 
 STREAM = "test-stream"
@@ -443,12 +445,22 @@ def test_emit_async_writes_a_message_too(wal: Settings, pg: Any, rds: redis.Redi
     assert published(rds) == dense(1)
 
 
+def slot_messages(settings: Settings, pg: Any, commits: int) -> list[bytes]:
+    """The raw pgoutput messages of the database's slot, read until ``commits`` transactions have arrived."""
+    slot = capture_slot(pg)
+    assert slot is not None
+    reader = ReplicationStream(settings.conninfo, slot, application_name="test-slot-messages", timeout=10)
+    messages: list[bytes] = []
+    deadline = time.monotonic() + 10
+    while sum(m[:1] == b"C" for m in messages) < commits and time.monotonic() < deadline:
+        messages += reader.read(1000, 0.2)
+    reader.close()
+    return messages
+
+
 def test_the_decoders_short_path_reads_messages_as_the_general_one_does(wal: Settings, pg: Any) -> None:
     """feed_all's short path (untraced record messages) and feed's general one, on one real slot's output: records of
     every shape (default and named streams, with and without a key, traced, a row among them) decode alike."""
-    from unilog.store.pgoutput import Decoder
-    from unilog.store.wal import ReplicationStream, capture_slot
-
     with psycopg.connect(wal.conninfo) as conn:
         conn.execute("SELECT unilog_stage('create', 'ride', '{\"n\": 0}', '', NULL, NULL, NULL)")
         conn.execute("SELECT unilog_stage('create', 'ride', '{\"n\": 1}', 'named.s-1', 'k1', NULL, NULL)")
@@ -459,14 +471,7 @@ def test_the_decoders_short_path_reads_messages_as_the_general_one_does(wal: Set
         conn.execute(
             "INSERT INTO staged_log_records (action, object, data, stream) VALUES ('create', 'ride', '{\"n\": 5}', '')"
         )
-    slot = capture_slot(pg)
-    assert slot is not None
-    reader = ReplicationStream(wal.conninfo, slot, application_name="test-decoder", timeout=10)
-    messages: list[bytes] = []
-    deadline = time.monotonic() + 10
-    while not any(m[:1] == b"C" for m in messages) and time.monotonic() < deadline:
-        messages += reader.read(1000, 0.2)
-    reader.close()
+    messages = slot_messages(wal, pg, commits=1)
     general = Decoder()
     by_feed = [t for m in messages if (t := general.feed(m)) is not None]
     by_feed_all = Decoder().feed_all(messages)
@@ -484,23 +489,13 @@ def test_the_decoders_short_path_reads_messages_as_the_general_one_does(wal: Set
 def test_the_decoder_says_which_transactions_hold_untraced_messages_of_one_stream(wal: Settings, pg: Any) -> None:
     """WalTransaction.plain, which lets the streamer concatenate a batch without looking at each record: the one
     stream of a transaction (or part) whose records are all untraced messages; None for anything else."""
-    from unilog.store.pgoutput import Decoder
-    from unilog.store.wal import ReplicationStream, capture_slot
-
     stage = "SELECT unilog_stage('create', 'ride', '{}', %s, NULL, %s, NULL)"
     shapes = [[("s", None)] * 3, [("s", None), ("t", None)], [("s", None), ("s", "00-ab-cd-01")], [("", None)] * 5]
     for shape in shapes:
         with psycopg.connect(wal.conninfo) as conn:
             for stream, traceparent in shape:
                 conn.execute(stage, (stream, traceparent))
-    slot = capture_slot(pg)
-    assert slot is not None
-    reader = ReplicationStream(wal.conninfo, slot, application_name="test-plain", timeout=10)
-    messages: list[bytes] = []
-    deadline = time.monotonic() + 10
-    while sum(m[:1] == b"C" for m in messages) < len(shapes) and time.monotonic() < deadline:
-        messages += reader.read(1000, 0.2)
-    reader.close()
+    messages = slot_messages(wal, pg, commits=len(shapes))
     assert [t.plain for t in Decoder().feed_all(messages)] == ["s", None, None, ""]
     parts = Decoder(part_rows=2).feed_all(messages)
     assert [(len(t.rows), t.plain) for t in parts] == [

@@ -79,8 +79,8 @@ class WalCapture:
         conninfo: str,
         batch_size: int,
         timeout: float | None,
+        pipeline_batches: int,
         streams: tuple[str, ...] | None = None,
-        pipeline_batches: int = 8,
     ) -> None:
         if streams is not None:
             raise ConfigurationError(
