@@ -1,24 +1,28 @@
-"""WAL mode, the streamer's commit-order capture: committed inserts read from the database's logical replication slot
-(Postgres's ``pgoutput``), published, their staged rows deleted by id, then confirmed to the slot.
+"""WAL mode, the streamer's commit-order capture: records read from the database's logical replication slot
+(Postgres's ``pgoutput``) as they commit, published, saved, then confirmed to the slot.
 
-Producers still insert into ``staged_log_records`` in their own transaction; an open or idle transaction delays only
-its own records. Guarantees, as in table mode (the mode switches are :mod:`unilog.stream.capture`'s):
+Producers' ``emit`` writes each record as a transactional logical message (``unilog_stage``: nothing to delete or
+vacuum); rows that other producers insert into ``staged_log_records`` are read from the same slot, and deleted by id
+once published. An open or idle transaction delays only its own records. Guarantees, as in table mode (the mode
+switches are :mod:`unilog.stream.capture`'s):
 
 * **Dense positions in commit order.** Each target stream's records get ``seq`` 1, 2, 3, ... in the order their
   transactions committed.
-* **Nothing deleted before Redis confirmed; nothing confirmed to the slot before it is deleted.** A batch is
-  published, then its staged rows are deleted by id with the positions advanced in one transaction, then its end LSN
-  is confirmed to the slot. A crash before the delete re-reads the same transactions from the slot and re-sends the
-  records with the same positions (the broker drops them); a crash after it re-reads records whose rows are gone,
-  and skips them.
+* **Nothing saved before Redis confirmed; nothing confirmed to the slot before it is saved.** A batch is published,
+  then saved in one transaction (its staged rows deleted by id, the positions advanced, and the (commit LSN,
+  ordinal) mark of its last record message), then its end LSN is confirmed to the slot. A crash before the save
+  re-reads the same transactions from the slot and re-sends the records with the same positions (the broker drops
+  them); a crash after it re-reads records whose rows are gone, or messages at or before the mark, and skips them.
+  On a backlog, Redis appends a batch while the one before is saved and confirmed: the same order per batch.
 * **Memory does not grow with a transaction.** The slot's stream sends a transaction only once it has committed, so a
-  large one is decoded, published and deleted a batch at a time as it arrives; the slot is confirmed past it once
-  its last part is deleted. At most two batches of decoded rows are held besides the one being sent
+  large one is decoded, published and saved a batch at a time as it arrives; the slot is confirmed past it once
+  its last part is saved. At most two batches of decoded rows are held besides the one being sent
   (:attr:`WalCapture.held_peak`).
 * **Rows that may predate the slot go first**, by table-mode passes, while any row below the slot's ``from_xid``
   is staged.
 * **A lost slot is never skipped silently**: :class:`~unilog.errors.CaptureLost` (raised by the replication stream)
-  stops the streamer, naming the recovery, and the unpublished records are still staged.
+  stops the streamer, naming the recovery; staged rows are kept, producers are switched to rows at once, and the
+  record messages the slot had not delivered are lost with it (the error says so).
 """
 
 from __future__ import annotations
