@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from unilog.config import sqlalchemy_url
 from unilog.harness.pytest_plugin import PostgresHandle
@@ -78,3 +79,49 @@ def test_migrate_twice_is_idempotent(settings: Any) -> None:
     migrate(settings.database_url)
     with psycopg.connect(settings.conninfo) as conn:
         assert conn.execute("SELECT count(*) FROM unilog_producer").fetchone() == (1,)
+
+
+def test_unilog_0010_downgrades_to_0009s_unilog_stage_and_back(unilog_postgres: PostgresHandle) -> None:
+    """unilog_0010 replaces unilog_stage's body; its downgrade runs unilog_0009's definition (loaded from that
+    migration's file, not copied), and both bodies stage rows and messages alike."""
+    from alembic import command
+    from sqlalchemy import create_engine, pool
+
+    from unilog.schema import alembic_config, migrate
+
+    with psycopg.connect(unilog_postgres.admin_url, autocommit=True) as admin:
+        level = admin.execute("SHOW wal_level").fetchone()[0]  # type: ignore[index]
+        if level != "logical":
+            pytest.skip(f"the Postgres given by DATABASE_URL has wal_level={level}; a logical message needs logical")
+        admin.execute("DROP DATABASE IF EXISTS stage_down WITH (FORCE)")
+        admin.execute("CREATE DATABASE stage_down")
+    url = unilog_postgres.url_for("stage_down")
+    migrate(url)
+    source = "SELECT prosrc FROM pg_proc WHERE proname = 'unilog_stage'"
+    stage = "SELECT unilog_stage('create', 'ride', '{\"n\": 1}', '', 'k', NULL, NULL)"
+
+    def stages(conn: psycopg.Connection[Any]) -> list[Any]:
+        out = []
+        for mode in (0, 1):
+            conn.execute("SELECT setval('unilog_emit_mode', %s)", (mode,))
+            out.append(conn.execute(stage).fetchone()[0])  # type: ignore[index]
+        conn.rollback()
+        return out
+
+    with psycopg.connect(url) as conn:
+        assert "pg_sequence_last_value" in conn.execute(source).fetchone()[0]  # type: ignore[index]
+        row_id, message = stages(conn)
+        assert isinstance(row_id, int) and message is None
+    engine = create_engine(sqlalchemy_url(url), poolclass=pool.NullPool)
+    with engine.begin() as sa:
+        cfg = alembic_config()
+        cfg.attributes["connection"] = sa
+        command.downgrade(cfg, "unilog_0009")
+    engine.dispose()
+    with psycopg.connect(url) as conn:
+        assert "SELECT last_value FROM unilog_emit_mode" in conn.execute(source).fetchone()[0]  # type: ignore[index]
+        row_id, message = stages(conn)
+        assert isinstance(row_id, int) and message is None
+    migrate(url)
+    with psycopg.connect(url) as conn:
+        assert "pg_sequence_last_value" in conn.execute(source).fetchone()[0]  # type: ignore[index]
