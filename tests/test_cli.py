@@ -167,12 +167,12 @@ def test_status_reports_backlog_and_lag(settings: Settings) -> None:
         emit(conn, action="create", object="ride", data={"n": 99})
         conn.commit()
     holder = psycopg.connect(settings.conninfo, application_name="long-report")
-    holder.execute("SELECT pg_current_xact_id()")  # an open transaction with an xid holds the horizon
+    emit(holder, action="create", object="ride", data={"n": 100})  # an open transaction that staged: its record waits
     result = unilog("status", "--json", env=env_for(settings))
     holder.close()
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert report["staged"]["oldest_transaction"]["application_name"] == "long-report"
+    assert report["staged"]["open_stager"]["application_name"] == "long-report"
     assert report["staged"]["records"] == 1 and report["staged"]["oldest_age_seconds"] >= 0
     assert report["streams"][0]["name"] == "cli-stream" and report["streams"][0]["length"] == 13
     assert report["consumers"][0]["name"] == "cli" and report["consumers"][0]["lag_entries"] == 3

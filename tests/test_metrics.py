@@ -138,7 +138,7 @@ def test_process_metrics_agree_with_postgres_and_redis(
     assert pg.execute(applied).fetchone()[0] == 60, "each once"
 
 
-def test_the_system_exporter_reports_lag_backlog_horizon_dead_letters_and_publishers(
+def test_the_system_exporter_reports_lag_backlog_open_stagers_dead_letters_and_publishers(
     settings: Settings, pg: Any, rds: Any, spawn: Callable[..., Any]
 ) -> None:
     stream = settings.stream
@@ -164,9 +164,9 @@ def test_the_system_exporter_reports_lag_backlog_horizon_dead_letters_and_publis
     pg.execute("UPDATE unilog_checkpoints SET last_id = %s WHERE name = 'late'", (tenth,))
     rds.xadd(dlq_key(stream), {"data": "{}", "dlq_original_id": "1-0", "dlq_group": "", "dlq_consumer": "late"})
     blocker = psycopg.connect(settings.conninfo)
-    blocker.execute("INSERT INTO applied (consumer, producer, entry_id) VALUES ('x', 'x', 'x')")  # holds the horizon
+    emit(blocker, action="create", object="ride", data={"open": True})  # staged, open: its own record waits
     try:
-        produce(settings, 5)  # staged behind the open transaction
+        produce(settings, 5)  # staged beside the open transaction
         time.sleep(1.1)
         samples = scrape(port)
     finally:
@@ -176,7 +176,7 @@ def test_the_system_exporter_reports_lag_backlog_horizon_dead_letters_and_publis
     assert value(samples, "unilog_stream_length", stream=stream) == 30 == rds.xlen(stream)
     assert value(samples, "unilog_staged_records", stream=stream) == 5
     assert value(samples, "unilog_staged_oldest_age_seconds", stream=stream) >= 1
-    assert value(samples, "unilog_horizon_held_seconds") >= 1
+    assert value(samples, "unilog_open_staging_transaction_seconds") >= 1
     assert value(samples, "unilog_consumer_lag_entries", stream=stream, consumer="late", kind="checkpoint") == 20
     assert value(samples, "unilog_consumer_lag_seconds", stream=stream, consumer="late", kind="checkpoint") >= 0
     assert value(samples, "unilog_dead_letters", stream=stream) == 1

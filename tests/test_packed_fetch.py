@@ -31,16 +31,24 @@ def test_packed_batch_equals_the_rows_encoded_in_python(settings: Settings, pg: 
     stage(pg)
     with psycopg.connect(settings.conninfo) as conn:
         assert store.packed_fetch_supported(conn)
-        rows, last = store.fetch_visible(conn, "", 100)
-        count, body, packed_last, parents = store.fetch_packed(conn, "", 100)
-        assert (count, packed_last, parents) == (len(TRICKY), last, [])
+        as_rows = store.claim_rows(conn, "", 100, store.Cursor())
+        conn.rollback()
+        packed = store.claim_packed(conn, "", 100, store.Cursor())
+        assert as_rows is not None and packed is not None
+        assert (packed.count, packed.last, packed.parents) == (len(TRICKY), as_rows.last, ())
         expected = engine.pack_rows(
-            [(data, action, obj, created, key) for _, action, obj, data, key, created, *_ in rows]
+            [(data, action, obj, created, key) for _, action, obj, data, key, created, *_ in as_rows.rows]
         )
-        assert body == expected.body
-        # a limit inside the backlog stops at the same record, and an empty range says so
-        assert store.fetch_packed(conn, "", 2)[2] == store.fetch_visible(conn, "", 2)[1]
-        assert store.fetch_packed(conn, "", 100, last) == (0, b"", last, [])
+        assert packed.body == expected.body
+        # a saved claim read again is the same batch, byte for byte
+        again = store.reclaim_packed(conn, packed.claim)
+        assert again is not None and (again.count, again.last, again.body) == (packed.count, packed.last, packed.body)
+        conn.rollback()
+        # a limit inside the backlog stops at the same record, and a cursor past everything claims nothing
+        assert store.claim_packed(conn, "", 2, store.Cursor()).last == as_rows.rows[1][0]  # type: ignore[union-attr]
+        conn.rollback()
+        assert store.claim_packed(conn, "", 100, store.Cursor(last=as_rows.last, since="18446744073709551615")) is None
+        conn.rollback()
 
 
 def test_streamed_entries_carry_the_exact_json_and_keys(settings: Settings, pg: Any) -> None:
@@ -80,8 +88,12 @@ def test_a_traced_batch_is_packed_the_same_in_postgres_and_in_python(settings: S
     pg.execute("UPDATE staged_log_records SET traceparent = 'tp-' || id WHERE id % 2 = 0")
     pg.execute("UPDATE staged_log_records SET tracestate = 'v=' || id WHERE id % 4 = 0")
     with psycopg.connect(settings.conninfo) as conn:
-        rows, _ = store.fetch_visible(conn, "", 100)
-        count, body, _, parents = store.fetch_packed(conn, "", 100)
+        claimed = store.claim_rows(conn, "", 100, store.Cursor())
+        conn.rollback()
+        packed = store.claim_packed(conn, "", 100, store.Cursor())
+        conn.rollback()
+    assert claimed is not None and packed is not None
+    rows, count, body, parents = claimed.rows, packed.count, packed.body, list(packed.parents)
     assert count == len(rows)
     expected = engine.pack_rows(
         [(data, action, obj, created, key, tp, ts) for _, action, obj, data, key, created, tp, ts in rows]

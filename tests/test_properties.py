@@ -5,7 +5,7 @@ Hypothesis generates a list of steps that one thread executes in order against a
 * producers (3 connections): ``("begin", i, k)`` opens transaction i on connection i if it is not open and emits k
   records into it (so one transaction's records can interleave with others' in staged-id order); ``("commit", i)``
   and ``("rollback", i)`` end it (no-ops when it is not open). Transactions therefore commit out of order, stay open
-  across streamer passes (the horizon) and roll back leaving gaps in the staged ids.
+  across streamer passes (their records wait, nobody else's) and roll back leaving gaps in the staged ids.
 * the streamer (batch size 2, trimming behind the registered consumers on every pass): ``("stream",)`` is one
   ``run_once``; ``("stream_crash",)`` one with ``streamer.crash_after_publish`` forced, then a restart (``close``,
   and wait until the old session has released its stream lock: see ``wait_for_old_streamer_session``);
@@ -17,8 +17,10 @@ Hypothesis generates a list of steps that one thread executes in order against a
 
 After the steps every open transaction is committed or rolled back (also generated), the streamer and both consumers
 drain, and then: each consumer applied every committed record exactly once, no rolled-back record, at positions
-1..N per producer with no gap, in the streamer's documented total order ((xid, staged id)), and with its checkpoint
-at N; the staged table is empty; the stream, deduplicated by position, is a contiguous run ending at N.
+1..N per producer with no gap, in the stream's order, and with its checkpoint at N; the staged table is empty; the
+stream, deduplicated by position, is a contiguous run ending at N, and its order keeps the documented guarantee: a
+record emitted after another's transaction committed comes after it, and one transaction's records keep their emit
+order (so records whose transactions conflict on a row are in commit order: unilog/store/claims.py).
 
 ``UNILOG_HYPOTHESIS_EXAMPLES`` (default 25) sets the number of examples; ``UNILOG_HYPOTHESIS_DERANDOMIZE=1`` makes
 the run derandomized (reproducible without ``--hypothesis-seed``).
@@ -93,6 +95,8 @@ class Staged:
     n: int
     staged_id: int
     xid: int
+    emitted: int = 0  # the model's clock when it was emitted
+    committed: int = 0  # ... and when its transaction committed
 
 
 @dataclass
@@ -144,6 +148,7 @@ class Pipeline:
         self.committed: list[Staged] = []
         self.rolled_back: list[Staged] = []
         self.next_n = 0
+        self.clock = 0  # the model's clock: one tick per emit and per commit
         self.streamer = Streamer(settings, StreamerConfig(batch_size=2, retention_interval=0.0), name="prop")
         self.consumers = [
             Consumer(settings, ConsumerConfig(name=f"c{c}", batch_size=2), applying_handler(f"c{c}"))
@@ -179,7 +184,8 @@ class Pipeline:
                 row = conn.execute("SELECT pg_current_xact_id()::text").fetchone()
                 assert row is not None
                 txn.xid = int(row[0])
-            txn.records.append(Staged(n, staged_id, txn.xid))
+            self.clock += 1
+            txn.records.append(Staged(n, staged_id, txn.xid, emitted=self.clock))
 
     def commit(self, i: int) -> None:
         txn = self.open.pop(i, None)
@@ -187,6 +193,9 @@ class Pipeline:
             conn = self.producers[i]
             assert conn is not None
             conn.commit()
+            self.clock += 1
+            for record in txn.records:
+                record.committed = self.clock
             if any(
                 other.xid is not None and txn.xid is not None and other.xid < txn.xid for other in self.open.values()
             ):
@@ -202,8 +211,8 @@ class Pipeline:
             self.rolled_back += txn.records
 
     def stream(self) -> None:
-        if self.streamer.run_once().waiting:
-            event("the streamer waited for an open transaction (the horizon)")
+        if self.streamer.run_once().published and self.open:
+            event("the streamer published beside an open transaction")
 
     def _stream_with(self, faults: Faults) -> None:
         self.streamer.faults = faults
@@ -284,9 +293,28 @@ class Pipeline:
             for consumer in self.consumers:
                 consumer.drain()
 
+    def stream_order(self) -> list[int]:
+        """The records' order in the stream: by the positions the first consumer applied them at (retention has
+        trimmed what every consumer read), each position once."""
+        rows = self.check.execute("SELECT DISTINCT seq, n FROM applied WHERE consumer = 'c0' ORDER BY seq").fetchall()
+        return [n for _, n in rows]
+
+    def check_order(self, order: list[int]) -> None:
+        """The documented guarantee: a record emitted after another's transaction committed comes after it; one
+        transaction's records keep their emit order."""
+        at = {n: i for i, n in enumerate(order)}
+        for a in self.committed:
+            for b in self.committed:
+                before = a.committed < b.emitted or (a.xid == b.xid and a.staged_id < b.staged_id)
+                if before and a.n in at and b.n in at:
+                    assert at[a.n] < at[b.n], f"record {a.n} (committed at {a.committed}) after {b.n} (emitted at "
+                    f"{b.emitted}): stream order {order}"
+
     def check_final(self) -> None:
-        # the documented total order: (xid, staged id); positions are 1..N in it
-        expected = [r.n for r in sorted(self.committed, key=lambda r: (r.xid, r.staged_id))]
+        # the stream's order (each consumer must apply it), which must keep the documented guarantee
+        expected = self.stream_order()
+        assert sorted(set(expected)) == sorted(r.n for r in self.committed), f"stream records {expected}"
+        self.check_order(expected)
         committed = set(expected)
         rolled_back = {r.n for r in self.rolled_back}
         row = self.check.execute("SELECT producer_id FROM unilog_producer").fetchone()
@@ -313,7 +341,7 @@ class Pipeline:
             assert sorted(seqs) == list(range(1, len(expected) + 1)), f"{name} positions are not 1..N: {seqs}"
             assert seqs == sorted(seqs), f"{name} applied positions out of order: {seqs}"
             got = [n for _, _, n in rows]
-            assert got == expected, f"{name} applied records in order {got}, the (xid, id) order is {expected}"
+            assert got == expected, f"{name} applied records in order {got}, the stream's order is {expected}"
             cp = self.check.execute("SELECT positions FROM unilog_checkpoints WHERE name = %s", (name,)).fetchone()
             assert cp is not None
             want = {producer: [1, len(expected)]} if expected else {}

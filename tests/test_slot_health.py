@@ -153,6 +153,21 @@ def test_slot_health_while_the_streamer_is_down_and_after_it_catches_up(
 
 def test_table_mode_has_no_slot_gauges_and_status_says_no_slot(settings: Settings, exporter: int) -> None:
     assert slot_gauges(exporter) == {name: {} for name in GAUGES}, "no samples in table mode"
-    assert status_json(settings)["capture"] == {"mode": "table", "slot": None}
-    assert "capture: table mode (no slot)" in unilog(settings, "status").stdout
-    assert dashboard_capture(settings) == {"mode": "table", "slot": None}
+    level = status_json(settings)["capture"]["wal_level"]
+    assert status_json(settings)["capture"] == {"mode": "table", "slot": None, "wal_level": level}
+    (line,) = [x for x in unilog(settings, "status").stdout.splitlines() if x.startswith("capture:")]
+    assert line.startswith("capture: table mode (commit order per row;") and "`unilog capture wal`" in line, line
+    assert ("this server has wal_level=logical" in line) == (level == "logical"), line
+    assert dashboard_capture(settings) == {"mode": "table", "slot": None, "wal_level": level}
+
+
+def test_migrate_says_in_one_line_which_mode_the_database_is_in_and_how_to_switch(settings: Settings, pg: Any) -> None:
+    result = unilog(settings, "migrate")
+    assert result.returncode == 0, result.stderr
+    (line,) = [x for x in result.stdout.splitlines() if "capture:" in x]
+    assert line.startswith("unilog: capture: table mode (commit order per row;") and "unilog capture wal" in line
+    if pg.execute("SHOW wal_level").fetchone()[0] != "logical":
+        return
+    enable_wal(settings)
+    line = next(x for x in unilog(settings, "migrate").stdout.splitlines() if "capture:" in x)
+    assert line.startswith("unilog: capture: WAL mode (commit order)") and "`unilog capture table`" in line, line

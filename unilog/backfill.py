@@ -7,18 +7,18 @@ name, ``action`` ``backfill``, ``key`` the key's value as text, ``data`` the row
 
 **Order against live writes** (``docs/guides/backfill.md``). Each page is one transaction that
 
-1. takes its transaction id and waits until every transaction that took one before it has ended (the visibility
-   horizon passed it), so every record staged by an older transaction is already committed;
-2. locks the cursor row ``unilog_backfills`` (a cancel waits for the page) and reads the page's rows
+1. locks the cursor row ``unilog_backfills`` (a cancel waits for the page) and reads the page's rows
    ``FOR SHARE``: an update of one of them that is in progress makes the read wait for it and then return the
    updated row; an update that comes later waits for the page's commit;
-3. stages the page's records (one ``emit_many``: one statement, in key order) and advances the cursor, and commits
+2. stages the page's records (one ``emit_many``: one statement, in key order) and advances the cursor, and commits
    both at once.
 
-So for each row, a change committed before the page read it is in the page's record and that change's own record
-comes first (its transaction is older or committed first: in table mode records go out in transaction-id order, in
-WAL mode in commit order), and a change that waited for the page commits after it, with a newer transaction id, and
-its record comes after the backfill's. A consumer applying records in stream order ends with every row's latest
+So for each row, a change committed before the page read it is in the page's record, and that change's own record
+comes first: it committed first (WAL mode publishes in commit order) and it was emitted before the page's records
+were (table mode publishes records of transactions that conflict on a row in emit order, which is then commit
+order: :mod:`unilog.store.claims`). A change that waited for the page commits after it and emits after it, so its
+record comes after the backfill's. Nothing waits for unrelated open transactions. A consumer applying records in
+stream order ends with every row's latest
 value. A killed page commits nothing: neither records nor cursor; the next run starts after the last committed page.
 """
 
@@ -332,7 +332,6 @@ class Backfill(Worker):
         conn = self.links.pg()
         started = time.perf_counter()
         with conn.transaction():
-            _wait_for_older(conn)
             cursor = sql.lock_backfill(conn, self.name)
             if cursor is None or cursor["status"] != "running":
                 self.outcome = "cancelled" if cursor is None else cursor["status"]
@@ -418,16 +417,3 @@ class Backfill(Worker):
         """Close the session (its lock goes with it); only committed pages carry over."""
         self.plan = None
         super().close()
-
-
-def _wait_for_older(conn: psycopg.Connection[Any]) -> None:
-    """Wait until every transaction that took its id before this one has ended (see the module docstring, step 1).
-    Polls: nothing here is locked yet, so no older transaction can be waiting for this one."""
-    delay, waited, warned = 0.001, 0.0, False
-    while sql.older_transactions_running(conn):
-        if waited > 10 and not warned:
-            log.warning("backfill page waits for an older open transaction", holder=store.horizon_holder(conn))
-            warned = True
-        time.sleep(delay)
-        waited += delay
-        delay = min(delay * 2, 0.05)

@@ -60,10 +60,10 @@ def _id_seconds(entry_id: str | None) -> float | None:
 
 def _families(report: dict[str, Any]) -> Iterator[GaugeMetricFamily]:
     staged, streams = report["staged"], report["streams"]
-    holder = staged.get("oldest_transaction")
+    holder = staged.get("open_stager")
     yield _gauge(
-        "unilog_horizon_held_seconds",
-        "Age of the oldest open transaction that holds back publication (0 if none)",
+        "unilog_open_staging_transaction_seconds",
+        "Age of the oldest open transaction that staged records, which wait for its commit (0 if none)",
         [],
         [([], float(holder["age_seconds"]) if holder else 0.0)],
     )

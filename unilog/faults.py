@@ -8,6 +8,8 @@ Points:
 
 ``streamer.double_send``
     Re-send the whole batch to Redis right after it was sent (the reference design's 10 %).
+``streamer.crash_after_claim``
+    Table mode: crash after a batch's claim committed and before anything of it was sent to Redis.
 ``streamer.crash_after_publish``
     Crash after Redis confirmed the batch and before the delete of the staged records commits.
 ``consumer.crash_mid_batch``
@@ -42,6 +44,7 @@ log = structlog.get_logger(__name__)
 
 POINTS = (
     "streamer.double_send",
+    "streamer.crash_after_claim",  # table mode: the claim saved, nothing sent
     "streamer.crash_after_publish",
     "streamer.crash_before_confirm",  # WAL capture: rows deleted, the slot not yet told
     "consumer.crash_mid_batch",

@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from . import dlq, engine, store
-from .config import Settings
+from .config import Settings, postgres_conninfo
 from .store.backfills import list_backfills
 from .stream import retention
 
@@ -50,7 +50,7 @@ def collect_status(settings: Settings) -> dict[str, Any]:
 
 def _staged(conn: Any) -> dict[str, Any]:
     records, oldest = store.staged_backlog(conn)
-    return {"records": records, "oldest_age_seconds": oldest, "oldest_transaction": store.horizon_holder(conn)}
+    return {"records": records, "oldest_age_seconds": oldest, "open_stager": store.oldest_stager(conn)}
 
 
 def capture_health(conn: Any) -> dict[str, Any]:
@@ -59,7 +59,7 @@ def capture_health(conn: Any) -> dict[str, Any]:
     streamer has not confirmed (``confirmed_lag_bytes``: minus its ``confirmed_flush_lsn``). Table mode has no slot."""
     current = store.capture_slot(conn)
     if current is None:
-        return {"mode": "table", "slot": None}
+        return {"mode": "table", "slot": None, "wal_level": store.wal_level(conn)}
     state = store.slot_state(conn, current.slot)
     if state is None:
         return {"mode": "wal", "slot": current.slot, "exists": False, "active": False, "active_pid": None}
@@ -221,12 +221,12 @@ def format_status(report: dict[str, Any]) -> str:
     staged = report["staged"]
     age = staged["oldest_age_seconds"]
     lines = [f"staged records: {staged['records']}" + (f" (oldest {age:.1f}s)" if age is not None else "")]
-    holder = staged.get("oldest_transaction")
+    holder = staged.get("open_stager")
     if holder:
         lines.append(
-            f"oldest open transaction: pid {holder['pid']} ({holder['application_name'] or '-'}, "
-            f"{holder['database']}, {holder['state']}), open {holder['age_seconds']:.1f}s: records committed after it "
-            f"began wait for it; its query: {holder['query']!r}"
+            f"open transaction that staged records: pid {holder['pid']} ({holder['application_name'] or '-'}, "
+            f"{holder['database']}, {holder['state']}), open {holder['age_seconds']:.1f}s: its own records wait "
+            f"for its commit (no one else's do); its query: {holder['query']!r}"
         )
     lines.append(format_capture(report.get("capture")))
     lines.append("")
@@ -298,17 +298,37 @@ def format_backfills(rows: list[dict[str, Any]]) -> list[str]:
     )
 
 
+def capture_mode_line(database_url: str) -> str:
+    """:func:`format_capture`'s line for the database at ``database_url`` (``unilog migrate`` prints it)."""
+    with store.connect(postgres_conninfo(database_url), autocommit=True, application_name="unilog-status") as conn:
+        return format_capture(capture_health(conn))
+
+
+def describe_mode(wal_level: str | None) -> str:
+    """One line for a database in table mode: what it guarantees, and how to switch to WAL mode on this server."""
+    if wal_level == "logical":
+        switch = "`unilog capture wal` switches to WAL mode (this server has wal_level=logical)"
+    else:
+        switch = (
+            f"WAL mode needs wal_level=logical (this server has {wal_level or 'an unknown wal_level'}: set it and "
+            "restart Postgres), then `unilog capture wal`"
+        )
+    return f"capture: table mode (commit order per row; every record in commit order: {switch})"
+
+
 def format_capture(capture: dict[str, Any] | None) -> str:
-    """One line: the capture mode, and in WAL mode the slot's streamer, retained WAL and confirmation lag."""
+    """One line: the capture mode, and in WAL mode the slot's streamer, retained WAL and confirmation lag (in table
+    mode, how to switch)."""
     if capture is None or capture["mode"] == "table":
-        return "capture: table mode (no slot)"
+        return describe_mode((capture or {}).get("wal_level"))
     slot = capture["slot"]
     if not capture["exists"]:
         return f"capture: WAL, slot {slot} MISSING: run `unilog capture wal --recreate`"
     streamer = f"streamer pid {capture['active_pid']}" if capture["active"] else "NO ACTIVE STREAMER"
     return (
-        f"capture: WAL, slot {slot} ({capture['wal_status']}): {streamer}, WAL retained "
-        f"{_size(capture['retained_bytes'])}, confirmation lag {_size(capture['confirmed_lag_bytes'])}"
+        f"capture: WAL mode (commit order), slot {slot} ({capture['wal_status']}): {streamer}, WAL retained "
+        f"{_size(capture['retained_bytes'])}, confirmation lag {_size(capture['confirmed_lag_bytes'])}; "
+        "`unilog capture table` switches back"
     )
 
 

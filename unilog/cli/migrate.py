@@ -18,6 +18,9 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     postgres_conninfo(url)
     migrate(url, producer_id=args.producer_id)
     print("unilog: database migrated")
+    from ..status import capture_mode_line
+
+    print(f"unilog: {capture_mode_line(url)}")
     return ExitCode.OK
 
 

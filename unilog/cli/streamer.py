@@ -32,9 +32,10 @@ def cmd_streamer(args: argparse.Namespace) -> int:
         max_len=args.max_len,
         wait_replicas=args.wait_replicas,
         wait_timeout_ms=args.wait_timeout_ms,
-        horizon_warn_after=args.horizon_warn_after,
         redis_memory_limit=args.redis_memory_limit / 100,
     )
+    if args.horizon_warn_after is not None:
+        print("unilog: --horizon-warn-after has no effect since unilog 0.11: no record waits for another transaction")
     serve_metrics(args)
     with Streamer(settings, config, faults=faults_from(args), name=args.name) as streamer:
         if args.once:
@@ -54,15 +55,10 @@ def add(sub: Any) -> None:
         "--max-wait",
         type=float,
         default=60.0,
-        help="with --once: seconds committed records may wait behind an open transaction before exit code 9 "
+        help="with --once: seconds publishing may stay paused because Redis is full before exit code 13 "
         "(default %(default)s)",
     )
-    p.add_argument(
-        "--horizon-warn-after",
-        type=float,
-        default=StreamerConfig.horizon_warn_after,
-        help="warn, naming the session, when records wait this long behind an open transaction (default %(default)s)",
-    )
+    p.add_argument("--horizon-warn-after", type=float, default=None, help=argparse.SUPPRESS)  # retired, accepted
     p.add_argument("--batch-size", type=positive_int, default=StreamerConfig.batch_size, help="default %(default)s")
     p.add_argument(
         "--redis-memory-limit",

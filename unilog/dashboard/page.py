@@ -106,10 +106,11 @@ function drawConsumers(status, lag) {
   }
 }
 function drawHorizon(status) {
-  const holder = status.staged.oldest_transaction, box = $("#horizon");
+  const holder = status.staged.open_stager, box = $("#horizon");
   box.hidden = !holder;
-  if (holder) box.textContent = `Publication is held back by pid ${holder.pid} (${holder.application_name || "-"}, ` +
-    `${holder.state}), open ${holder.age_seconds.toFixed(1)} s: ${holder.query}`;
+  if (holder) box.textContent = `pid ${holder.pid} (${holder.application_name || "-"}, ${holder.state}) staged ` +
+    `records and is open ${holder.age_seconds.toFixed(1)} s: they wait for its commit (nothing else does): ` +
+    holder.query;
 }
 function bytes(n) {
   if (n === null || n === undefined) return "-";

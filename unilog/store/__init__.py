@@ -4,11 +4,11 @@ Workers, the CLI and the pipeline call these functions; they never build SQL the
 checks it). Functions take an open psycopg connection and never commit unless their docstring says so: transaction
 boundaries belong to the caller, because the guarantees (state and checkpoint in one transaction, delete only after
 Redis confirmed) are decided there. Modules by concern: ``connection`` (opening connections, deadlines, the schema
-check), ``staging`` (the staging table), ``positions`` (producer identity and published positions),
-``checkpoints``, ``groups`` (consumer groups' processed identities), ``locks`` (advisory locks) and ``snapshots``
-(consistent parallel reads for reconciliation), ``wal`` and ``pgoutput`` (WAL capture: the replication stream, its
-decoding, the capture switches), ``backfills`` (a backfill's checks, pages and cursor; imported as
-``store.backfills``).
+check), ``staging`` (the staging table), ``claims`` (table mode's claims: what a streamer reads, sends and deletes),
+``positions`` (producer identity and published positions), ``checkpoints``, ``groups`` (consumer groups' processed
+identities), ``locks`` (advisory locks) and ``snapshots`` (consistent parallel reads for reconciliation), ``wal`` and
+``pgoutput`` (WAL capture: the replication stream, its decoding, the capture switches), ``backfills`` (a backfill's
+checks, pages and cursor; imported as ``store.backfills``).
 """
 
 from __future__ import annotations
@@ -26,6 +26,19 @@ from .checkpoints import (
     release_held,
     save_checkpoint,
     take_held,
+)
+from .claims import (
+    Claim,
+    Cursor,
+    StagedRow,
+    any_pending_claims,
+    claim_packed,
+    claim_rows,
+    delete_claimed,
+    packed_fetch_supported,
+    pending_claims,
+    reclaim_packed,
+    reclaim_rows,
 )
 from .connection import (
     FATAL,
@@ -68,24 +81,14 @@ from .snapshots import (
     staged_records,
 )
 from .staging import (
-    FETCH_BATCH,
-    FETCH_PACKED,
     INSERT_STAGED,
     INSERT_STAGED_MANY,
     NOTIFY_CHANNEL,
-    START,
-    VISIBLE_BATCH,
-    StagedRow,
-    delete_published,
     describe_holder,
     discard_notifies,
-    fetch_packed,
-    fetch_visible,
     has_staged,
-    held_back,
-    horizon_holder,
     listen,
-    packed_fetch_supported,
+    oldest_stager,
     staged_backlog,
     staged_by_stream,
     staged_columns,
@@ -128,18 +131,16 @@ from .wal import (
 
 __all__ = [
     "FATAL",
-    "FETCH_BATCH",
-    "FETCH_PACKED",
     "INSERT_STAGED",
     "INSERT_STAGED_MANY",
     "NOTIFY_CHANNEL",
     "PUBLICATION",
     "SCHEMA_HEAD",
-    "START",
     "VERSION_TABLE",
-    "VISIBLE_BATCH",
     "CaptureSlot",
     "Checkpoint",
+    "Claim",
+    "Cursor",
     "Identity",
     "ProducerIdentity",
     "ReplicationStream",
@@ -147,17 +148,20 @@ __all__ = [
     "StagedRow",
     "adopt_identity",
     "advance_watermarks",
+    "any_pending_claims",
     "any_staged",
     "capture_slot",
     "check_schema",
     "checkpoint_stream",
     "claim_identities",
+    "claim_packed",
+    "claim_rows",
     "connect",
     "create_slot",
     "deadline",
     "default_slot_name",
+    "delete_claimed",
     "delete_ids",
-    "delete_published",
     "describe_holder",
     "discard_notifies",
     "drop_slot",
@@ -167,15 +171,11 @@ __all__ = [
     "existing_ids",
     "export_snapshot",
     "fatal",
-    "fetch_packed",
-    "fetch_visible",
     "forget_capture",
     "group_watermarks",
     "has_read_index",
     "has_staged",
-    "held_back",
     "hold_letter",
-    "horizon_holder",
     "id_bounds",
     "import_snapshot",
     "last_published_seq",
@@ -186,11 +186,15 @@ __all__ = [
     "lsn_text",
     "mark_dropped",
     "message_mark",
+    "oldest_stager",
     "packed_fetch_supported",
+    "pending_claims",
     "producer_identity",
     "published_positions",
     "read_checkpoint",
     "read_index_state",
+    "reclaim_packed",
+    "reclaim_rows",
     "record_capture",
     "release_held",
     "release_partition_lock",

@@ -1,5 +1,5 @@
 """Backfills' SQL: checking a table, its key and a ``--where`` before anything is staged, reading one page of rows
-under row locks, waiting out older transactions, and the cursor table ``unilog_backfills`` (migration unilog_0008).
+under row locks, and the cursor table ``unilog_backfills`` (migration unilog_0008).
 
 The page statement and the cursor's update run in the caller's transaction (:mod:`unilog.backfill` stages the
 page's records in the same one); nothing here commits.
@@ -175,13 +175,6 @@ def read_page(
     """Run :func:`page_query`'s statement (``query``, built with ``after=last_key is not None``)."""
     params = (limit,) if last_key is None else (last_key, limit)
     return conn.execute(query, params).fetchall()
-
-
-def older_transactions_running(conn: psycopg.Connection[Any]) -> bool:
-    """Whether a transaction that took its id before this one (which this call gives an id) is still running:
-    the visibility horizon is below this transaction's id."""
-    row = conn.execute("SELECT pg_snapshot_xmin(pg_current_snapshot()) < pg_current_xact_id()").fetchone()
-    return bool(row and row[0])
 
 
 # -- the cursor table ---------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import struct
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from .staging import StagedRow
+from .claims import StagedRow
 
 STAGING_TABLE = "staged_log_records"
 MESSAGE_PREFIX = "unilog"  # a record (see unilog_stage, migrations unilog_0009 and unilog_0010)

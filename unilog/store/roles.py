@@ -24,6 +24,8 @@ GRANTS: dict[str, list[tuple[str, str]]] = {
     ],
     "streamer": [
         ("SELECT, UPDATE, DELETE", "staged_log_records"),
+        ("SELECT, INSERT, DELETE", "unilog_claims"),  # table mode's batches, saved before they are sent
+        ("USAGE", "SEQUENCE unilog_claims_claim_seq"),
         ("SELECT, UPDATE", "unilog_producer"),
         ("SELECT, INSERT, UPDATE", "unilog_stream_positions"),
         # the mode and the last message published; WAL mode also needs the role attribute REPLICATION (security.md)
@@ -44,6 +46,7 @@ GRANTS: dict[str, list[tuple[str, str]]] = {
         ("SELECT", "unilog_producer"),
         ("SELECT", "unilog_stream_positions"),
         ("SELECT", "unilog_capture"),
+        ("SELECT", "unilog_claims"),
         ("SELECT", "unilog_backfills"),  # `unilog status` shows the backfills
         ("SELECT", "SEQUENCE unilog_emit_mode"),
         ("SELECT, INSERT, UPDATE, DELETE", "unilog_checkpoints"),

@@ -1,17 +1,21 @@
-"""Table mode, the streamer's default capture: staged rows read below the transaction-visibility horizon, in
-(xid, id) order, published, then deleted.
+"""Table mode, the streamer's default capture: committed staged rows claimed in id order, the claim saved, published,
+then deleted with the claim.
 
-Guarantees (with :class:`unilog.stream.publisher.Publisher`, which holds the stream locks and positions):
+Guarantees (with :class:`unilog.stream.publisher.Publisher`, which holds the stream locks and positions; the
+arguments are in :mod:`unilog.store.claims`):
 
-* **Nothing committed is skipped.** Records are read only below the transaction-visibility horizon, in (xid, id)
-  order (see :func:`unilog.store.fetch_visible`), so a transaction that commits late is published after, never
-  lost behind, records already streamed.
-* **Nothing is deleted before Redis confirmed it.** A batch is deleted after Redis confirmed it, as exactly the rows
-  fetched (the (xid, id) range they span, which no other row can enter: see :func:`unilog.store.delete_published`),
-  in the transaction that also advances the stream's position. A crash anywhere before that commit leaves the
-  records staged; they are re-sent with the *same* positions, which consumers deduplicate.
-* **Dense, monotone positions.** Each stream's records carry ``seq`` numbers 1, 2, 3, ... per (producer, epoch),
-  assigned in (xid, id) order; a re-send after a crash assigns the same numbers to the same records.
+* **Per row, commit order.** Two records whose producers' transactions conflict on a row (an ``UPDATE``, a
+  ``SELECT ... FOR UPDATE`` before the emit) reach the stream in the order their transactions committed: ids are
+  taken at emit, under the row's lock, and claims are made from snapshots, each in id order.
+* **Nothing waits for someone else's transaction.** A claim takes every committed row not yet published, whatever
+  is open elsewhere in the cluster; rows of transactions still open at a claim are found by the next claims once
+  they commit (only a transaction's own records wait for it).
+* **Nothing is deleted before Redis confirmed it.** A batch is claimed (saved in ``unilog_claims``, committed), sent,
+  then deleted with its claim in the transaction that advances the stream's position. A crash anywhere before that
+  commit leaves the claim and its records; the claim is re-sent with the *same* records in the *same* order under the
+  *same* positions, which Redis and consumers deduplicate, before anything new is claimed.
+* **Dense, monotone positions.** Each stream's records carry ``seq`` numbers 1, 2, 3, ... per (producer, epoch), in
+  claim order and within a claim in id order.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import structlog
 
 from .. import engine, routing, store, tracing
 from ..errors import PublishError
+from ..store.claims import Claim, Cursor
 from .publisher import BatchResult, Publisher
 
 log = structlog.get_logger(__name__)
@@ -33,11 +38,10 @@ log = structlog.get_logger(__name__)
 
 @dataclass(frozen=True)
 class _Batch:
-    """The staged rows of one source in the (xid, id) range (``after``, ``last``], packed per target stream."""
+    """One claim of one source, packed per target stream."""
 
+    claim: int
     count: int
-    after: tuple[str, int]
-    last: tuple[str, int]
     targets: dict[str, engine.Packed]
     first_created_ms: int | None = None  # for the publish latency metric
     traceparents: tuple[str, ...] = ()  # the records' trace contexts, for the publish span's links
@@ -58,28 +62,37 @@ class _Sent:
 class TableCapture:
     """Table mode's passes for one streamer (a :class:`~unilog.stream.publisher.Capture`): at most one batch per owned
     source per pass, up to ``pipeline_batches`` of them back to back on a backlog. ``streams`` limits it to these
-    target streams (None: every stream with staged records). Not thread-safe: it uses one helper thread of its own
-    for Redis while a large backlog drains."""
+    target streams (None: every stream with staged records); ``before`` to rows of transaction ids below it (WAL
+    mode publishes the rows that may predate its slot with one). Not thread-safe: it uses one helper thread of its
+    own for Redis while a large backlog drains."""
 
-    wakes_itself = False  # the streamer's LISTEN (and its horizon polls) wake it
+    wakes_itself = False  # the streamer's LISTEN wakes it
 
     def __init__(
-        self, publisher: Publisher, *, batch_size: int, pipeline_batches: int, streams: tuple[str, ...] | None
+        self,
+        publisher: Publisher,
+        *,
+        batch_size: int,
+        pipeline_batches: int,
+        streams: tuple[str, ...] | None,
+        before: str | None = None,
     ) -> None:
         self.publisher = publisher
         self.batch_size, self.pipeline_batches, self.streams = batch_size, pipeline_batches, streams
-        self._after: dict[str, tuple[str, int]] = {}  # (xid, id) last published per source: valid like positions
+        self.before = before
+        self._cursors: dict[str, Cursor] = {}  # per source, valid while its stream lock is held
+        self._pending: dict[str, list[int]] = {}  # per source: claims saved before this cursor, to re-send first
         self._helper: concurrent.futures.ThreadPoolExecutor | None = None  # Redis, while a backlog drains
-        self._packed_fetch = False  # whether Postgres can encode batches for Redis (a UTF8 database)
+        self._packed_fetch: bool | None = None  # whether Postgres can encode batches for Redis (a UTF8 database)
 
     def session_opened(self, conn: psycopg.Connection[Any]) -> None:
-        """A new Postgres session: the cursor starts again; whether Postgres can encode batches (UTF8)."""
-        self._after.clear()
+        """A new Postgres session: claims are read again from the table, cursors start over."""
+        self.reset()
         self._packed_fetch = store.packed_fetch_supported(conn)
 
     def sources(self, conn: psycopg.Connection[Any]) -> list[str]:
         """The sources (``stream`` column values) with staged rows that this streamer publishes. The transaction it
-        begins is not committed here: the pass's fetch follows in it (READ COMMITTED: each statement sees the
+        begins is not committed here: the pass's claim follows in it (READ COMMITTED: each statement sees the
         commits before it), one round trip less between a producer's commit and its XADD."""
         sources = store.staged_sources(conn)
         if self.streams is None:
@@ -87,19 +100,23 @@ class TableCapture:
         return [s for s in sources if self.publisher.stream_of(s) in self.streams]
 
     def run_once(self, conn: psycopg.Connection[Any]) -> BatchResult:
-        """At most one batch per owned source, read below the visibility horizon."""
-        published, waiting, blocked = 0, False, False
+        """At most one batch per owned source (pipelined on a backlog): saved claims first, then new ones."""
+        published, blocked = 0, False
+        if self._packed_fetch is None:
+            self._packed_fetch = store.packed_fetch_supported(conn)
         for source in self.sources(conn):
             stream = self.publisher.stream_of(source)
+            held = stream in self.publisher.owned
             if not self.publisher.owns(conn, stream):
                 blocked = True  # another session publishes it (or is about to release it)
                 continue
+            if not held:  # just taken over: the last holder's claims go first, the cursor starts over
+                self._forget(source)
             n = self._publish_batch(conn, source, stream)
             published += n
             if n == 0:
-                waiting = waiting or store.has_staged(conn, source)
                 conn.commit()
-        return BatchResult(published, waiting, blocked)
+        return BatchResult(published, False, blocked)
 
     def wait(self, timeout: float) -> bool:
         """No wake-up of its own (the streamer sleeps on LISTEN): sleeps ``timeout``."""
@@ -107,8 +124,14 @@ class TableCapture:
         return False
 
     def reset(self) -> None:
-        """Forget the cursor: the next pass reads each source from its first staged row."""
-        self._after.clear()
+        """Forget cursors and claims: the next pass reads the saved claims again, then each source from its first
+        staged row."""
+        self._cursors.clear()
+        self._pending.clear()
+
+    def _forget(self, source: str) -> None:
+        self._cursors.pop(source, None)
+        self._pending.pop(source, None)
 
     def close(self) -> None:
         """Stop the helper thread (idle here: a pass waits for its sends before it returns or raises)."""
@@ -121,25 +144,32 @@ class TableCapture:
     def _publish_batch(self, conn: psycopg.Connection[Any], source: str, stream: str) -> int:
         """Publish up to ``pipeline_batches`` batches of ``source`` back to back; return the records published.
 
-        While Redis appends batch *i* (in a helper thread), this thread deletes batch *i-1*, which Redis already
-        confirmed, and fetches batch *i+1*. Positions of batch *i* follow those of *i-1* before *i-1*'s delete
-        commits; that is safe because they are fixed by the (xid, id) order: if the delete fails, every batch not
-        deleted is re-sent later with the same positions, and the broker drops the ones it already has. Every
-        batch published in a pass is deleted (or the pass raises) before it returns.
+        Each batch's claim is committed before it is sent. While Redis appends batch *i* (in a helper thread), this
+        thread deletes batch *i-1*, which Redis already confirmed, and claims batch *i+1*, in one commit. Positions of
+        batch *i* follow those of *i-1* before *i-1*'s delete commits; that is safe because claims are re-sent in
+        the order they were made, from the last committed positions: if the delete fails, every claim not deleted is
+        re-sent later under the same positions, and the broker drops the ones it already has. Every batch published
+        in a pass is deleted (or the pass raises) before it returns.
         """
         publisher = self.publisher
         partitions = publisher.partitions(stream)  # here: the helper thread must be the only user of the Redis client
-        batch = self._fetch(conn, source, stream, partitions, self._after.get(source, store.START))
+        try:
+            batch = self._next(conn, source, stream, partitions, busy=False)
+        except BaseException:
+            self._forget(source)
+            raise
         if batch is None:
             return 0
+        conn.commit()  # the claim is saved before anything of it reaches Redis
+        publisher.faults.crash("streamer.crash_after_claim")
         identity = publisher.identity()
         epoch = identity.epoch
-        publisher.connect()  # connect (and check) here, not in the helper thread
         planned: dict[str, int] = {}  # target -> last position assigned in this pass
         sent: _Sent | None = None
         published = 0
         try:
-            for _ in range(self.pipeline_batches):
+            publisher.connect()  # connect (and check) here, not in the helper thread
+            for i in range(self.pipeline_batches):
                 started = time.perf_counter()
                 targets = batch.targets
                 first = {t: planned[t] + 1 if t in planned else publisher.next_seq(conn, t, epoch) for t in targets}
@@ -149,8 +179,9 @@ class TableCapture:
                 if sent is None and batch.count < self.batch_size:  # nothing to overlap: no thread hop
                     appended = publisher.send_all(targets, identity, first)
                 else:
+                    more = i + 1 < self.pipeline_batches  # the pass's last batch claims none: it would wait unsent
                     appended, ahead, done = self._overlapped(
-                        conn, source, stream, partitions, batch, identity, first, sent
+                        conn, source, stream, partitions, batch, identity, first, sent, more
                     )
                     published += done
                 publisher.faults.crash("streamer.crash_after_publish")
@@ -160,28 +191,55 @@ class TableCapture:
                 batch = ahead
             assert sent is not None
             published += self._delete_sent(conn, sent)
+            conn.commit()
+            self._deleted(sent)
         except BaseException:
             publisher.forget_positions()
+            self._forget(source)  # the claims in the table are the truth: read them again
             raise
         return published
 
-    def _fetch(
-        self, conn: psycopg.Connection[Any], source: str, stream: str, partitions: int, after: tuple[str, int]
+    def _next(
+        self, conn: psycopg.Connection[Any], source: str, stream: str, partitions: int, *, busy: bool
     ) -> _Batch | None:
-        """The next batch of ``source`` after ``after``, or None. An unpartitioned stream's batch comes from Postgres
-        already encoded for Redis; a partitioned one is read as rows and split by key here."""
-        limit = self.batch_size
-        if partitions <= 1 and self._packed_fetch:
-            count, body, last, parents = store.fetch_packed(conn, source, limit, after)
-            if not count:
-                return None
-            packed = engine.Packed(count, body, 7 if parents else 5)
-            return _Batch(count, after, last, {stream: packed}, engine.first_created_ms(body), tuple(parents))
-        rows, last = store.fetch_visible(conn, source, limit, after)
-        if not rows:
+        """The next batch of ``source``: a saved claim not yet deleted (oldest first), else a new claim. A cursor
+        starts only when no batch of the source is in flight (``busy``): the claims saved before it are not deleted
+        until then, and a new cursor would take their rows again."""
+        packed = partitions <= 1 and bool(self._packed_fetch)
+        pending = self._pending.get(source)
+        if pending is None:
+            pending = self._pending[source] = store.pending_claims(conn, source)
+            if pending:
+                log.info("re-sending saved claims", source=source, claims=len(pending), streamer=self.publisher.name)
+        cursor = self._cursors.get(source)
+        if pending:
+            claim = pending.pop(0)
+            got = store.reclaim_packed(conn, claim) if packed else store.reclaim_rows(conn, claim)
+            if got is None:  # its rows are gone: only another streamer without the lock could have deleted them
+                raise PublishError(f"claim {claim} of {stream} has no rows left: another streamer deleted them")
+            return self._batch(got, stream, partitions)
+        if cursor is None:
+            if busy:
+                return None  # a re-sent claim is not deleted yet: the next pass starts the cursor
+            cursor = self._cursors[source] = Cursor()
+        elif busy and cursor.cut:
+            return None  # the batch in flight was cut among older rows, which match again until it is deleted
+        if packed:
+            got = store.claim_packed(conn, source, self.batch_size, cursor, self.before)
+        else:
+            got = store.claim_rows(conn, source, self.batch_size, cursor, self.before)
+        if got is None:
             return None
-        traced = tuple(row[6] for row in rows if row[6])
-        return _Batch(len(rows), after, last, routing.split(stream, partitions, rows), rows[0][5], traced)
+        cursor.advance(got.last, got.count, self.batch_size, got.xip, got.xmax)
+        return self._batch(got, stream, partitions)
+
+    def _batch(self, got: Claim, stream: str, partitions: int) -> _Batch:
+        if got.rows:
+            rows = got.rows
+            traced = tuple(row[6] for row in rows if row[6])
+            return _Batch(got.claim, got.count, routing.split(stream, partitions, rows), rows[0][5], traced)
+        packed = engine.Packed(got.count, got.body, 7 if got.parents else 5)
+        return _Batch(got.claim, got.count, {stream: packed}, engine.first_created_ms(got.body), got.parents)
 
     def _overlapped(
         self,
@@ -193,38 +251,46 @@ class TableCapture:
         identity: store.ProducerIdentity,
         first: dict[str, int],
         sent: _Sent | None,
+        more: bool,
     ) -> tuple[int, _Batch | None, int]:
-        """Send ``batch`` in the helper thread while deleting the previous one and fetching the next here; return
-        (entries appended, the next batch, records deleted). Waits for the send whatever happens here, so the Redis
-        client is never used by two threads."""
+        """Send ``batch`` in the helper thread while deleting the previous one and claiming the next here (if
+        ``more``), in one commit; return (entries appended, the next batch, records deleted). Waits for the send
+        whatever happens here, so the Redis client is never used by two threads."""
         if self._helper is None:
             name = f"unilog-{self.publisher.name}-redis"
             self._helper = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=name)
         future = self._helper.submit(self.publisher.send_all, batch.targets, identity, first)
         try:
             deleted = self._delete_sent(conn, sent) if sent is not None else 0
-            ahead = self._fetch(conn, source, stream, partitions, batch.last)
+            ahead = self._next(conn, source, stream, partitions, busy=True) if more else None
+            conn.commit()
         except BaseException:
             concurrent.futures.wait([future])
             raise
+        if sent is not None:
+            self._deleted(sent)
         return future.result(), ahead, deleted
 
     def _delete_sent(self, conn: psycopg.Connection[Any], sent: _Sent) -> int:
-        """Delete a batch Redis confirmed and advance its streams' positions, in one commit."""
+        """Delete a batch Redis confirmed with its claim, and advance its streams' positions, in the caller's
+        transaction (committed by the caller, then :meth:`_deleted`)."""
         publisher = self.publisher
         epoch = publisher.identity().epoch
         publisher.forget_positions(sent.last_seqs)  # re-read from Postgres unless this commit succeeds
         batch = sent.batch
-        deleted = store.delete_published(conn, sent.source, batch.after, batch.last, batch.count, epoch, sent.last_seqs)
+        deleted = store.delete_claimed(conn, batch.claim, epoch, sent.last_seqs)
         if deleted != batch.count:
             conn.rollback()
             raise PublishError(  # retried: the records are re-sent and deduplicated by position
                 f"deleted {deleted} of {batch.count} published records on {sent.stream}: another streamer is "
                 "publishing the same stream without the lock; the records will be re-sent and deduplicated by position"
             )
-        conn.commit()
+        return batch.count
+
+    def _deleted(self, sent: _Sent) -> None:
+        """A batch's delete committed: its positions are known, its records counted."""
+        publisher, batch = self.publisher, sent.batch
         publisher.remember_positions(sent.last_seqs)
-        self._after[sent.source] = batch.last
         publisher.counted(sent.stream, batch.count, sent.started, batch.first_created_ms)
         if tracing.ENABLED:
             ended = time.time_ns()
@@ -239,4 +305,3 @@ class TableCapture:
             last_seq=sent.last_seqs.get(sent.stream),
             ms=round((time.perf_counter() - sent.started) * 1000, 2),
         )
-        return batch.count

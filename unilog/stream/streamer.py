@@ -9,9 +9,10 @@ Its :class:`~unilog.stream.publisher.Publisher`, made once and handed to each ca
 
 Guarantees (each capture's module states how it keeps them):
 
-* **Nothing committed is skipped.** Table mode reads only below the transaction-visibility horizon, in (xid, id)
-  order, so a transaction that commits late is published after, never lost behind, records already streamed; WAL
-  mode reads in commit order.
+* **Nothing committed is skipped, nothing waits for another transaction.** Table mode claims every committed row
+  it has not published, in id order (commit order for records whose transactions conflict on a row), so a
+  transaction that commits late is published after, never lost behind, records already streamed; WAL mode reads in
+  commit order.
 * **Nothing is deleted before Redis confirmed it**, in the transaction that also advances the stream's position. A
   crash anywhere before that commit leaves the records staged; they are re-sent with the *same* positions, which
   consumers deduplicate.
@@ -43,39 +44,40 @@ from .backpressure import MemoryWatch
 from .capture_table import TableCapture
 from .capture_wal import WalCapture
 from .publisher import BatchResult, Capture, Publisher
-from .waiting import CommitListener, HorizonWatch
+from .waiting import CommitListener
 
 log = structlog.get_logger(__name__)
 
 # a pass that fails this way is retried; it deleted nothing
 RETRYABLE: tuple[type[BaseException], ...] = (*TRANSIENT, PublishError)
 
+POLL_MIN, POLL_MAX = 0.005, 0.1  # seconds between looks while records are known to be on their way (WAL mode)
+
 
 @dataclass(frozen=True)
 class StreamerConfig:
     """How the streamer batches and waits.
 
-    ``streams`` limits the streamer to these target streams (None: every stream that has staged records; records
-    staged without a stream go to ``Settings.stream``). ``poll_interval`` is the longest sleep between checks when
-    no notification arrives; while committed records wait behind an older open transaction the streamer re-checks
-    after ``horizon_poll`` seconds, doubling up to ``horizon_poll_max`` (that transaction's end sends no NOTIFY).
-    A backlog drains up to ``pipeline_batches`` batches per pass, Redis appending one batch while Postgres deletes
-    the one before and fetches the one after (in WAL mode: saves the one before, and the slot's next is decoded). A
-    batch is one script call in Redis, which serves no other client
-    while it runs (about 5 us per record measured here: 25 ms for the default 5000); smaller batches trade drain
-    rate (see bench/RESULTS.md) for shorter pauses. When committed records have waited ``horizon_warn_after``
-    seconds behind an open transaction, a warning names the session that holds them, every
-    ``horizon_warn_interval`` seconds while it lasts (burst mode warns after 5 s). While Redis's ``used_memory`` is
-    at or above ``redis_memory_limit`` of its ``maxmemory`` (read every ``redis_memory_interval`` seconds), the
-    streamer publishes nothing, so Redis never has to refuse a batch (0: no such pause; see
-    :mod:`unilog.stream.backpressure`).
+    ``streams`` limits the streamer to these target streams (None: every stream that has staged records; records staged
+    without a stream go to ``Settings.stream``). ``poll_interval`` is the longest sleep between checks when no
+    notification arrives. Before it sleeps, a table-mode streamer waits up to ``wakeup_retry`` seconds (doubling up to
+    ``wakeup_retry_max``) for transactions that staged without notifying to end; while one stays open it looks again
+    after each such wait instead of sleeping (that transaction's commit sends no NOTIFY).A backlog drains up to
+    ``pipeline_batches`` batches per pass, Redis appending one batch while Postgres deletes the one before and fetches
+    the one after (in WAL mode: saves the one before, and the slot's next is decoded). A batch is one script call in
+    Redis, which serves no other client while it runs (about 5 us per record measured here: 25 ms for the default 5000);
+    smaller batches trade drain rate (see bench/RESULTS.md) for shorter pauses. No record waits for another producer's
+    transaction (table mode claims every committed row, :mod:`unilog.stream.capture_table`; WAL mode reads commits).
+    While Redis's ``used_memory`` is at or above ``redis_memory_limit`` of its ``maxmemory`` (read every
+    ``redis_memory_interval`` seconds), the streamer publishes nothing, so Redis never has to refuse a batch (0: no such
+    pause; see :mod:`unilog.stream.backpressure`).
     """
 
     batch_size: int = 5000
     pipeline_batches: int = 8
     poll_interval: float = 1.0
-    horizon_poll: float = 0.005
-    horizon_poll_max: float = 0.1
+    wakeup_retry: float = 0.005
+    wakeup_retry_max: float = 0.1
     streams: tuple[str, ...] | None = None
     max_backoff: float = 10.0
     restart_after_crash: bool = True
@@ -85,8 +87,6 @@ class StreamerConfig:
     wait_timeout_ms: int = 1000
     redis_timeout: float = 10.0
     pg_timeout: float | None = 30.0
-    horizon_warn_after: float = 30.0  # records held this long behind an open transaction: warn, naming it
-    horizon_warn_interval: float = 60.0  # and again at most this often while it lasts
     redis_memory_limit: float = 0.9
     redis_memory_interval: float = 1.0
 
@@ -146,11 +146,10 @@ class Streamer(Worker):
         )
         self._capture: Capture = self._table
         self._mode_known = False  # the capture mode is read once per Postgres session
-        poll = (self.config.horizon_poll, self.config.horizon_poll_max)  # also while it may not sleep yet
-        self._listener = CommitListener(settings.conninfo, f"unilog-{name}-listen", *poll)
+        retry = (self.config.wakeup_retry, self.config.wakeup_retry_max)
+        self._listener = CommitListener(settings.conninfo, f"unilog-{name}-listen", *retry)
         self._last_retention = 0.0
-        self._horizon_delay = self.config.horizon_poll  # between looks while records wait behind the horizon
-        self._horizon = HorizonWatch(name, self.config.horizon_warn_interval)
+        self._wait_delay = POLL_MIN  # between looks while a WAL-mode pass says records are on their way
         self._memory = MemoryWatch(name, self.config.redis_memory_limit, self.config.redis_memory_interval)
 
     kind = "streamer"
@@ -251,7 +250,13 @@ class Streamer(Worker):
             self._capture = self._wal = WalCapture(
                 self.publisher,
                 slot,
-                self._table,  # publishes the rows that may predate the slot first
+                TableCapture(  # publishes the rows that may predate the slot first
+                    self.publisher,
+                    batch_size=config.batch_size,
+                    pipeline_batches=config.pipeline_batches,
+                    streams=None,
+                    before=slot.from_xid,
+                ),
                 conninfo=self.settings.conninfo,
                 batch_size=config.batch_size,
                 timeout=config.pg_timeout,
@@ -265,22 +270,20 @@ class Streamer(Worker):
     def drain(self, timeout: float | None = None, *, max_wait: float | None = None) -> int:
         """Publish batches until nothing staged is left for this streamer (burst mode); return records published.
 
-        Records that are committed but still behind an older open transaction are waited for, and so are streams
-        whose lock another streamer holds (until it published them or let go), so everything committed before
-        ``drain`` was called has been published when it returns. While records wait behind a transaction, a
-        warning names it every few seconds; after ``max_wait`` seconds without progress :class:`HorizonHeld` is
-        raised, naming it. Raises :class:`UnilogError` after ``timeout`` seconds if the drain is not done.
+        Streams whose lock another streamer holds are waited for (until it published them or let go), so everything
+        committed before ``drain`` was called has been published when it returns; no other transaction is waited
+        for. While Redis is too full to publish, :class:`RedisOutOfMemory` is raised after ``max_wait`` seconds.
+        Raises :class:`UnilogError` after ``timeout`` seconds if the drain is not done.
         """
         self.connect()
         deadline = None if timeout is None else time.monotonic() + timeout
-        total, delay = 0, self.config.horizon_poll
-        self._horizon.clear()
+        delay = POLL_MIN
+        total = 0
         while True:
             result = self.run_once()
             total += result.published
             if result.published:
-                delay = self.config.horizon_poll
-                self._horizon.clear()
+                delay = POLL_MIN
                 continue
             if result.paused:
                 self._paused_too_long(max_wait)
@@ -288,17 +291,13 @@ class Streamer(Worker):
                 continue
             if not result.waiting and not (result.blocked and self._staged_elsewhere()):
                 return total
-            if result.waiting:
-                self._horizon.check(
-                    self._held_report, warn_after=min(5.0, self.config.horizon_warn_after), limit=max_wait
-                )
             if deadline is not None and time.monotonic() > deadline:
                 raise UnilogError(
                     f"drain timed out after {timeout}s with committed records still staged "
-                    f"({'behind an open transaction' if result.waiting else 'on a stream another streamer holds'})"
+                    f"({'not yet read from the slot' if result.waiting else 'on a stream another streamer holds'})"
                 )
             time.sleep(delay)
-            delay = min(delay * 2, self.config.horizon_poll_max)
+            delay = min(delay * 2, POLL_MAX)
 
     def _paused_too_long(self, max_wait: float | None) -> None:
         """Burst mode: raise :class:`RedisOutOfMemory` once publishing was held off ``max_wait`` seconds."""
@@ -309,16 +308,6 @@ class Streamer(Worker):
                 "staged in Postgres; raise maxmemory, let retention trim (unilog status: a consumer may hold it "
                 "back), or raise --redis-memory-limit"
             )
-
-    def _held_report(self) -> tuple[int, dict[str, Any] | None]:
-        """(records of this streamer's streams that are committed but not publishable yet, the session holding
-        them back); ends its read-only transaction, so the streamer holds nothing itself meanwhile."""
-        conn = self._conn()
-        owned = self.publisher.owned
-        sources = [s for s in self._table.sources(conn) if self.publisher.stream_of(s) in owned]
-        count, holder = store.held_back(conn, sources), store.horizon_holder(conn)
-        conn.commit()
-        return count, holder
 
     def _staged_elsewhere(self) -> bool:
         """Whether committed records are staged on a stream this streamer does not hold."""
@@ -347,11 +336,10 @@ class Streamer(Worker):
     # -- the loop ----------------------------------------------------------------------------------------------------
 
     def idle(self, result: BatchResult, stop_event: threading.Event) -> None:
-        """Between passes of :meth:`run`: go on at once after publishing; poll with a growing delay while committed
-        records wait behind an open transaction; else sleep on ``LISTEN`` so a producer's commit wakes the streamer
-        within milliseconds, with a poll fallback (a capture that wakes itself, WAL mode's, sleeps on its own
-        stream instead). A standby (it holds no stream, another streamer does) polls for the lock instead: no
-        commit can make it publish, and asleep it would make every producer notify."""
+        """Between passes of :meth:`run`: go on at once after publishing; else sleep on ``LISTEN`` so a producer's
+        commit wakes the streamer within milliseconds, with a poll fallback (a capture that wakes itself, WAL
+        mode's, sleeps on its own stream instead). A standby (it holds no stream, another streamer does) polls for
+        the lock instead: no commit can make it publish, and asleep it would make every producer notify."""
         capture = self._capture
         if result.paused:  # Redis is nearly full: look again once its memory was read again
             self._listener.wake()
@@ -362,23 +350,20 @@ class Streamer(Worker):
             stop_event.wait(self.config.poll_interval)
             return
         if not (result.published or result.waiting or capture.wakes_itself):
-            self._horizon_delay = self.config.horizon_poll
-            self._horizon.clear()
+            self._wait_delay = POLL_MIN
             self._listener.wait(stop_event, self.config.poll_interval)
             return
         self._listener.wake()  # busy again: producers need not notify
         if result.published:
-            self._horizon_delay = self.config.horizon_poll
-            self._horizon.clear()
+            self._wait_delay = POLL_MIN
         elif capture.wakes_itself:  # a commit arrives on the capture's own stream
-            deadline = time.monotonic() + (self._horizon_delay if result.waiting else self.config.poll_interval)
+            deadline = time.monotonic() + (self._wait_delay if result.waiting else self.config.poll_interval)
             while not stop_event.is_set() and (remaining := deadline - time.monotonic()) > 0:
                 if capture.wait(min(remaining, 0.25)):
                     return
         elif result.waiting:
-            self._horizon.check(self._held_report, warn_after=self.config.horizon_warn_after)
-            stop_event.wait(self._horizon_delay)
-            self._horizon_delay = min(self._horizon_delay * 2, self.config.horizon_poll_max)
+            stop_event.wait(self._wait_delay)
+            self._wait_delay = min(self._wait_delay * 2, POLL_MAX)
 
     def recover(self) -> None:
         """After a failed pass: roll back or drop the Postgres session, and drop the Redis client (it reconnects)."""

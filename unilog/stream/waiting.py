@@ -1,18 +1,15 @@
-"""How a table-mode streamer waits: for a commit (``LISTEN`` on the staging trigger's channel, with a poll), and
-behind the visibility horizon (warnings that name the session holding it, and burst mode's limit)."""
+"""How a table-mode streamer waits for a commit: ``LISTEN`` on the staging trigger's channel, with a poll."""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import structlog
 
 from .. import store
-from ..errors import HorizonHeld
 
 log = structlog.get_logger(__name__)
 
@@ -110,45 +107,3 @@ class CommitListener:
         if self._conn is not None and not self._conn.closed:
             self._conn.close()
         self._conn = None
-
-
-class HorizonWatch:
-    """Tracks how long committed records have waited behind an open transaction: warns, naming the session, once
-    they waited ``warn_after`` seconds and then every ``interval``; raises :class:`HorizonHeld` past ``limit``.
-    ``report()`` returns (records held back, the holding session); it is passed to :meth:`check`, not kept, so the
-    watch holds no reference to its streamer (a cycle would keep a dropped streamer's session, and its stream lock,
-    until the garbage collector ran)."""
-
-    def __init__(self, name: str, interval: float) -> None:
-        self.name, self.interval = name, interval
-        self.held_since: float | None = None
-        self._last_warning = 0.0
-
-    def clear(self) -> None:
-        """Records were published (or none wait): the clock starts again."""
-        self.held_since = None
-
-    def check(
-        self, report: Callable[[], tuple[int, dict[str, Any] | None]], *, warn_after: float, limit: float | None = None
-    ) -> None:
-        now = time.monotonic()
-        if self.held_since is None:
-            self.held_since = now
-        held = now - self.held_since
-        if limit is not None and held >= limit:
-            count, holder = report()
-            raise HorizonHeld(
-                f"{count} committed records waited {held:.0f}s (--max-wait) behind an open transaction, "
-                f"{store.describe_holder(holder)}; end it, or set idle_in_transaction_session_timeout "
-                "(docs/guides/delivery-guarantees.md)"
-            )
-        if held >= warn_after and now - self._last_warning >= min(self.interval, max(warn_after, 1.0)):
-            self._last_warning = now
-            count, holder = report()
-            log.warning(
-                "records held behind an open transaction",
-                streamer=self.name,
-                records=count,
-                held_seconds=round(held, 1),
-                holder=store.describe_holder(holder),
-            )

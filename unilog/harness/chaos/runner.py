@@ -36,7 +36,7 @@ from .schedule import FaultRates, build_schedule
 from .specs import PRODUCERS, fleet_specs
 
 # rates from the issue; each process's fault seed is derived from the run's seed (and its incarnation)
-STREAMER_FAULTS = "streamer.double_send=0.05,streamer.crash_after_publish=0.02"
+STREAMER_FAULTS = "streamer.double_send=0.05,streamer.crash_after_claim=0.01,streamer.crash_after_publish=0.02"
 CONSUMER_FAULTS = "consumer.crash_before_commit=0.05,consumer.crash_mid_batch=0.02"
 GROUP_FAULTS = "consumer.crash_before_commit=0.05,consumer.crash_mid_batch=0.02,group.crash_before_ack=0.02"
 

@@ -109,6 +109,8 @@ def source_rows(conn: psycopg.Connection[Any], app: App) -> int:
 MIRROR_DDL = (
     "CREATE TABLE IF NOT EXISTS chaos_accounts (id BIGINT PRIMARY KEY, balance INT NOT NULL)",
     "CREATE TABLE IF NOT EXISTS chaos_mirror (id BIGINT PRIMARY KEY, balance INT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS chaos_mirror_inversions (id BIGINT NOT NULL, before INT NOT NULL, got INT NOT NULL, "
+    "action TEXT NOT NULL)",
 )
 
 
@@ -126,8 +128,17 @@ def bump(conn: psycopg.Connection[Any], row_id: int) -> int | None:
     return None if found is None else int(found[0])
 
 
-def mirror(conn: psycopg.Connection[Any], row_id: int, balance: int) -> None:
-    """The mirror consumer's effect: the row's balance, as the record says (in the handler's transaction)."""
+def mirror(conn: psycopg.Connection[Any], row_id: int, balance: int, action: str) -> None:
+    """The mirror consumer's effect: the row's balance, as the record says (in the handler's transaction). A value
+    that arrives out of order is kept in ``chaos_mirror_inversions``: an update's balance must be above the mirror's
+    (each update adds 1), a backfill's at or above it (it may carry the value the last update's record already set)."""
+    row = conn.execute("SELECT balance FROM chaos_mirror WHERE id = %s", (row_id,)).fetchone()
+    before = None if row is None else int(row[0])
+    if before is not None and (balance < before or (balance == before and action != "backfill")):
+        conn.execute(
+            "INSERT INTO chaos_mirror_inversions (id, before, got, action) VALUES (%s, %s, %s, %s)",
+            (row_id, before, balance, action),
+        )
     conn.execute(
         "INSERT INTO chaos_mirror (id, balance) VALUES (%s, %s) ON CONFLICT (id) DO UPDATE SET balance = %s",
         (row_id, balance, balance),
@@ -142,3 +153,9 @@ def mirror_differences(conn: psycopg.Connection[Any]) -> tuple[int, list[tuple[i
         "WHERE a.balance IS DISTINCT FROM m.balance ORDER BY 1"
     ).fetchall()
     return (int(row[0]) if row else 0), [(int(r[0]), r[1], r[2]) for r in differ]
+
+
+def mirror_inversions(conn: psycopg.Connection[Any]) -> list[tuple[int, int, int, str]]:
+    """Every value the mirror received out of order: (id, the mirror's balance, the record's, its action)."""
+    rows = conn.execute("SELECT id, before, got, action FROM chaos_mirror_inversions ORDER BY id").fetchall()
+    return [(int(r[0]), int(r[1]), int(r[2]), str(r[3])) for r in rows]
