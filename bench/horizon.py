@@ -1,11 +1,12 @@
-"""``horizon``: commit-to-handler latency while an idle-in-transaction session holds the visibility horizon, in table
-mode and in WAL capture mode (issue 18).
+"""``horizon``: commit-to-handler latency beside an idle-in-transaction session, in table mode and in WAL capture
+mode (issues 18 and 33).
 
 The latency workload's pipeline (a producer at a steady rate, ``Streamer.run``, ``Consumer.run``), with a session
 that takes a transaction id and sits idle in transaction for ``HOLD`` seconds from the moment the producer starts
-(a forgotten ``BEGIN``, a slow job). In table mode every record committed meanwhile waits for that session to end;
-in WAL mode (``unilog capture wal`` before the trial) records are read from the slot in commit order and only the
-idle session's own records (none here) would wait. ``no idle`` variants are the same pipelines without it.
+(a forgotten ``BEGIN``, a slow job). Until issue 33 table mode read only below the visibility horizon, so every
+record committed meanwhile waited for that session to end (p99 about the hold); now table mode claims every
+committed row and, as in WAL mode (``unilog capture wal`` before the trial), only the idle session's own records
+(none here) would wait. ``no idle`` variants are the same pipelines without it.
 """
 
 from __future__ import annotations

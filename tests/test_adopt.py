@@ -153,3 +153,28 @@ def test_a_role_without_privileges_gets_one_line(blank_url: str, unilog_postgres
         with psycopg.connect(unilog_postgres.admin_url, autocommit=True) as admin:
             admin.execute("DROP OWNED BY unilog_limited")
             admin.execute("DROP ROLE unilog_limited")
+
+
+@pytest.mark.parametrize(
+    "ddl",
+    [
+        "id BIGSERIAL PRIMARY KEY, action TEXT NOT NULL, data JSONB NOT NULL, object TEXT NOT NULL",
+        "id BIGINT GENERATED ALWAYS AS IDENTITY (CACHE 50) PRIMARY KEY, action TEXT NOT NULL, data JSONB NOT NULL, "
+        "object TEXT NOT NULL",
+    ],
+)
+def test_an_adopted_id_sequence_hands_out_ids_in_time_order(blank_url: str, ddl: str) -> None:
+    """Table mode orders records of transactions that conflict on a row by id (issue 33): an adopted sequence that
+    caches values per session would hand a later emit a lower id, so `unilog migrate` sets its cache to 1."""
+    with psycopg.connect(blank_url, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE staged_log_records ({ddl})")
+        conn.execute("ALTER SEQUENCE staged_log_records_id_seq CACHE 20")
+    result = migrate(blank_url)
+    assert result.returncode == 0, result.stderr
+    with psycopg.connect(blank_url, autocommit=True) as conn:
+        cache = conn.execute("SELECT cache_size FROM pg_sequences WHERE sequencename = 'staged_log_records_id_seq'")
+        assert cache.fetchone() == (1,)
+        first, second = psycopg.connect(blank_url, autocommit=True), psycopg.connect(blank_url, autocommit=True)
+        with first, second:
+            ids = [c.execute(INSERT + " RETURNING id", ('{"n": 1}',)).fetchone()[0] for c in (first, second, first)]
+        assert ids == sorted(ids), f"ids handed out across sessions in time order: {ids}"

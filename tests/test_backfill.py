@@ -165,7 +165,7 @@ class Updater:
             with psycopg.connect(self.settings.conninfo) as conn:
                 while not self.stop.is_set():
                     with conn.transaction():
-                        hot = self.rows // 10  # half the updates go to a tenth of the rows: updaters meet on them
+                        hot = 10  # half the updates go to ten rows: updaters queue on each other there
                         picks = [self.rng.randint(1, hot if self.rng.random() < 0.5 else self.rows) for _ in range(2)]
                         for n, row_id in enumerate(sorted(set(picks))):
                             (balance,) = conn.execute(
