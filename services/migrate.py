@@ -4,6 +4,10 @@ With ``--grant-roles`` (the compose file's init service, run as the database's o
 process its own login role: ``unilog grant --create`` for unilog's tables, the demo's own grants on its tables
 (the application's to grant: unilog does not know them), and the password ``$APP_DB_PASSWORD``. Run again, it
 changes nothing but the passwords.
+
+With ``--capture wal`` (the compose file's: its Postgres runs with ``wal_level=logical``) it finally switches the
+database to WAL capture mode (``unilog capture wal``, which needs ``$REDIS_URL`` to settle batches in flight; again:
+nothing to do), and gives the streamer's role the ``REPLICATION`` attribute its slot needs.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from unilog.cli import main as unilog_main
 from unilog.config import sqlalchemy_url
 from unilog.errors import UnilogError
 from unilog.schema import migrate
+from unilog.status import capture_health
 
 from .rides import Base
 
@@ -62,9 +67,25 @@ def grant_roles(database_url: str, password: str) -> None:
             conn.execute(sql.SQL("ALTER ROLE {} PASSWORD {}").format(sql.Identifier(role), sql.Literal(password)))
 
 
+def capture_wal(database_url: str, roles: bool) -> None:
+    """WAL capture mode for the database (``unilog capture wal``, unless it is in it with its slot: a switch refuses
+    while streamers run, as they do when the stack is brought up again); the streamer's role may stream from a slot."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        if roles:
+            conn.execute(sql.SQL("ALTER ROLE {} REPLICATION").format(sql.Identifier(ROLES["streamer"])))
+        capture = capture_health(conn)
+    if capture["mode"] == "wal" and capture["exists"] and capture["wal_status"] != "lost":
+        return
+    if unilog_main(["capture", "wal"]) != 0:
+        raise UnilogError("unilog capture wal failed (its message is above)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m services.migrate")
     parser.add_argument("--grant-roles", action="store_true", help="also create the fleet's roles ($APP_DB_PASSWORD)")
+    parser.add_argument(
+        "--capture", choices=("table", "wal"), default="table", help="the capture mode to leave the database in"
+    )
     args = parser.parse_args(argv)
     url, password = os.environ.get("DATABASE_URL", ""), os.environ.get("APP_DB_PASSWORD", "")
     if args.grant_roles and not password:
@@ -74,10 +95,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         prepare(url)
         if args.grant_roles:
             grant_roles(url, password)
+        if args.capture == "wal":
+            capture_wal(url, args.grant_roles)
     except (UnilogError, psycopg.Error) as exc:
         print(f"migrate: error: {exc}", file=sys.stderr)
         return 3
-    print("migrate: database ready" + (f"; roles {', '.join(ROLES.values())}" if args.grant_roles else ""))
+    roles = f"; roles {', '.join(ROLES.values())}" if args.grant_roles else ""
+    print(f"migrate: database ready{roles}; capture mode {args.capture}")
     return 0
 
 

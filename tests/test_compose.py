@@ -175,12 +175,20 @@ def test_app_services_wait_for_healthy_servers_and_a_finished_migration(services
 
 def test_migrate_runs_once_after_postgres(services: dict[str, dict[str, Any]]) -> None:
     migrate = services["migrate"]
-    assert argv(migrate["command"]) == ["python", "-m", "services.migrate", "--grant-roles"]
+    assert argv(migrate["command"]) == ["python", "-m", "services.migrate", "--grant-roles", "--capture", "wal"]
     env = environment(migrate)
     assert re.fullmatch(r"postgresql://postgres:[^@]+@postgres:5432/rocket_rides", env["DATABASE_URL"]), env
+    assert re.fullmatch(r"redis://default:[^@]+@redis:6379/0", env["REDIS_URL"]), "the switch settles through Redis"
     assert env.get("APP_DB_PASSWORD")
     assert migrate["depends_on"]["postgres"]["condition"] == "service_healthy"
+    assert migrate["depends_on"]["redis"]["condition"] == "service_healthy"
     assert str(migrate.get("restart")) == "no"
+
+
+def test_the_stack_runs_in_wal_capture_mode(services: dict[str, dict[str, Any]]) -> None:
+    """Issue 33: its Postgres allows logical decoding, and migrate switches the database to WAL mode."""
+    assert argv(services["postgres"]["command"]) == ["postgres", "-c", "wal_level=logical"]
+    assert argv(services["migrate"]["command"])[-2:] == ["--capture", "wal"]
 
 
 def test_processes_run_the_procfile_commands(services: dict[str, dict[str, Any]]) -> None:

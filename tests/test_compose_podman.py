@@ -166,3 +166,12 @@ def test_each_process_runs_under_its_own_role(stack: dict[str, Any]) -> None:
     )
     users = {row[0] for row in rows}
     assert users and users <= {"rides_api", "unilog_streamer", "rides_consumer", "unilog_operator"}, users
+
+
+def test_the_stack_streams_in_wal_capture_mode(stack: dict[str, Any]) -> None:
+    """Issue 33: migrate left the database in WAL mode, and the active streamer streams from its slot."""
+    ((slot,),) = psql("SELECT slot_name FROM unilog_capture")
+    assert psql(f"SELECT active FROM pg_replication_slots WHERE slot_name = '{slot}'") == [["t"]], slot
+    with urllib.request.urlopen(f"http://127.0.0.1:{stack['ports']['dashboard']}/api/status", timeout=30) as response:
+        capture = json.loads(response.read())["status"]["capture"]
+    assert capture["mode"] == "wal" and capture["active"], capture

@@ -125,3 +125,33 @@ def test_unilog_0010_downgrades_to_0009s_unilog_stage_and_back(unilog_postgres: 
     migrate(url)
     with psycopg.connect(url) as conn:
         assert "pg_sequence_last_value" in conn.execute(source).fetchone()[0]  # type: ignore[index]
+
+
+def test_unilog_0011_downgrades_without_its_claims_and_index_and_back(unilog_postgres: PostgresHandle) -> None:
+    """unilog_0011 adds table mode's claims and its (stream, id) read index; its downgrade removes both."""
+    from alembic import command
+    from sqlalchemy import create_engine, pool
+
+    from unilog.schema import alembic_config, migrate
+
+    with psycopg.connect(unilog_postgres.admin_url, autocommit=True) as admin:
+        admin.execute("DROP DATABASE IF EXISTS claims_down WITH (FORCE)")
+        admin.execute("CREATE DATABASE claims_down")
+    url = unilog_postgres.url_for("claims_down")
+    migrate(url)
+    present = "SELECT to_regclass('unilog_claims') IS NOT NULL, to_regclass('staged_log_records_stream_id') IS NOT NULL"
+    with psycopg.connect(url) as conn:
+        assert conn.execute(present).fetchone() == (True, True)
+    engine = create_engine(sqlalchemy_url(url), poolclass=pool.NullPool)
+    with engine.begin() as sa:
+        cfg = alembic_config()
+        cfg.attributes["connection"] = sa
+        command.downgrade(cfg, "unilog_0010")
+    engine.dispose()
+    with psycopg.connect(url) as conn:
+        assert conn.execute(present).fetchone() == (False, False)
+    migrate(url)
+    with psycopg.connect(url) as conn:
+        assert conn.execute(present).fetchone() == (True, True)
+    with psycopg.connect(unilog_postgres.admin_url, autocommit=True) as admin:
+        admin.execute("DROP DATABASE IF EXISTS claims_down WITH (FORCE)")

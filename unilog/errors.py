@@ -134,9 +134,8 @@ class NotReplicated(UnilogError):
 
 
 class HorizonHeld(UnilogError):
-    """Committed records stayed unpublishable past the allowed wait: an older transaction, still open somewhere in
-    the cluster, holds the visibility horizon. The message names that session (pid, application, state, age, query).
-    """
+    """Retired: nothing raises it since table mode stopped reading below the visibility horizon (issue 33, migration
+    unilog_0011), so no record waits for another transaction. Kept so that code importing it keeps working."""
 
 
 class CaptureLost(UnilogError):

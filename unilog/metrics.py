@@ -6,8 +6,8 @@ Prometheus conventions: base units, ``_total`` counters, ``_seconds`` histograms
 names, consumer and group names, process kinds, fault points, exception class names; never ids or payloads.
 
 Counters are updated once per batch, never per record, so the cost stays a few microseconds per batch. The whole
-system's state (lag, backlog, the horizon) is exported by ``unilog metrics`` (:mod:`unilog.exporter`) instead,
-since no single process knows it.
+system's state (lag, backlog, open transactions that staged) is exported by ``unilog metrics``
+(:mod:`unilog.exporter`) instead, since no single process knows it.
 """
 
 from __future__ import annotations

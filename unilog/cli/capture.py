@@ -62,7 +62,7 @@ def add(sub: Any) -> None:
     w.add_argument("--recreate", action="store_true", help="drop and re-create the slot (after it was lost)")
     connection_args(w)
     w.set_defaults(func=cmd_capture_wal)
-    t = capture_sub.add_parser("table", help="back to reading the staging table below the visibility horizon")
+    t = capture_sub.add_parser("table", help="back to table mode: staged rows claimed in id order")
     connection_args(t)
     t.set_defaults(func=cmd_capture_table)
     s = capture_sub.add_parser("status", help="the mode, and the slot's state in WAL mode")

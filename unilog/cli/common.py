@@ -33,7 +33,7 @@ class ExitCode(IntEnum):
     HANDLER = 6  # the consumer's handler cannot be imported
     CRASHED = 7  # an injected crash with in-process restart disabled
     DATA_LOSS = 8  # a consumer found entries missing from the stream (trimmed past it, or Redis lost data)
-    HORIZON_HELD = 9  # burst mode: committed records stayed behind an open transaction longer than --max-wait
+    HORIZON_HELD = 9  # retired (issue 33): no record waits behind another transaction; the number stays reserved
     MALFORMED = 10  # an entry is not a unilog record and the consumer runs with --on-malformed stop
     POISON = 11  # a record keeps failing its handler and the consumer runs with --on-poison stop (the default)
     CAPTURE_LOST = 12  # WAL capture's slot was dropped or lost its WAL (nothing lost: docs/guides/wal-capture.md)

@@ -60,12 +60,12 @@ def _wait(stop: threading.Event) -> None:
 
 def add(sub: Any) -> None:
     """Add this module's commands to the ``unilog`` sub-parsers."""
-    p = sub.add_parser("metrics", help="serve the system's lag, backlog, horizon and dead letters to Prometheus")
+    p = sub.add_parser("metrics", help="serve the system's lag, backlog, open stagers and dead letters to Prometheus")
     p.add_argument("--port", type=int, default=9464, help="default %(default)s")
     p.add_argument("--addr", default="127.0.0.1", help="default %(default)s (0.0.0.0: every interface)")
     connection_args(p)
     p.set_defaults(func=cmd_metrics)
-    d = sub.add_parser("dashboard", help="serve a live web page: streams, lag, the horizon, dead letters")
+    d = sub.add_parser("dashboard", help="serve a live web page: streams, lag, open stagers, dead letters")
     d.add_argument("--port", type=int, default=8765, help="default %(default)s")
     d.add_argument("--addr", default="127.0.0.1", help="default %(default)s: only this machine can open it")
     d.add_argument("--read-only", action="store_true", help="no replay or drop")

@@ -1,5 +1,6 @@
-"""``unilog dashboard``: one web page with the streams, the consumers' lag over the last minutes, the horizon's holder
-and the dead letters, refreshed live; dead letters can be shown, replayed and dropped (unless ``--read-only``).
+"""``unilog dashboard``: one web page with the streams, the consumers' lag over the last minutes, the oldest open
+transaction that staged records and the dead letters, refreshed live; dead letters can be shown, replayed and dropped
+(unless ``--read-only``).
 
 A Flask app (the ``dashboard`` extra), no front-end build: the page is plain HTML and JavaScript that polls
 ``/api/status``. A background thread samples the status every ``interval`` seconds and keeps ``history`` seconds of

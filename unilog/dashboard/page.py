@@ -1,12 +1,11 @@
 """The dashboard's one page: plain HTML, CSS and JavaScript (no build step, nothing fetched from elsewhere).
 
-It polls ``/api/status`` every two seconds and redraws: the capture mode (in WAL mode the slot's streamer, retained
-WAL and confirmation lag, with a warning while no streamer streams from it), streams, consumers (those registered
-for retention too, a registration without a checkpoint marked "registered, never ran") with their lag drawn as an
-SVG line over the sampled history and what each registration holds of the stream, the transaction holding the
-horizon, the running backfills (rows done of the estimate, the last key), and the dead letters with show / replay /
-drop. Every value is inserted as text, never as HTML, so
-nothing read from the stream can script the page.
+It polls ``/api/status`` every two seconds and redraws: the capture mode (in WAL mode the slot's streamer, retained WAL
+and confirmation lag, with a warning while no streamer streams from it), streams, consumers (those registered for
+retention too, a registration without a checkpoint marked "registered, never ran") with their lag drawn as an SVG line
+over the sampled history and what each registration holds of the stream, the oldest open transaction that staged records
+(only its own wait), the running backfills (rows done of the estimate, the last key), and the dead letters with show /
+replay / drop. Every value is inserted as text, never as HTML, so nothing read from the stream can script the page.
 """
 
 PAGE = """<!doctype html>

@@ -77,7 +77,7 @@ def lock_consumer(conn: psycopg.Connection[Any], name: str) -> Checkpoint | None
     """Serialize copies of consumer ``name`` with a transaction-level advisory lock, then read its checkpoint.
 
     Unlike :func:`lock_checkpoint` this takes no row lock, so the transaction gets no transaction id: a consumer that
-    computes for long before it writes (a Spark job) does not hold back the streamer's visibility horizon meanwhile.
+    computes for long before it writes (a Spark job) holds no transaction id open meanwhile (it would hold back vacuum).
     Before it saves, it must re-read the row with :func:`lock_checkpoint` and find it unchanged (a copy that does not
     take this lock, a Python consumer of the same name, may have moved it)."""
     conn.execute("SELECT pg_advisory_xact_lock(hashtextextended('unilog.consumer:' || %s, 0))", (name,))

@@ -38,7 +38,8 @@ def resolve_identity(conn: psycopg.Connection[Any]) -> tuple[ProducerIdentity, b
     A restore into another cluster (its transaction ids restart lower) or a copy into another database changes
     the cluster's system identifier or the database's oid. Then, in one transaction: the epoch is incremented (so
     positions restart at 1 in an epoch consumers have not seen, instead of colliding with old ones) and staged rows
-    whose ``xid`` lies in this cluster's future are moved below the horizon, or they would never be published.
+    whose ``xid`` lies in this cluster's future get xid 1: they predate every transaction of this cluster (WAL
+    mode's ``from_xid`` and table mode's look-up of rows of open transactions compare xids).
     Returns (identity, whether a new epoch began). Commits.
     """
     with conn.transaction():

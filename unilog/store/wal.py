@@ -26,7 +26,8 @@ from .connection import connect_options, unreachable
 from .positions import save_positions
 
 PUBLICATION = "unilog_staged"
-READ_INDEX = "staged_log_records_stream_xid_id"  # table mode's read path; WAL mode drops it
+# table mode finds by it the rows of transactions that were open at a claim; WAL mode drops it
+READ_INDEX = "staged_log_records_stream_xid_id"
 DDL_LOCK_TIMEOUT = 5.0  # seconds a mode switch's DDL waits for a lock or for older transactions
 STATUS_INTERVAL = 10.0  # seconds between status updates while idle (the server's wal_sender_timeout is 60 s)
 _PG_EPOCH_US = 946_684_800_000_000  # 2000-01-01 in microseconds since the Unix epoch

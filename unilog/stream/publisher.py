@@ -2,7 +2,7 @@
 returns (:class:`BatchResult`), and the :class:`Publisher` every capture publishes through.
 
 A capture reads committed staged records from one source and publishes them: table mode
-(:class:`unilog.stream.capture_table.TableCapture`, the staging table below the visibility horizon), WAL mode
+(:class:`unilog.stream.capture_table.TableCapture`, committed staged rows claimed in id order), WAL mode
 (:class:`unilog.stream.capture_wal.WalCapture`, a logical slot in commit order). The streamer creates one
 :class:`Publisher` and hands it to each capture it makes; the publisher holds what must be the same whichever
 capture runs, and outlives a switch between them:
@@ -37,7 +37,8 @@ PARTITION_RECHECK = 10.0  # seconds between looks at an unpartitioned stream's s
 
 @dataclass(frozen=True)
 class BatchResult:
-    """What one pass did: records published, whether committed records are still waiting behind the horizon,
+    """What one pass did: records published, whether records are known to be on their way (WAL mode: staged rows, or
+    WAL the slot's stream has not reached),
     whether a stream with staged records is held by another streamer's lock, and whether publishing was held off."""
 
     published: int = 0
@@ -52,7 +53,7 @@ class Capture(Protocol):
     after Redis confirmed it, and commits or rolls back the transactions it begins on ``conn``."""
 
     # True: what there is to publish arrives on the capture's own connection and :meth:`wait` sleeps on it (WAL
-    # mode: the slot's stream); False: the streamer sleeps on LISTEN for commits and polls the visibility horizon
+    # mode: the slot's stream); False: the streamer sleeps on LISTEN for commits
     wakes_itself: bool
 
     def run_once(self, conn: psycopg.Connection[Any]) -> BatchResult:
