@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 from typing import Any
+
+import psycopg
 
 from .common import ExitCode
 
@@ -18,9 +21,12 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     postgres_conninfo(url)
     migrate(url, producer_id=args.producer_id)
     print("unilog: database migrated")
+    from ..errors import UnilogError
     from ..status import capture_mode_line
 
-    print(f"unilog: {capture_mode_line(url)}")
+    # the mode is news, not the command's result: migrated is what counts
+    with contextlib.suppress(UnilogError, psycopg.Error):
+        print(f"unilog: {capture_mode_line(url)}")
     return ExitCode.OK
 
 
