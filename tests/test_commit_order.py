@@ -285,3 +285,23 @@ def test_a_claim_is_resent_unchanged_when_an_older_record_commits_meanwhile(
     assert pg.execute("SELECT count(*) FROM unilog_claims").fetchone()[0] == 0
     assert pg.execute("SELECT count(*) FROM staged_log_records").fetchone()[0] == 0
     late.close()
+
+
+def test_a_saved_claim_whose_records_another_streamer_published_is_dropped(
+    settings: Settings, pg: Any, rds: redis.Redis
+) -> None:
+    """Two streamers that both believed they held the stream's lock (a partitioned session) claimed the same rows;
+    one published and deleted them. The other's claim, found with no rows left, is dropped with a warning instead of
+    stopping the stream, and nothing is published twice."""
+    with psycopg.connect(settings.conninfo) as conn:
+        for i in range(3):
+            emit(conn, action="update", object="item", key="k", data={"val": i + 1})
+    with streamer(settings, Faults(script={"streamer.crash_after_claim": [True]})) as s, pytest.raises(InjectedCrash):
+        s.run_once()
+    pg.execute("INSERT INTO unilog_claims (source, lo, hi, records) SELECT source, lo, hi, records FROM unilog_claims")
+    with psycopg.connect(settings.conninfo) as conn:
+        emit(conn, action="update", object="item", key="k", data={"val": 4})
+    with streamer(settings, name="successor") as s:
+        assert s.drain(timeout=10) == 4
+    assert [(seq, data["val"]) for seq, _, data in entries(rds, settings.stream)] == [(i, i) for i in range(1, 5)]
+    assert pg.execute("SELECT count(*) FROM unilog_claims").fetchone()[0] == 0

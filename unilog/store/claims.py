@@ -252,6 +252,12 @@ def any_pending_claims(conn: psycopg.Connection[Any]) -> list[str]:
     return [r[0] for r in rows]
 
 
+def drop_claim(conn: psycopg.Connection[Any], claim: int) -> None:
+    """Delete a claim whose rows are all gone (published and deleted by another streamer), in the caller's
+    transaction."""
+    conn.execute("DELETE FROM unilog_claims WHERE claim = %s", (claim,))
+
+
 def delete_claimed(conn: psycopg.Connection[Any], claim: int, epoch: int, last_seqs: dict[str, int]) -> int:
     """Delete a published claim and its rows, and advance each target stream's position, in the caller's
     transaction. Returns the number of rows deleted; the caller must check it equals the claim's count (fewer means

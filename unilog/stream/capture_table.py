@@ -212,12 +212,15 @@ class TableCapture:
             if pending:
                 log.info("re-sending saved claims", source=source, claims=len(pending), streamer=self.publisher.name)
         cursor = self._cursors.get(source)
-        if pending:
+        while pending:
             claim = pending.pop(0)
             got = store.reclaim_packed(conn, claim) if packed else store.reclaim_rows(conn, claim)
-            if got is None:  # its rows are gone: only another streamer without the lock could have deleted them
-                raise PublishError(f"claim {claim} of {stream} has no rows left: another streamer deleted them")
-            return self._batch(got, stream, partitions)
+            if got is not None:
+                return self._batch(got, stream, partitions)
+            # its rows are gone, deleted only after Redis confirmed them: a streamer that believed it held the lock
+            # (a partitioned session) published the same records under the same positions and deleted them
+            store.drop_claim(conn, claim)
+            log.warning("a saved claim's records were published by another streamer", stream=stream, claim=claim)
         if cursor is None:
             if busy:
                 return None  # a re-sent claim is not deleted yet: the next pass starts the cursor
