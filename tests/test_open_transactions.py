@@ -78,3 +78,15 @@ def test_the_retired_horizon_option_is_accepted_and_says_so(settings: Settings) 
     result = streamer_once(settings, "--horizon-warn-after", "5")
     assert result.returncode == ExitCode.OK, result.stderr
     assert "--horizon-warn-after has no effect" in result.stdout
+
+
+def test_unilogs_own_sessions_are_not_named_as_open_stagers(settings: Settings) -> None:
+    """A streamer's transaction holds the same lock on the staging table (it deletes what it published): status must
+    not name unilog's own sessions as a producer holding records back."""
+    own = psycopg.connect(settings.conninfo, application_name="unilog-streamer")
+    own.execute("DELETE FROM staged_log_records WHERE id < 0")
+    own.execute("SELECT pg_current_xact_id()")
+    try:
+        assert collect_status(settings)["staged"]["open_stager"] is None
+    finally:
+        own.close()

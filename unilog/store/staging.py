@@ -77,7 +77,8 @@ def staged_by_stream(conn: psycopg.Connection[Any]) -> dict[str, tuple[int, floa
 
 def oldest_stager(conn: psycopg.Connection[Any]) -> dict[str, Any] | None:
     """The oldest open transaction of this database, other than the caller's, that has staged rows (it holds its
-    lock on ``staged_log_records`` until it ends): only its own records wait for it. None if there is none."""
+    lock on ``staged_log_records`` until it ends): only its own records wait for it. None if there is none. unilog's
+    own sessions (``application_name`` ``unilog-...``: a streamer deleting what it published) are not producers."""
     row = conn.execute(
         r"""
         SELECT a.pid, a.datname, a.application_name, a.state, extract(epoch FROM now() - a.xact_start)::float8,
@@ -86,6 +87,7 @@ def oldest_stager(conn: psycopg.Connection[Any]) -> dict[str, Any] | None:
         WHERE l.locktype = 'relation' AND l.relation = 'staged_log_records'::regclass AND l.mode = 'RowExclusiveLock'
           AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
           AND a.backend_xid IS NOT NULL AND a.pid <> pg_backend_pid()
+          AND a.application_name NOT LIKE 'unilog-%'
         ORDER BY a.xact_start
         LIMIT 1
         """
