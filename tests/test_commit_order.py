@@ -24,7 +24,7 @@ import pytest
 import redis
 
 from unilog import Settings, Streamer, StreamerConfig, emit
-from unilog.errors import InjectedCrash
+from unilog.errors import ClaimIncomplete, DataLoss, InjectedCrash
 from unilog.faults import Faults
 from unilog.harness.pytest_plugin import running
 
@@ -305,3 +305,38 @@ def test_a_saved_claim_whose_records_another_streamer_published_is_dropped(
         assert s.drain(timeout=10) == 4
     assert [(seq, data["val"]) for seq, _, data in entries(rds, settings.stream)] == [(i, i) for i in range(1, 5)]
     assert pg.execute("SELECT count(*) FROM unilog_claims").fetchone()[0] == 0
+
+
+def test_a_saved_claim_that_lost_rows_stops_the_streamer_in_one_line(settings: Settings, pg: Any) -> None:
+    """Re-sent, the rest of a claim would take positions Redis already has and push the records after them under
+    Redis's high-water mark: the streamer stops instead (DataLoss)."""
+    with psycopg.connect(settings.conninfo) as conn:
+        for i in range(3):
+            emit(conn, action="update", object="item", key="k", data={"val": i + 1})
+    with streamer(settings, Faults(script={"streamer.crash_after_publish": [True]})) as s, pytest.raises(InjectedCrash):
+        s.run_once()
+    pg.execute("DELETE FROM staged_log_records WHERE id = (SELECT min(id) FROM staged_log_records)")
+    with streamer(settings, name="successor") as s, pytest.raises(ClaimIncomplete) as stopped:
+        s.drain(timeout=10)
+    assert "saved with 3 records and 2 are left" in str(stopped.value)
+    assert isinstance(stopped.value, DataLoss)
+
+
+def test_two_sources_of_one_stream_re_send_a_saved_claim_before_the_other_claims(
+    settings: Settings, pg: Any, rds: redis.Redis
+) -> None:
+    """Rows staged with no stream and with the default stream's name both go to the default stream: after a crash
+    between send and delete on one, the other must not claim under the positions the saved claim was sent with."""
+    with psycopg.connect(settings.conninfo) as conn:
+        emit(conn, action="update", object="item", key="a", data={"val": 1})  # no stream: the default stream
+        emit(conn, action="update", object="item", key="b", data={"val": 1}, stream=settings.stream)
+    faults = Faults(script={"streamer.crash_after_publish": [False, True]})  # the second source's batch
+    with streamer(settings, faults) as s, pytest.raises(InjectedCrash):
+        s.run_once()
+    with psycopg.connect(settings.conninfo) as conn:
+        emit(conn, action="update", object="item", key="a", data={"val": 2})
+    with streamer(settings, name="successor") as s:
+        s.drain(timeout=10)
+    got = [(seq, key, data["val"]) for seq, key, data in entries(rds, settings.stream)]
+    assert sorted((key, val) for _, key, val in got) == [("a", 1), ("a", 2), ("b", 1)], got
+    assert [seq for seq, _, _ in got] == [1, 2, 3]

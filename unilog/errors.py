@@ -115,6 +115,12 @@ class DataLoss(UnilogError):
     """
 
 
+class ClaimIncomplete(DataLoss):
+    """A table-mode claim saved before its send lost some of its staged rows before it was deleted (a manual delete,
+    a restore): re-sent, the rest would take positions Redis already has, and the records after them would be
+    skipped. The streamer stops; the claim, its remaining rows and Redis's entries say what was sent."""
+
+
 class StreamGap(DataLoss):
     """A producer's positions jump: entries after the consumer's checkpoint were trimmed or lost."""
 

@@ -19,7 +19,10 @@ depends_on = None
 # ids as runs of consecutive ids (lo[i]..hi[i]), so a re-send after a crash sends the same records, in the same
 # order, under the same positions (unilog/stream/capture_table.py says why that order is commit order per row).
 # The (stream, id) index is the claim's read path; (stream, xid, id) finds the rows of transactions that were still
-# open at the last claim. Ids must be handed out in time order, so the id sequence's per-session cache is set to 1.
+# open at the last claim. Ids must be handed out in time order, so the id sequence's per-session cache is set to 1
+# (sessions connected before it keep the values they cached: reconnect producers after upgrading an adopted table
+# whose sequence had a cache). The index is built in the migration's transaction, which holds producers' inserts
+# for the build: on a large backlog, drain it first.
 CLAIMS = """
 CREATE TABLE IF NOT EXISTS unilog_claims (
     claim   bigserial PRIMARY KEY,

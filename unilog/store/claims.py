@@ -74,14 +74,14 @@ _CLAIM = f"""
         INSERT INTO unilog_claims (source, lo, hi, records)
         SELECT %(source)s, array_agg(lo ORDER BY lo), array_agg(hi ORDER BY lo), sum(hi - lo + 1) FROM runs
         HAVING count(*) > 0
-        RETURNING claim
+        RETURNING claim, records
     ),
     snap AS (SELECT pg_current_snapshot() AS s)
 """
 
 # A saved claim's rows again, by its runs (a claim not yet deleted: re-sent after a crash).
 _AGAIN = f"""
-    WITH claimed AS (SELECT claim, source, lo, hi FROM unilog_claims WHERE claim = %(claim)s),
+    WITH claimed AS (SELECT claim, source, lo, hi, records FROM unilog_claims WHERE claim = %(claim)s),
     batch AS MATERIALIZED (
         SELECT {_COLUMNS.replace("id,", "s.id,", 1)} FROM claimed c
         CROSS JOIN LATERAL unnest(c.lo, c.hi) AS r(lo, hi)
@@ -112,14 +112,14 @@ _PACKED = """
                     || E'\\r\\n' ELSE '' END, '' ORDER BY id) FROM packed), 'UTF8'),
            (SELECT max(id) FROM batch), (SELECT parents FROM traced), (SELECT claim FROM claimed),
            (SELECT array_agg(x::text) FROM snap, pg_snapshot_xip(snap.s) x),
-           (SELECT pg_snapshot_xmax(s)::text FROM snap)
+           (SELECT pg_snapshot_xmax(s)::text FROM snap), (SELECT records FROM claimed)
 """
 
 # The same as rows (a partitioned stream's batch is split by key in Python), each row carrying the claim and snapshot.
 _ROWS = """
     SELECT id, action, object, data, key, created_ms, tp, ts,
            (SELECT claim FROM claimed), (SELECT array_agg(x::text) FROM snap, pg_snapshot_xip(snap.s) x),
-           (SELECT pg_snapshot_xmax(s)::text FROM snap)
+           (SELECT pg_snapshot_xmax(s)::text FROM snap), (SELECT records FROM claimed)
     FROM batch ORDER BY id
 """
 
@@ -133,10 +133,10 @@ AGAIN_ROWS = _AGAIN + _ROWS
 class Cursor:
     """Where a streamer's next claim of one source starts: every row with an id at or below ``last`` was claimed, or
     belongs to a transaction in ``watch`` (in progress at the last claim) or with an xid at or above ``since``
-    (begun after it), or was rolled back. Valid while the streamer holds the source's stream lock; a new one (0, (),
-    '0') reads the source from its first staged row."""
+    (begun after it), or was rolled back. Valid while the streamer holds the source's stream lock; a new one reads
+    the source from its first staged row."""
 
-    last: int = 0
+    last: int = -(2**63)  # below every id: an adopted table's ids may be zero or negative
     watch: tuple[str, ...] = ()
     since: str = "0"
     cut: bool = False  # the last claim was cut among rows at or below ``last``: they match again until deleted
@@ -184,6 +184,7 @@ class Claim:
     rows: list[StagedRow] = field(default_factory=list)
     xip: list[str] | None = None
     xmax: str | None = None
+    saved: int = 0  # the records the claim was saved with
 
 
 def packed_fetch_supported(conn: psycopg.Connection[Any]) -> bool:
@@ -214,21 +215,26 @@ def reclaim_packed(conn: psycopg.Connection[Any], claim: int) -> Claim | None:
     """A saved claim's batch, the same records in the same order as when it was made, encoded for Redis."""
     row = conn.execute(AGAIN_PACKED, {"claim": claim}, binary=True).fetchone()
     result = _packed(row)
-    return None if result is None else Claim(claim, result.count, result.last, result.body, result.parents)
+    return (
+        None
+        if result is None
+        else Claim(claim, result.count, result.last, result.body, result.parents, saved=result.saved)
+    )
 
 
 def reclaim_rows(conn: psycopg.Connection[Any], claim: int) -> Claim | None:
     """:func:`reclaim_packed`, as rows."""
     result = _rows(conn.execute(AGAIN_ROWS, {"claim": claim}).fetchall())
-    return None if result is None else Claim(claim, result.count, result.last, rows=result.rows)
+    return None if result is None else Claim(claim, result.count, result.last, rows=result.rows, saved=result.saved)
 
 
 def _packed(row: Any) -> Claim | None:
     if row is None or not row[0]:
         return None
-    count, body, last, parents, claim, xip, xmax = row
+    count, body, last, parents, claim, xip, xmax, saved = row
+    parents = tuple(parents or ())
     return Claim(
-        int(claim or 0), int(count), int(last), bytes(body), tuple(parents or ()), xip=list(xip or []), xmax=xmax
+        int(claim or 0), int(count), int(last), bytes(body), parents, xip=list(xip or []), xmax=xmax, saved=saved
     )
 
 
@@ -237,7 +243,15 @@ def _rows(rows: list[Any]) -> Claim | None:
         return None
     first = rows[0]
     staged: list[StagedRow] = [row[:8] for row in rows]
-    return Claim(int(first[8] or 0), len(rows), int(rows[-1][0]), rows=staged, xip=list(first[9] or []), xmax=first[10])
+    return Claim(
+        int(first[8] or 0),
+        len(rows),
+        int(rows[-1][0]),
+        rows=staged,
+        xip=list(first[9] or []),
+        xmax=first[10],
+        saved=int(first[11] or 0),
+    )
 
 
 def pending_claims(conn: psycopg.Connection[Any], source: str) -> list[int]:

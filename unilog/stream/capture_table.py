@@ -29,7 +29,7 @@ import psycopg
 import structlog
 
 from .. import engine, routing, store, tracing
-from ..errors import PublishError
+from ..errors import ClaimIncomplete, PublishError
 from ..store.claims import Claim, Cursor
 from .publisher import BatchResult, Publisher
 
@@ -104,7 +104,7 @@ class TableCapture:
         published, blocked = 0, False
         if self._packed_fetch is None:
             self._packed_fetch = store.packed_fetch_supported(conn)
-        for source in self.sources(conn):
+        for source in self._ordered(conn):
             stream = self.publisher.stream_of(source)
             held = stream in self.publisher.owned
             if not self.publisher.owns(conn, stream):
@@ -117,6 +117,20 @@ class TableCapture:
             if n == 0:
                 conn.commit()
         return BatchResult(published, False, blocked)
+
+    def _ordered(self, conn: psycopg.Connection[Any]) -> list[str]:
+        """This pass's sources. After a reset, the sources with saved claims come first, those without rows left
+        included: two sources can feed one stream (rows staged with no stream and with the default stream's name),
+        and one's saved claims must go out under their positions before the other claims anything."""
+        sources = self.sources(conn)
+        if self._pending:
+            return sources
+        saved = [
+            s
+            for s in store.any_pending_claims(conn)
+            if self.streams is None or self.publisher.stream_of(s) in self.streams
+        ]
+        return saved + [s for s in sources if s not in saved]
 
     def wait(self, timeout: float) -> bool:
         """No wake-up of its own (the streamer sleeps on LISTEN): sleeps ``timeout``."""
@@ -155,12 +169,13 @@ class TableCapture:
         partitions = publisher.partitions(stream)  # here: the helper thread must be the only user of the Redis client
         try:
             batch = self._next(conn, source, stream, partitions, busy=False)
+            if batch is not None:
+                conn.commit()  # the claim is saved before anything of it reaches Redis
         except BaseException:
             self._forget(source)
             raise
         if batch is None:
             return 0
-        conn.commit()  # the claim is saved before anything of it reaches Redis
         publisher.faults.crash("streamer.crash_after_claim")
         identity = publisher.identity()
         epoch = identity.epoch
@@ -215,6 +230,12 @@ class TableCapture:
         while pending:
             claim = pending.pop(0)
             got = store.reclaim_packed(conn, claim) if packed else store.reclaim_rows(conn, claim)
+            if got is not None and got.count != got.saved:
+                raise ClaimIncomplete(
+                    f"claim {claim} of {stream} was saved with {got.saved} records and {got.count} are left: re-sent, "
+                    "they would take positions Redis already has; the streamer stops rather than skip records "
+                    "(docs/guides/delivery-guarantees.md)"
+                )
             if got is not None:
                 return self._batch(got, stream, partitions)
             # its rows are gone, deleted only after Redis confirmed them: a streamer that believed it held the lock

@@ -360,12 +360,13 @@ class WalCapture:
         self._pending_rows = self._head_offset = 0
 
     def close(self) -> None:
-        """Close the slot's replication session and the helper thread (the table-mode capture is its owner's to
-        close)."""
+        """Close the slot's replication session, the helper thread, and the table-mode capture that publishes the
+        rows predating the slot (its own, made for this slot)."""
         self._rewind()
         if self._helper is not None:
             self._helper.shutdown(wait=True)
             self._helper = None
+        self.predrain.close()
 
 
 def _by_stream(publisher: Publisher, records: list[WalRow]) -> dict[str, list[WalRow]]:
