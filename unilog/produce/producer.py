@@ -14,6 +14,7 @@ from typing import Any
 
 import psycopg
 from psycopg.pq import TransactionStatus
+from psycopg.rows import tuple_row
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
@@ -172,7 +173,9 @@ def _runner(tx: Any, caller: str) -> Callable[..., Any]:
         tx = tx.connection()  # joins (or autobegins) the session's transaction, as any session statement would
     if isinstance(tx, psycopg.Connection):
         _require_transaction(tx, caller)
-        return tx.execute
+        # The application's row factory (dict_row, class_row...) is its own business: unilog reads its RETURNING
+        # rows by position, so it runs on a cursor of its own with tuple rows.
+        return tx.cursor(row_factory=tuple_row).execute
     if isinstance(tx, Connection):
         driver = tx.connection.driver_connection
         if isinstance(driver, psycopg.Connection):

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import psycopg
+from psycopg.rows import tuple_row
 
 from ..store import INSERT_STAGED, INSERT_STAGED_MANY, staged_columns
 from .encoding import Encoder
@@ -80,7 +81,8 @@ async def _run(tx: Any, caller: str, statement: str, params: tuple[Any, ...], *,
     try:
         if isinstance(tx, psycopg.AsyncConnection):
             require_transaction(tx, caller, "async with")
-            cursor = await tx.execute(statement, params)
+            # unilog reads its rows by position, whatever row factory the application gave its connection
+            cursor = await tx.cursor(row_factory=tuple_row).execute(statement, params)
             return await (cursor.fetchall() if many else cursor.fetchone())
         if AsyncConnection is not None and isinstance(tx, AsyncConnection):
             raw = await tx.get_raw_connection()
