@@ -349,7 +349,7 @@ def test_a_row_that_cannot_be_encoded_refuses_its_page_naming_the_rows_key(setti
         b.drain()
     assert (
         str(refused.value)
-        == "the row with key '37' cannot be staged: data['value'] is nan: NaN and Infinity are not valid JSON"
+        == "the row with key '37' cannot be staged: data['value'] is NaN: NaN and Infinity are not valid JSON"
     )
     assert backfill_counts(pg) == Counter({str(i): 1 for i in range(1, 21)}), "page 21-40 staged nothing"
     (state,) = [c for c in backfills(settings) if c["name"] == cursor["name"]]

@@ -25,7 +25,7 @@ from unilog_demo.migrate import prepare
 from unilog_demo.rides import STREAM, canonical_totals, consumer_totals
 from unilog_demo.spark_consumer import start_query, state_effect
 
-from unilog import Faults, Settings, Streamer, emit
+from unilog import Faults, RawJSON, Settings, Streamer, emit
 from unilog.spark import TransactionalSink, spark_session
 
 ROOT = Path(__file__).parent.parent
@@ -87,6 +87,22 @@ def test_batch_read_is_split_by_entry_count(spark: Any, app: Settings) -> None:
     assert [r["seq"] for r in rows] == list(range(1, 2501))
     assert rows[0]["action"] == "create" and rows[0]["object"] == "ride" and rows[0]["producer"]
     assert '"distance"' in rows[0]["data"]
+
+
+def test_the_data_column_reads_every_digit_with_a_decimal_schema(spark: Any, app: Settings) -> None:
+    """``data`` is the record's JSON text as staged; ``from_json`` with a ``DECIMAL`` field reads a long fraction
+    exactly (issue 34: a float would keep 16 digits). Integers past 64 bits need ``DECIMAL(38, 0)`` too."""
+    from pyspark.sql.functions import col, from_json
+
+    text = '{"amount": 0.33333333333333333333, "big": 12345678901234567890123456789}'
+    with psycopg.connect(app.conninfo) as conn:
+        emit(conn, action="pay", object="payment", data=RawJSON(text), stream=STREAM)
+        conn.commit()
+    Streamer(app).drain()
+    df = spark.read.format("unilog").option("redisUrl", app.redis_url).option("stream", STREAM).load()
+    parsed = df.select(from_json(col("data"), "amount DECIMAL(38, 20), big DECIMAL(38, 0)").alias("d")).collect()
+    assert parsed[0]["d"]["amount"] == Decimal("0.33333333333333333333")
+    assert parsed[0]["d"]["big"] == Decimal("12345678901234567890123456789")
 
 
 def test_a_batch_is_cut_into_equal_ranges_a_multiple_of_min_partitions() -> None:

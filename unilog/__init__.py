@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from .consume.partitions import PartitionConfig, PartitionedConsumer
     from .consume.records import Batch, Handler, Record
     from .faults import Faults
+    from .produce.encoding import RawJSON
     from .produce.producer import Producer, emit, emit_many
     from .produce.producer_async import emit_async, emit_many_async
     from .runtime import Worker
@@ -65,6 +66,7 @@ _LAZY = {
     "PartitionConfig": "consume.partitions",
     "PartitionedConsumer": "consume.partitions",
     "Producer": "produce.producer",
+    "RawJSON": "produce.encoding",
     "emit": "produce.producer",
     "emit_many": "produce.producer",
     "emit_async": "produce.producer_async",
@@ -125,6 +127,7 @@ __all__ = [
     "PolicyStop",
     "Producer",
     "PublishError",
+    "RawJSON",
     "Record",
     "SchemaMissing",
     "ServerUnreachable",

@@ -28,18 +28,18 @@ import hashlib
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 import structlog
-from psycopg.pq import Format
 
 from . import metrics, store
 from .config import Settings, validate_stream_name
 from .errors import BackfillRefused, PayloadNotSerializable, PostgresPermissionDenied
 from .faults import NO_FAULTS, Faults
 from .produce import producer as produce
+from .produce.encoding import RawJSON
 from .runtime import Links, Worker
 from .store import backfills as sql
 
@@ -48,40 +48,6 @@ __all__ = ["Backfill", "BackfillConfig", "backfills", "cancel", "default_name", 
 log = structlog.get_logger(__name__)
 
 EXACT_COUNT_BELOW = 200_000  # a planner estimate below this is replaced by count(*) (cheap, and exact)
-
-# Postgres types whose values psycopg hands over as types ``emit`` encodes (numbers, text, Decimal, UUID, dates
-# and times, bytes, JSON); enums come as strings, and types psycopg has no loader for come as their text.
-ENCODABLE = frozenset(
-    [
-        "bool",
-        "int2",
-        "int4",
-        "int8",
-        "oid",
-        "float4",
-        "float8",
-        "numeric",
-        "money",
-        "text",
-        "varchar",
-        "bpchar",
-        "char",
-        "name",
-        "citext",
-        "uuid",
-        "json",
-        "jsonb",
-        "date",
-        "time",
-        "timetz",
-        "timestamp",
-        "timestamptz",
-        "bytea",
-        "xid",
-        "xid8",
-    ]
-)
-
 
 @dataclass(frozen=True)
 class BackfillConfig:
@@ -159,7 +125,6 @@ def check(conn: psycopg.Connection[Any], table: str, key: str, where: str | None
     if key_column is None:
         raise BackfillRefused(f"table {found.qualified} has no column {key!r}")
     _check_key(conn, found, key_column)
-    columns = _text_where_needed(conn, columns)
     try:
         sql.check_page(conn, found, columns, key_column, where)
     except psycopg.Error as exc:
@@ -194,20 +159,6 @@ def _check_key(conn: psycopg.Connection[Any], table: sql.Table, key: sql.Column)
             f"key column {key.name!r} of {table.qualified} may be NULL: rows with a NULL key would be skipped; "
             "make it NOT NULL or choose another key"
         )
-
-
-def _text_where_needed(conn: psycopg.Connection[Any], columns: list[sql.Column]) -> list[sql.Column]:
-    """The columns, those whose values psycopg would hand over as types emit does not encode (an interval, inet,
-    a range, a geometric type, ...) marked to be read as Postgres's text form instead, as a string in the record's
-    data (an array of them as an array of strings): what a consumer would parse, as it parses Postgres's output."""
-    return [
-        replace(c, as_text=True)
-        if c.scalar_kind != "e"
-        and c.scalar_name not in ENCODABLE
-        and conn.adapters.get_loader(c.scalar_oid, Format.TEXT) is not None
-        else c
-        for c in columns
-    ]
 
 
 def start(settings: Settings, config: BackfillConfig) -> dict[str, Any]:
@@ -350,19 +301,17 @@ class Backfill(Worker):
         return len(rows)
 
     def _stage(self, conn: psycopg.Connection[Any], cursor: dict[str, Any], rows: list[tuple[Any, ...]]) -> None:
-        """Stage the page's records with one ``emit_many`` (one statement), in key order."""
-        assert self.plan is not None
-        columns = self.plan.columns
+        """Stage the page's records with one ``emit_many`` (one statement), in key order. Each row's data is the
+        JSON text Postgres built (:func:`unilog.store.backfills.page_query`), staged as it is: every digit kept."""
         action, object_, stream = cursor["action"], cursor["object"], cursor["stream"] or None
+        for key, _, problem in rows:
+            if problem is not None:
+                raise BackfillRefused(
+                    f"the row with key {key!r} cannot be staged: {problem}: NaN and Infinity are not valid JSON"
+                )
         records = [
-            {
-                "action": action,
-                "object": object_,
-                "data": {c.name: v for c, v in zip(columns, row[1:], strict=True)},
-                "stream": stream,
-                "key": row[0],
-            }
-            for row in rows
+            {"action": action, "object": object_, "data": RawJSON(data), "stream": stream, "key": key}
+            for key, data, _ in rows
         ]
         try:
             self.producer.emit_many(conn, records)

@@ -37,15 +37,17 @@ class Sorted:
 
 @dataclass(frozen=True)
 class Rules:
-    """Who sorts: the consumer's ``name``, its ``stream``, its replay ``owner`` tag, its malformed-entry policy, and
-    ``strict_start`` (a producer first seen past its position 1 stops it). ``warned``: the warnings already logged,
-    kept here because the consumer keeps its rules across retries and restarts, which sort the same batch again."""
+    """Who sorts: the consumer's ``name``, its ``stream``, its replay ``owner`` tag, its malformed-entry policy,
+    ``strict_start`` (a producer first seen past its position 1 stops it) and how its records read ``numbers``.
+    ``warned``: the warnings already logged, kept here because the consumer keeps its rules across retries and
+    restarts, which sort the same batch again."""
 
     name: str
     stream: str
     owner: bytes
     on_malformed: str = "dead-letter"
     strict_start: bool = False
+    numbers: str = "float"  # Record's: how data reads non-integral numbers
     warned: Once = field(default_factory=Once, compare=False, repr=False)
 
 
@@ -67,7 +69,7 @@ def sort_batch(
         try:
             if entry_id in malformed:
                 raise MalformedEntry(rules.stream, engine.to_str(entry_id), malformed[entry_id])
-            record = Record(rules.stream, entry_id, fields)
+            record = Record(rules.stream, entry_id, fields, rules.numbers)
         except MalformedEntry as exc:
             if rules.on_malformed == "stop":
                 raise

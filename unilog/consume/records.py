@@ -18,6 +18,7 @@ import sys
 import sysconfig
 import traceback
 from collections.abc import Awaitable, Callable, Iterator, Sequence
+from decimal import Decimal
 from types import ModuleType
 from typing import Any, cast
 
@@ -26,6 +27,8 @@ import psycopg
 from ..errors import HandlerNotFound, InjectedCrash, MalformedEntry
 
 _NO_DATA = object()
+
+NUMBERS = ("float", "decimal")  # how Record.data reads a JSON number with a fraction or an exponent
 
 REPLAY_OF = b"replay_of"
 REPLAY_FOR = b"replay_for"
@@ -39,18 +42,25 @@ def replay_owner(kind: str, name: str) -> str:
 class Record:
     """One log record as a handler sees it. ``data`` is decoded from JSON on first access.
 
+    ``numbers``: how ``data`` reads a JSON number with a fraction or an exponent. ``"float"`` (the default) gives a
+    Python ``float``, as ``json.loads`` does: ``0.33333333333333333333`` becomes ``0.3333333333333333``.
+    ``"decimal"`` gives a ``decimal.Decimal`` with every digit, for amounts a handler sums. Integers are ``int``
+    either way (exact at any size). Set it on the consumer (``ConsumerConfig(numbers="decimal")``, ``unilog consume
+    --numbers decimal``); :attr:`raw_data` is the JSON text as it is in the stream.
+
     ``producer`` ('' for entries not written by a unilog streamer) and ``position``, the record's (epoch, seq)
     within its producer (None for entries without unilog metadata), are read when the record is made: every
     consumer needs them to deduplicate, so they are plain attributes (this class is the consumers' hot path).
     """
 
-    __slots__ = ("_data", "_fields", "_id", "position", "producer", "stream")
+    __slots__ = ("_data", "_exact", "_fields", "_id", "position", "producer", "stream")
 
-    def __init__(self, stream: str, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
+    def __init__(self, stream: str, entry_id: bytes, fields: dict[bytes, bytes], numbers: str = "float") -> None:
         self.stream = stream
         self._id = entry_id
         self._fields = fields
         self._data: Any = _NO_DATA
+        self._exact = numbers == "decimal"
         try:
             producer = fields.get(b"producer")
             self.producer: str = producer.decode() if producer else ""
@@ -74,7 +84,9 @@ class Record:
         if self._data is _NO_DATA:
             raw = self._fields.get(b"data")
             try:
-                self._data = None if raw is None else json.loads(raw)
+                self._data = (
+                    None if raw is None else json.loads(raw, parse_float=Decimal) if self._exact else json.loads(raw)
+                )
             except ValueError as exc:  # the consumer dead-letters the entry (or stops): see MalformedEntry
                 raise MalformedEntry(self.stream, self.id, f"data is not JSON ({exc})") from None
         return self._data

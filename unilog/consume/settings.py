@@ -19,6 +19,7 @@ from typing import Any
 
 from ..config import validate_name, validate_stream_name
 from ..errors import InvalidSetting
+from .records import NUMBERS
 
 MALFORMED_POLICIES = ("dead-letter", "stop")
 POISON_POLICIES = ("stop", "dead-letter")
@@ -52,7 +53,9 @@ def _one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:
 class ConsumeSettings:
     """What every consumer kind honours.
 
-    ``stream`` None means ``Settings.stream``. ``block_ms`` is how long one read waits for new entries, so an idle
+    ``stream`` None means ``Settings.stream``. ``numbers``: how records' ``data`` reads a number with a fraction
+    or an exponent, ``"float"`` (the default, as ``json.loads``) or ``"decimal"`` (``Decimal``: exact; see
+    :class:`~unilog.Record`). ``block_ms`` is how long one read waits for new entries, so an idle
     consumer reacts within milliseconds of an ``XADD``. A batch transaction (handler included) that takes longer
     than ``pg_timeout`` seconds has its connection broken: it rolls back and is retried, so a silent Postgres never
     hangs the consumer. ``on_malformed``: what to do with an entry that is not a unilog record (``data`` not JSON,
@@ -88,6 +91,13 @@ class ConsumeSettings:
     wait_timeout_ms: int = field(
         default=1000, metadata=_opt("milliseconds a dead letter waits for --wait-replicas replicas")
     )
+    numbers: str = field(
+        default="float",
+        metadata=_opt(
+            "how a record's data reads numbers with a fraction or exponent: float, or decimal (Decimal, every digit)",
+            choices=NUMBERS,
+        ),
+    )
     on_malformed: str = field(
         default="dead-letter",
         metadata=_opt(
@@ -104,6 +114,7 @@ class ConsumeSettings:
         _at_least("pg_timeout", self.pg_timeout, 0, optional=True)
         _at_least("max_backoff", self.max_backoff, 0, strict=True)
         _one_of("on_malformed", self.on_malformed, MALFORMED_POLICIES)
+        _one_of("numbers", self.numbers, NUMBERS)
         _at_least("wait_replicas", self.wait_replicas, 0, optional=True)
         _at_least("wait_timeout_ms", self.wait_timeout_ms, 1)  # WAIT's 0 would block for ever
 

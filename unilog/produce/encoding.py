@@ -16,6 +16,10 @@ Anything else goes to the ``default`` callable the application gives (``emit(...
 ``Producer(default=...)``): it gets the object and returns something JSON can encode (these rules apply to what it
 returns); if it raises, or none was given, the record is refused with :class:`~unilog.errors.PayloadNotSerializable`
 naming the value's path and type.
+
+:class:`RawJSON` is JSON text the application already has (a ``to_jsonb(row)`` from Postgres, a request body): it
+is staged as it is, so its numbers keep every digit (``0.33333333333333333333`` stays that, where a Python float
+would not), after a check that it is one JSON value jsonb can hold.
 """
 
 from __future__ import annotations
@@ -36,8 +40,52 @@ DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20
 Encoder = Callable[[Any], Any]  # an object JSON cannot hold -> something it can
 
 
+class RawJSON:
+    """JSON text to stage as it is, as a record's whole ``data``: ``emit(conn, ..., data=RawJSON(text))``.
+
+    Nothing goes through Python's numbers, so ``{"amount": 0.33333333333333333333}`` reaches the stream with every
+    digit (a consumer reads it exactly with ``numbers="decimal"``). The text must be one JSON value with no NaN,
+    Infinity or NUL character (jsonb holds none of them) and within the payload limit; otherwise
+    :class:`~unilog.errors.PayloadNotSerializable` says what is wrong, before anything is written. Only the whole
+    ``data`` may be raw: inside a dict or list it is refused.
+    """
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        if not isinstance(text, str):
+            raise TypeError(f"RawJSON takes JSON text (a str), got {type(text).__name__}")
+        self.text = text
+
+    def __repr__(self) -> str:
+        return f"RawJSON({self.text!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RawJSON) and other.text == self.text
+
+    def __hash__(self) -> int:
+        return hash(self.text)
+
+
+def _raw_problem(text: str) -> str | None:
+    """Why ``text`` is not one JSON value jsonb can hold, or None. Numbers are parsed as text: never rounded."""
+
+    def constant(name: str) -> Any:
+        raise ValueError(f"{name} is not valid JSON")
+
+    try:
+        value = json.loads(text, parse_float=str, parse_int=str, parse_constant=constant)
+    except ValueError as exc:
+        return f"data is RawJSON that is not one JSON value ({exc})"
+    if "\\u0000" in text:  # escaped, so look at what it decodes to
+        return _Walk(encode_value, False).problem(value, "data")
+    return None
+
+
 def encode_value(value: Any) -> Any:
     """The JSON form of ``value`` by unilog's rules (see the module docstring); ``TypeError`` for any other type."""
+    if isinstance(value, RawJSON):
+        raise TypeError("RawJSON is only accepted as the whole data")
     if isinstance(value, Decimal | uuid.UUID):
         return str(value)
     if isinstance(value, dt.date | dt.time):  # datetime is a date
@@ -74,6 +122,8 @@ _encoder = json.JSONEncoder(default=encode_value, **_OPTIONS)
 def encode_data(data: Any, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES, default: Encoder | None = None) -> str:
     """Encode ``data`` as compact JSON by the rules above (``default``: the application's encoder for other types),
     or raise an error that names the offending key and type."""
+    if isinstance(data, RawJSON):
+        return _raw_text(data, max_bytes)
     value_of = encode_value if default is None else _chained(default)
     try:
         text = (_encoder if default is None else json.JSONEncoder(default=value_of, **_OPTIONS)).encode(data)
@@ -90,6 +140,18 @@ def encode_data(data: Any, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES, default: 
         if size > max_bytes:
             raise PayloadTooLarge(f"data is {size} bytes as JSON, over the limit of {max_bytes} bytes")
     return text
+
+
+def _raw_text(data: RawJSON, max_bytes: int) -> str:
+    if (problem := _raw_problem(data.text)) is not None:
+        raise PayloadNotSerializable(problem)
+    try:
+        size = len(data.text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise PayloadNotSerializable("data is RawJSON containing a lone surrogate, which is not valid UTF-8") from None
+    if size > max_bytes:
+        raise PayloadTooLarge(f"data is {size} bytes as JSON, over the limit of {max_bytes} bytes")
+    return data.text
 
 
 def _explain(data: Any, value_of: Encoder, given: bool) -> str:
@@ -133,6 +195,8 @@ class _Walk:
 
     def _converted(self, value: Any, path: str, depth: int) -> str | None:
         kind = type(value).__name__
+        if isinstance(value, RawJSON):
+            return f"{path} is RawJSON, which is accepted only as the whole data (emit(..., data=RawJSON(text)))"
         try:
             converted = self.value_of(value)
         except _EncoderFailed as exc:

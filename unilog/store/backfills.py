@@ -38,7 +38,7 @@ class Table:
 
 @dataclass(frozen=True)
 class Column:
-    """A table column: its name, its type as SQL text, whether it is NOT NULL, and the type psycopg loads it as
+    """A table column: its name, its type as SQL text, whether it is NOT NULL, and its scalar type
     (``scalar_oid``/``scalar_name``/``scalar_kind``: the element type of an array, the base type of a domain)."""
 
     name: str
@@ -48,7 +48,61 @@ class Column:
     scalar_oid: int
     scalar_name: str
     scalar_kind: str
-    as_text: bool = False  # read as Postgres's text form (an interval, inet, range, ...: no type emit encodes)
+
+    @property
+    def is_array(self) -> bool:
+        return self.type_sql.endswith("]")
+
+
+# A record's data is the row as one JSON object built by Postgres (row_to_json), so no value passes through a Python
+# type: a jsonb 0.33333333333333333333 stays that, and a float4 0.1 is 0.1. Each column is put in by emit's rules:
+# types JSON holds as they are (numbers, booleans, text, json/jsonb, dates and times as ISO 8601 strings), numeric
+# and money as strings (emit's rule for Decimal: exact, and what a Numeric column emitted live looks like), bytea as
+# base64, transaction ids as numbers, and every other type (interval, inet, a range, a composite...) as Postgres's
+# text form; an array of any of them as a JSON array of the same.
+_AS_JSON = frozenset(
+    (
+        *("bool", "int2", "int4", "int8", "float4", "float8", "text", "varchar", "bpchar", "char", "name"),
+        *("citext", "uuid", "json", "jsonb", "date", "time", "timetz", "timestamp", "timestamptz"),
+    )
+)
+_FLOATS = frozenset(("float4", "float8"))
+
+
+def _value(column: Column, ref: sql.Composable) -> sql.Composable:
+    """The column's value as row_to_json should see it (see above)."""
+    arr = "[]" if column.is_array else ""
+    name = column.scalar_name
+    if name in _AS_JSON or column.scalar_kind == "e":  # an enum's label is a JSON string
+        return ref
+    if name == "numeric":
+        return sql.SQL("{}::text" + arr).format(ref)
+    if name == "money":
+        return sql.SQL("{}::numeric" + arr + "::text" + arr).format(ref)
+    if name in ("xid", "xid8", "oid"):
+        return sql.SQL("{}::text" + arr + "::numeric" + arr).format(ref)
+    if name == "bytea":
+        one = "translate(encode({}, 'base64'), E'\\n', '')"
+        if not column.is_array:
+            return sql.SQL(one).format(ref)
+        many = "CASE WHEN {} IS NULL THEN NULL ELSE ARRAY(SELECT " + one + " FROM unnest({}) AS e) END"
+        return sql.SQL(many).format(ref, sql.Identifier("e"), ref)
+    return sql.SQL("{}::text" + arr).format(ref)
+
+
+def _not_finite(column: Column, ref: sql.Composable) -> sql.Composable | None:
+    """For a float column: the column's name and what it holds when that is NaN or +-Infinity (no JSON number is),
+    else NULL; None for other columns."""
+    if column.scalar_name not in _FLOATS:
+        return None
+    bad = sql.SQL("ARRAY['NaN', 'Infinity', '-Infinity']::float8[]")
+    if column.is_array:
+        return sql.SQL("CASE WHEN {}::float8[] && {} THEN {} END").format(
+            ref, bad, sql.Literal(f"data[{column.name!r}] contains NaN or Infinity")
+        )
+    return sql.SQL("CASE WHEN {}::float8 = ANY({}) THEN {} || {}::text END").format(
+        ref, bad, sql.Literal(f"data[{column.name!r}] is "), ref
+    )
 
 
 def resolve_table(conn: psycopg.Connection[Any], name: str) -> Table | None:
@@ -111,9 +165,11 @@ def check_orderable(conn: psycopg.Connection[Any], table: Table, column: Column)
 
 
 def page_query(table: Table, columns: list[Column], key: Column, where: str | None, after: bool) -> sql.Composed:
-    """The page statement: the key as text and every column, of the next rows after the cursor (``after``: a
-    parameter, the last key as text) that match ``where``, in key order, ``LIMIT`` a parameter, each row locked
-    ``FOR SHARE`` (an update of one waits for the page's commit; the page waits for an update in progress)."""
+    """The page statement: per row, the key as text, the row's data as JSON text (see :func:`_value`) and why it
+    cannot be a record (a float column's NaN or Infinity; NULL if it can), of the next rows after the cursor
+    (``after``: a parameter, the last key as text) that match ``where``, in key order, ``LIMIT`` a parameter, each
+    row locked ``FOR SHARE`` (an update of one waits for the page's commit; the page waits for an update in
+    progress)."""
     key_ident = sql.Identifier(key.name)
     conditions: list[sql.Composable] = []
     if where:
@@ -121,23 +177,24 @@ def page_query(table: Table, columns: list[Column], key: Column, where: str | No
     if after:
         conditions.append(sql.SQL("{} > %s::{}").format(key_ident, sql.SQL(key.type_sql)))
     filtered = sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conditions) if conditions else sql.SQL("")
-    return sql.SQL("SELECT {}::text AS unilog_key, {} FROM {}{} ORDER BY {} LIMIT %s FOR SHARE OF {}").format(
+    refs = [sql.Identifier(table.name, c.name) for c in columns]
+    values = sql.SQL(", ").join(
+        sql.SQL("{} AS {}").format(_value(c, ref), sql.Identifier(c.name)) for c, ref in zip(columns, refs, strict=True)
+    )
+    checks = [e for c, ref in zip(columns, refs, strict=True) if (e := _not_finite(c, ref)) is not None]
+    bad = sql.SQL("coalesce({})").format(sql.SQL(", ").join(checks)) if checks else sql.SQL("NULL::text")
+    return sql.SQL(
+        "SELECT {}::text AS unilog_key, (SELECT row_to_json(unilog_row) FROM (SELECT {}) AS unilog_row)::text, {} "
+        "FROM {}{} ORDER BY {} LIMIT %s FOR SHARE OF {}"
+    ).format(
         key_ident,
-        sql.SQL(", ").join(_selected(c) for c in columns),
+        values,
+        bad,
         table.ident,
         filtered,
         sql.Identifier(table.schema, table.name, key.name),
         sql.Identifier(table.name),
     )
-
-
-def _selected(column: Column) -> sql.Composable:
-    """A column in the page's select list: itself, or its text form (an array of them as text[]: a JSON array)."""
-    ident = sql.Identifier(column.name)
-    if not column.as_text:
-        return ident
-    cast = "text[]" if column.type_sql.endswith("]") else "text"
-    return sql.SQL("{}::{} AS {}").format(ident, sql.SQL(cast), ident)
 
 
 def _where(where: str) -> sql.Composable:

@@ -65,7 +65,7 @@ class AsyncConsumer(AsyncWorker):
         self._checkpoint: Checkpoint | None = None
         self._rewind = RewindWatch(config.name, self.stream, config.rewind_grace)
         owner = replay_owner("consumer", config.name).encode()
-        self._rules = Rules(config.name, self.stream, owner, config.on_malformed, config.strict_start)
+        self._rules = Rules(config.name, self.stream, owner, config.on_malformed, config.strict_start, config.numbers)
         self._registered_at = 0.0
         self._last_rewind_check = 0.0
         self._malformed: dict[bytes, str] = {}  # entries found malformed by a handler: dead-lettered next pass
@@ -268,7 +268,7 @@ class AsyncConsumer(AsyncWorker):
     async def _poisoned(self, entry: Entry, before: Checkpoint, exc: Exception) -> ConsumeResult:
         """``entry`` failed alone: stop (raise :class:`PoisonRecord`) or dead-letter it and move the checkpoint
         past it, in one transaction with the row that lets a replay of it be applied once."""
-        record = Record(self.stream, *entry)
+        record = Record(self.stream, *entry, self.config.numbers)
         if self.config.on_poison == "stop":
             raise PoisonRecord(
                 f"consumer {self.config.name!r} on stream {self.stream!r}: {describe(record)} failed its handler "

@@ -180,7 +180,11 @@ class GroupConsumer(Worker):
         started = time.perf_counter()
         # another consumer's (or group's) replayed dead letter: this group applied the original, or will
         mine = self._owner
-        records = [Record(self.stream, eid, fields) for eid, fields in entries if fields.get(REPLAY_FOR, mine) == mine]
+        records = [
+            Record(self.stream, eid, fields, self.config.numbers)
+            for eid, fields in entries
+            if fields.get(REPLAY_FOR, mine) == mine
+        ]
         conn = self.links.pg()
         group = self.config.group
         with store.deadline(conn, self.config.pg_timeout), conn.transaction():
