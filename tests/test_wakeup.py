@@ -32,6 +32,7 @@ def test_producers_notify_at_commit_only_while_a_streamer_sleeps(settings: Setti
         conn.rollback()
         assert notified(listener, 0.2) == 0, "a rolled-back transaction wakes nobody"
         store.wake(listener)
+        assert notified(listener, 2) == 1, "giving the lock back tells another streamer sleeping without it"
         emit(conn, action="a", object="o", data={})
         conn.commit()
         assert notified(listener, 0.2) == 0

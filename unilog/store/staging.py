@@ -121,32 +121,43 @@ def discard_notifies(conn: psycopg.Connection[Any]) -> int:
     return sum(1 for _ in conn.notifies(timeout=0))
 
 
-def try_sleep(conn: psycopg.Connection[Any], wait: float = 0.0) -> bool:
-    """Take the wake-up lock exclusively on ``conn`` (an autocommit ``LISTEN`` session): from then on every
-    transaction that stages notifies at commit. A transaction that staged without notifying holds the lock shared
-    until it ends: wait up to ``wait`` seconds for those to end (meanwhile the waiting request makes new ones
-    notify). False if they did not, or another streamer sleeps: the caller must look again rather than sleep."""
-    if wait <= 0:
-        row = conn.execute("SELECT pg_try_advisory_lock(hashtextextended('unilog.wakeup', 0))").fetchone()
-        return bool(row and row[0])
-    # one round trip: the timeout is set for the lock's wait and reset after it in the same statement; if the wait
-    # times out, the failed statement's transaction takes the setting back with it
-    try:
-        conn.execute(
-            "SELECT set_config('lock_timeout', %s, false), pg_advisory_lock(hashtextextended('unilog.wakeup', 0)), "
-            "set_config('lock_timeout', '0', false)",
-            (str(max(1, round(wait * 1000))),),
-        )
-        return True
-    except psycopg.errors.LockNotAvailable:
-        return False
+def try_sleep(conn: psycopg.Connection[Any]) -> bool:
+    """Try to take the wake-up lock exclusively on ``conn`` (an autocommit ``LISTEN`` session), without waiting:
+    from then on every transaction that stages notifies at commit. False if a transaction that staged without
+    notifying still holds the lock shared (its commit will send no NOTIFY: the caller must look again soon), or
+    another streamer sleeps on it (:func:`another_sleeps`). Never a lock wait: a ``lock_timeout`` leaves an ERROR
+    line in the server's log per try, which a standby retrying on an idle system wrote 10 times a second."""
+    row = conn.execute("SELECT pg_try_advisory_lock(hashtextextended('unilog.wakeup', 0))").fetchone()
+    return bool(row and row[0])
+
+
+def another_sleeps(conn: psycopg.Connection[Any]) -> bool:
+    """Whether another session holds the wake-up lock exclusively: a streamer sleeps on it, so every transaction
+    that stages notifies at commit, and a ``LISTEN`` session hears each commit as that streamer does."""
+    row = conn.execute(
+        """
+        SELECT EXISTS (
+            SELECT 1 FROM pg_locks l, (SELECT hashtextextended('unilog.wakeup', 0) AS key) k
+            WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND l.mode = 'ExclusiveLock'
+              AND l.pid <> pg_backend_pid()
+              AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+              AND l.classid::text::bigint = (k.key >> 32) & 4294967295 AND l.objid::text::bigint = k.key & 4294967295)
+        """
+    ).fetchone()
+    return bool(row and row[0])
+
+
+# Giving the wake-up lock back also notifies: another streamer may sleep on LISTEN without the lock (it found this
+# one asleep, see another_sleeps), hearing producers only while this one sleeps; told that it stopped, it looks and
+# takes the lock in turn, so a commit on its streams never waits for its poll.
+_WAKE = "SELECT pg_advisory_unlock(hashtextextended('unilog.wakeup', 0)), pg_notify('unilog_staged', 'awake')"
 
 
 def wake_soon(conn: psycopg.Connection[Any]) -> None:
     """:func:`wake`, sent without waiting for the reply: the server gives the lock back while the caller goes on
     (a streamer woken by a commit looks for it on its other connection at once). The caller must read the reply
     with :func:`wake_done` before ``conn`` runs anything else."""
-    conn.pgconn.send_query(b"SELECT pg_advisory_unlock(hashtextextended('unilog.wakeup', 0))")
+    conn.pgconn.send_query(_WAKE.encode())
     conn.pgconn.flush()
 
 
@@ -159,4 +170,4 @@ def wake_done(conn: psycopg.Connection[Any]) -> None:
 
 def wake(conn: psycopg.Connection[Any]) -> None:
     """Give the wake-up lock back: producers stop notifying (this streamer is busy, it will look anyway)."""
-    conn.execute("SELECT pg_advisory_unlock(hashtextextended('unilog.wakeup', 0))")
+    conn.execute(_WAKE)

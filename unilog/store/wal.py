@@ -387,7 +387,24 @@ class ReplicationStream:
         self.flushed = 0  # the last LSN confirmed to the server
         self._received_end = 0  # the server's WAL end as last reported
         self._last_status = 0.0
+        self._claim()
         self._start()
+
+    def _claim(self) -> None:
+        """Take the slot's advisory lock on this connection (it lives as long as the stream does), and check that
+        no other session streams the slot, before ``START_REPLICATION``: a refused one writes an ERROR line in the
+        server's log, which a standby streamer retrying every second filled. Raises :class:`SlotBusy`."""
+        key = sql.Literal(f"unilog.slot:{self.slot.slot}").as_bytes(self.conn)
+        name = sql.Literal(self.slot.slot).as_bytes(self.conn)
+        # the simple query protocol: a replication connection takes SQL, but not psycopg's extended protocol
+        result = self.conn.pgconn.exec_(
+            b"SELECT pg_try_advisory_lock(hashtextextended(" + key + b", 0)) AND NOT EXISTS "
+            b"(SELECT 1 FROM pg_replication_slots WHERE slot_name = " + name + b" AND active_pid IS NOT NULL)"
+        )
+        free = result.status == pq.ExecStatus.TUPLES_OK and result.get_value(0, 0) == b"t"
+        if not free:
+            self.close()
+            raise SlotBusy(f"another session streams from slot {self.slot.slot!r}")
 
     def _start(self) -> None:
         pgconn = self.conn.pgconn

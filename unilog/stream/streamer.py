@@ -60,9 +60,9 @@ class StreamerConfig:
 
     ``streams`` limits the streamer to these target streams (None: every stream that has staged records; records staged
     without a stream go to ``Settings.stream``). ``poll_interval`` is the longest sleep between checks when no
-    notification arrives. Before it sleeps, a table-mode streamer waits up to ``wakeup_retry`` seconds (doubling up to
-    ``wakeup_retry_max``) for transactions that staged without notifying to end; while one stays open it looks again
-    after each such wait instead of sleeping (that transaction's commit sends no NOTIFY).A backlog drains up to
+    notification arrives. A table-mode streamer cannot sleep while a transaction that staged without notifying is open
+    (its commit sends no NOTIFY): it looks again after ``wakeup_retry`` seconds, doubling up to ``wakeup_retry_max``,
+    until that transaction ended. A backlog drains up to
     ``pipeline_batches`` batches per pass, Redis appending one batch while Postgres deletes the one before and fetches
     the one after (in WAL mode: saves the one before, and the slot's next is decoded). A batch is one script call in
     Redis, which serves no other client while it runs (about 5 us per record measured here: 25 ms for the default 5000);
@@ -228,7 +228,11 @@ class Streamer(Worker):
             self._retention()  # also while paused: trimming frees Redis's memory
             if self._memory.full(self._engine()):
                 return BatchResult(paused=True)
-            return self._capture_mode(conn).run_once(conn)
+            result = self._capture_mode(conn).run_once(conn)
+            # every write of a pass is committed where its step says; what is left open holds only reads (an idle
+            # pass's look), which must not sit "idle in transaction" while the streamer sleeps
+            conn.commit()
+            return result
 
     def _capture_mode(self, conn: psycopg.Connection[Any]) -> Capture:
         """The capture of the database's mode: WAL mode's if the database has a capture slot, else table mode's;

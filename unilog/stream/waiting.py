@@ -21,10 +21,12 @@ class CommitListener:
     wake-up lock (:func:`unilog.store.try_sleep`) and returns at once, so the caller looks once more; the next call,
     still holding it, sleeps until a producer's commit notifies, ``timeout`` passes, or ``stop_event`` is set, and
     gives the lock back without waiting for the reply (:func:`unilog.store.wake_soon`), so the caller looks at
-    once. Taking the lock waits up to ``retry`` seconds for transactions that staged without
-    notifying to end (their commits are then visible to the caller's next look); if one stays open, or another
-    streamer sleeps, the call returns and the next waits twice as long, up to ``retry_max``. :meth:`wake` gives
-    the lock back when the caller found work without sleeping. Not thread-safe.
+    once. The lock is only ever tried, never waited for (a ``lock_timeout`` would write an ERROR line in the
+    server's log per try). If another streamer sleeps on it, producers notify, and this session sleeps on their
+    NOTIFYs as that streamer does. Otherwise a transaction that staged without notifying is still open (its commit
+    will send none): the call waits ``retry`` seconds and returns so the caller looks again, and the next such wait
+    is twice as long, up to ``retry_max``. :meth:`wake` gives the lock back when the caller found work without
+    sleeping. Not thread-safe.
 
     The session keeps no notification it has no use for: a NOTIFY only says "look", so what arrives while the
     caller is busy, or before the lock is taken (the look that follows sees those commits), is read off the socket
@@ -56,9 +58,12 @@ class CommitListener:
                 self._unlocking = True
                 return
             store.discard_notifies(self._conn)  # sent before the lock: the caller's next look sees those commits
-            if store.try_sleep(self._conn, self._retry):  # waits for producers in flight to commit
+            if store.try_sleep(self._conn):
                 self.asleep, self._retry = True, self.retry_min
-            else:  # one stays open, or another streamer sleeps: look again, wait longer next time
+            elif store.another_sleeps(self._conn):  # producers notify it, and this session hears them too
+                self._notified(stop_event, timeout)
+            else:  # a transaction that staged is open, and its commit sends no NOTIFY: look again, later next time
+                self._notified(stop_event, self._retry)
                 self._retry = min(self._retry * 2, self.retry_max)
         except psycopg.OperationalError as exc:
             log.warning("listen connection lost; polling", error=str(exc))
