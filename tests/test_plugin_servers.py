@@ -147,5 +147,5 @@ def test_opt_in_to_a_database_that_holds_keys_is_refused_in_one_line(
     output = result.stdout + result.stderr
     assert "Traceback" not in output, output
     lines = [line for line in output.splitlines() if "UNILOG_TEST_REDIS_URL names Redis database 0" in line]
-    assert len(lines) == 1 and "holds 1 keys" in lines[0], output
+    assert len(lines) == 1 and "holds 1 key;" in lines[0], output
     _user_data_intact(user_redis, user_database)

@@ -41,7 +41,8 @@ from .embedded import EmbeddedPostgres, EmbeddedRedis, EmbeddedRedisCluster, fre
 from .supervisor import Fleet, ProcessSpec
 
 CEILING_SECONDS = 300.0  # the longest wait for the consumers after the simulator stops
-STALL_SECONDS = 30.0  # give up sooner once nothing has progressed for this long
+STALL_SECONDS = 60.0  # give up sooner once nothing has progressed for this long (a Spark consumer's first batch
+# can take tens of seconds on a loaded machine)
 
 DEFAULT_FAULTS = {
     "streamer": "streamer.double_send=0.1",
@@ -317,11 +318,12 @@ def settle(
     poll: float = 0.25,
 ) -> tuple[Snapshot, float]:
     """Wait until the backlog is streamed and every consumer equals the canonical totals, or until nothing has
-    progressed (the staged backlog and every consumer's lag at their lowest yet) for ``stall`` seconds, or
-    ``ceiling`` seconds in all; return the last snapshot and the seconds waited."""
+    progressed (no new low of the staged backlog or of a consumer's lag, no consumer's totals changed) for ``stall``
+    seconds, or ``ceiling`` seconds in all; return the last snapshot and the seconds waited."""
     started = time.monotonic()
     print("unilog demo: producers stopped; letting the consumers catch up...", file=out, flush=True)
     best: tuple[int, ...] | None = None
+    states: list[Any] = []
     progressed = started
     while True:
         snap = snapshot(app, settings, spark)
@@ -329,8 +331,10 @@ def settle(
         if (snap.agree and snap.staged == 0) or now - started >= ceiling:
             return snap, now - started
         lows = snap.progress() if best is None else tuple(map(min, best, snap.progress()))
-        if lows != best:
-            best, progressed = lows, now
+        applied = [state for state, _lag in snap.consumers.values()]
+        # a lower lag or backlog, or any consumer's totals changing (a reader whose lag status cannot see)
+        if lows != best or applied != states:
+            best, states, progressed = lows, applied, now
         elif now - progressed >= stall:
             return snap, now - started
         time.sleep(poll)

@@ -139,9 +139,9 @@ def _claim_redis_database(url: str) -> None:
         client.close()
     if keys:
         pytest.exit(
-            f"unilog: {TEST_REDIS_ENV} names Redis database {db}, which holds {keys} keys; the plugin flushes its "
-            "database before every test, so give it an empty one of its own (another number: .../15), or empty "
-            "this one yourself if it is only a previous test run's",
+            f"unilog: {TEST_REDIS_ENV} names Redis database {db}, which holds {keys} key{'s' * (keys != 1)}; the "
+            "plugin flushes its database before every test, so give it an empty one of its own (another number: "
+            ".../15), or empty this one yourself if it is only a previous test run's",
             returncode=pytest.ExitCode.USAGE_ERROR,
         )
 
