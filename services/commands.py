@@ -67,6 +67,10 @@ def require_demo_extra(command: str, api: str, *also: str) -> None:
         )
 
 
+# the demo's verdicts (unilog.harness.demo.Outcome, by name): a consumer still behind is not a disagreement
+DEMO_EXIT_CODES = {"AGREE": ExitCode.OK, "BEHIND": ExitCode.NOT_CAUGHT_UP, "DISAGREE": ExitCode.FAILURE}
+
+
 def run_demo_command(args: argparse.Namespace) -> int:
     require_demo_extra("demo", args.api, *(["flask"] if args.dashboard is not None else []))
     from unilog.harness.demo import run_demo
@@ -74,7 +78,7 @@ def run_demo_command(args: argparse.Namespace) -> int:
     from .fleet import APP
 
     log_dir = Path(args.log_dir) if args.log_dir else None
-    agree = run_demo(
+    outcome = run_demo(
         APP,
         duration=args.duration,
         rate=args.rate,
@@ -86,7 +90,7 @@ def run_demo_command(args: argparse.Namespace) -> int:
         redis_cluster=args.redis_cluster,
         api=args.api,
     )
-    return ExitCode.OK if agree else ExitCode.FAILURE
+    return DEMO_EXIT_CODES[outcome.name]
 
 
 def _api_option(p: argparse.ArgumentParser) -> None:

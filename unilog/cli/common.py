@@ -39,6 +39,7 @@ class ExitCode(IntEnum):
     CAPTURE_LOST = 12  # WAL capture's slot was dropped or lost its WAL (nothing lost: docs/guides/wal-capture.md)
     REDIS_FULL = 13  # Redis is out of memory, or the streamer paused for it (--once): the records stay staged
     BACKFILL_REFUSED = 14  # `unilog backfill`: a table, key, --where or name it cannot use; nothing staged
+    NOT_CAUGHT_UP = 15  # `unilog demo`: a consumer was still behind when the wait ended (not a disagreement)
     INTERRUPTED = 130  # Ctrl-C
 
 

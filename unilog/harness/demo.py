@@ -6,9 +6,13 @@ runs the fleet as separate processes: the API under gunicorn, two streamers (act
 consumers, the group's workers, the Spark consumer (when pyspark and Java are present) and the simulator. Faults
 are injected as in the reference design: the streamer double-sends 10 % of its batches and each consumer crashes
 before committing 10 % of the time. A terminal view refreshes every second. After ``duration`` seconds (or Ctrl-C)
-the simulator stops, the consumers catch up, and one verdict line says whether every consumer equals the canonical
-totals the app computes from its source table. The processes' logs go to ``log_dir``, else to a temporary folder
-removed after a run that agreed and kept (and named) otherwise.
+the simulator stops and the demo waits for the consumers to catch up: as long as the backlog or some consumer's lag
+keeps falling (it gives up after ``STALL_SECONDS`` without progress, or ``CEILING_SECONDS`` in all). One verdict line
+then tells three outcomes apart (:class:`Outcome`): ``AGREE`` (every consumer equals the canonical totals the app
+computes from its source table), ``did not catch up in N s`` (some consumer still has entries to read, or records
+are still staged: it is behind, not wrong) and ``DISAGREE`` (a consumer that has read everything holds something
+else). The processes' logs go to ``log_dir``, else to a temporary folder removed after a run that agreed and kept
+(and named) otherwise.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, replace
+from enum import Enum
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -34,6 +39,10 @@ from .app import App, spark_available
 from .chaos.runner import wait_for_api
 from .embedded import EmbeddedPostgres, EmbeddedRedis, EmbeddedRedisCluster, free_port
 from .supervisor import Fleet, ProcessSpec
+
+CEILING_SECONDS = 300.0  # the longest wait for the consumers after the simulator stops
+STALL_SECONDS = 60.0  # give up sooner once nothing has progressed for this long (a Spark consumer's first batch
+# can take tens of seconds on a loaded machine)
 
 DEFAULT_FAULTS = {
     "streamer": "streamer.double_send=0.1",
@@ -51,6 +60,38 @@ class Snapshot:
     consumers: dict[str, tuple[Any, int]]  # name -> (its totals, lag in entries)
     canonical: Any
     agree: bool
+
+    def behind(self) -> list[str]:
+        """The consumers that still have entries to read."""
+        return [name for name, (_state, lag) in self.consumers.items() if lag]
+
+    def wrong(self) -> list[str]:
+        """The consumers that have read every entry and differ from the canonical totals (none while records are
+        still staged: the totals then include rows not streamed yet)."""
+        if self.staged:
+            return []
+        behind = set(self.behind())
+        return [n for n, (state, _lag) in self.consumers.items() if n not in behind and state != self.canonical]
+
+    def progress(self) -> tuple[int, ...]:
+        """What falls while the system catches up: the staged backlog and each consumer's lag."""
+        return (self.staged, *(lag for _state, lag in self.consumers.values()))
+
+
+class Outcome(Enum):
+    """The demo's verdict: the value is what the verdict line says."""
+
+    AGREE = "AGREE"
+    BEHIND = "did not catch up"
+    DISAGREE = "DISAGREE"
+
+
+def judge(snap: Snapshot) -> Outcome:
+    """AGREE when every consumer equals the canonical totals; DISAGREE when one that has read every entry (with
+    nothing left staged) holds something else; otherwise the consumers are behind, not wrong."""
+    if snap.agree:
+        return Outcome.AGREE
+    return Outcome.DISAGREE if snap.wrong() else Outcome.BEHIND
 
 
 def fleet_specs(
@@ -128,8 +169,8 @@ def run_demo(
     dashboard: int | None = None,
     redis_cluster: bool = False,
     api: str = "flask",
-) -> bool:
-    """Run the demo; print the live view and the verdict to ``out``; return True iff every consumer agrees.
+) -> Outcome:
+    """Run the demo; print the live view and the verdict to ``out``; return the verdict (see :func:`judge`).
 
     ``spark`` None: include the Spark consumer when pyspark and Java are installed. ``dashboard``: serve
     ``unilog dashboard`` on this port while the demo runs. ``redis_cluster``: on a real Redis Cluster (three
@@ -169,12 +210,12 @@ def run_demo(
                 print(f"dashboard: http://127.0.0.1:{dashboard}/", file=out)
             _live(app, settings, fleet, stop, duration, out, spark)
             fleet.stop("simulator")
-            snap = _settle(app, settings, out, spark)
+            snap, waited = settle(app, settings, out, spark)
         finally:
             fleet.stop_all(order=["simulator", "api", *app.streamers, *consumers, *app.group_workers])
-        _print_verdict(app, snap, fleet, out)
-    _keep_or_remove(logs, keep=log_dir is not None or not snap.agree, announce=log_dir is None, out=out)
-    return snap.agree
+        outcome = print_verdict(app, snap, fleet.faults(), waited, out)
+    _keep_or_remove(logs, keep=log_dir is not None or outcome is not Outcome.AGREE, announce=log_dir is None, out=out)
+    return outcome
 
 
 def _keep_or_remove(logs: Path, keep: bool, announce: bool, out: TextIO) -> None:
@@ -266,28 +307,56 @@ def _live(
             return
 
 
-def _settle(app: App, settings: Settings, out: TextIO, spark: bool, timeout: float = 120.0) -> Snapshot:
-    """Wait until the backlog is streamed and every consumer equals the canonical totals (or the timeout)."""
-    deadline = time.monotonic() + timeout
+def settle(
+    app: App,
+    settings: Settings,
+    out: TextIO,
+    spark: bool,
+    *,
+    ceiling: float = CEILING_SECONDS,
+    stall: float = STALL_SECONDS,
+    poll: float = 0.25,
+) -> tuple[Snapshot, float]:
+    """Wait until the backlog is streamed and every consumer equals the canonical totals, or until nothing has
+    progressed (no new low of the staged backlog or of a consumer's lag, no consumer's totals changed) for ``stall``
+    seconds, or ``ceiling`` seconds in all; return the last snapshot and the seconds waited."""
+    started = time.monotonic()
     print("unilog demo: producers stopped; letting the consumers catch up...", file=out, flush=True)
+    best: tuple[int, ...] | None = None
+    states: list[Any] = []
+    progressed = started
     while True:
         snap = snapshot(app, settings, spark)
-        if (snap.agree and snap.staged == 0) or time.monotonic() > deadline:
-            return snap
-        time.sleep(0.25)
+        now = time.monotonic()
+        if (snap.agree and snap.staged == 0) or now - started >= ceiling:
+            return snap, now - started
+        lows = snap.progress() if best is None else tuple(map(min, best, snap.progress()))
+        applied = [state for state, _lag in snap.consumers.values()]
+        # a lower lag or backlog, or any consumer's totals changing (a reader whose lag status cannot see)
+        if lows != best or applied != states:
+            best, states, progressed = lows, applied, now
+        elif now - progressed >= stall:
+            return snap, now - started
+        time.sleep(poll)
 
 
-def _print_verdict(app: App, snap: Snapshot, fleet: Fleet, out: TextIO) -> None:
-    faults = fleet.faults()
+def print_verdict(app: App, snap: Snapshot, faults: dict[str, int], waited: float, out: TextIO) -> Outcome:
+    """Print each consumer's state and the verdict line; return the verdict (:func:`judge`)."""
     fault_text = ", ".join(f"{k}={v}" for k, v in sorted(faults.items())) or "none"
     print(f"faults injected: {fault_text}", file=out)
     for name, (state, lag) in snap.consumers.items():
         print(f"  {name}: {_show(state)} lag={lag}", file=out)
     print(f"  canonical: {_show(snap.canonical)}", file=out)
-    verdict = "AGREE" if snap.agree else "DISAGREE"
-    print(
-        f"unilog demo verdict: {verdict} — {len(snap.consumers)} consumers vs the canonical totals of "
-        f"{snap.rows} {app.source_table} ({_show(snap.canonical)}), {sum(faults.values())} faults injected",
-        file=out,
-        flush=True,
-    )
+    outcome = judge(snap)
+    versus = f"the canonical totals of {snap.rows} {app.source_table} ({_show(snap.canonical)})"
+    if outcome is Outcome.BEHIND:
+        behind = [f"{n} (lag {snap.consumers[n][1]})" for n in snap.behind()]
+        behind += [f"{snap.staged} records still staged"] if snap.staged else []
+        detail = f"still behind: {', '.join(behind)}; none that caught up differs from {versus}"
+        verdict = f"{outcome.value} in {waited:.0f} s — {detail}"
+    else:
+        verdict = f"{outcome.value} — {len(snap.consumers)} consumers vs {versus}"
+        if outcome is Outcome.DISAGREE:
+            verdict += f"; read everything and differ: {', '.join(snap.wrong())}"
+    print(f"unilog demo verdict: {verdict}, {sum(faults.values())} faults injected", file=out, flush=True)
+    return outcome

