@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,6 +12,16 @@ import redis
 from handlers import APPLIED_DDL  # tests/ is on sys.path: pytest puts a rootdir-less test folder there
 
 from unilog import Settings
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """unilog's own suite runs on the servers ``DATABASE_URL`` / ``REDIS_URL`` name, when set (CONTRIBUTING.md: they
+    must be throw-away), as the project's CI contract says. The plugin itself never takes those variables (an app's
+    own servers): here they are handed to it as its test servers in so many words, and it still creates only
+    databases of its own and refuses a Redis database that holds keys."""
+    for app, test in (("DATABASE_URL", "UNILOG_TEST_DATABASE_URL"), ("REDIS_URL", "UNILOG_TEST_REDIS_URL")):
+        if os.environ.get(app) and not os.environ.get(test):
+            os.environ[test] = os.environ[app]
 
 
 @pytest.fixture
