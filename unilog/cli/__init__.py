@@ -43,13 +43,36 @@ from ..errors import (
 )
 from ..log import configure_logging
 from ..runtime import FATAL, fatal
-from . import backfill, capture, consume, consumers, dlq, migrate, observe, pipeline, security, streamer, streams
+from . import (
+    backfill,
+    capture,
+    consume,
+    consumers,
+    dlq,
+    extras,
+    migrate,
+    observe,
+    pipeline,
+    security,
+    streamer,
+    streams,
+)
 from .common import ExitCode, common_args
 
 __all__ = ["ExitCode", "consume_main", "main"]
 
 PLUGIN_GROUP = "unilog.commands"
 _COMMANDS = (migrate, streamer, capture, consumers, consume, dlq, streams, pipeline, observe, security, backfill)
+
+# the extras a command's optional imports come from, where a package is in several (flask: demo and dashboard)
+_COMMAND_EXTRAS = {
+    "backfill": ("progress",),
+    "dashboard": ("dashboard",),
+    "reconcile": ("spark",),
+    "archive": ("spark",),
+    "demo": ("demo", "spark"),
+    "chaos": ("demo", "spark"),
+}
 
 _ERROR_CODES: list[tuple[type[BaseException], ExitCode]] = [
     (DataLoss, ExitCode.DATA_LOSS),
@@ -102,9 +125,16 @@ def _freeze_startup_objects() -> None:
 
 
 def _guarded(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
-    """Run a command, mapping errors to one line on stderr and a named exit code."""
+    """Run a command, mapping errors to one line on stderr and a named exit code (an optional package that is not
+    installed: the extra that installs it, :attr:`ExitCode.CONFIG`)."""
     try:
         return int(func(args))
+    except ModuleNotFoundError as exc:
+        command = getattr(args, "command", None)
+        error = extras.missing(exc, _COMMAND_EXTRAS.get(command or "", ()), f"unilog {command or 'consume'}")
+        if error is None:
+            raise  # no extra installs it: a bug or a broken install, where the traceback is the report
+        return _refused(error)
     except InjectedCrash as exc:
         print(f"unilog: {exc}", file=sys.stderr)
         return ExitCode.CRASHED
