@@ -5,6 +5,7 @@ on the test's servers."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import psycopg
@@ -23,6 +24,12 @@ def _publish(settings: Settings, count: int, first: int = 0) -> None:
             emit(conn, action="create", object="ride", data={"n": n})
     with Streamer(settings) as streamer:
         streamer.drain()
+
+
+def _announced(result: Any) -> list[dict[str, Any]]:
+    """The new-consumer log lines of a run (JSON lines on stdout)."""
+    lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    return [e for e in lines if e["event"].startswith("new consumer")]
 
 
 def _applied(pg: Any, consumer: str = "cli") -> list[int]:
@@ -66,13 +73,13 @@ def test_a_new_consumer_says_how_many_entries_it_will_replay(settings: Settings,
     _publish(settings, 3)
     first = unilog(settings, "consume", HANDLER, "--name", "cli", "--once")
     assert first.returncode == 0, first.stderr
-    expected = f"unilog: consumer cli is new on {settings.stream}: it will replay the 3 retained entries from the start"
-    assert [line for line in first.stderr.splitlines() if "is new" in line] == [
-        expected + " (--from end starts after the last entry instead)"
-    ], first.stderr
+    (line,) = _announced(first)
+    assert line["event"] == "new consumer replays 3 retained entries" and line["level"] == "warning", line
+    assert (line["consumer"], line["stream"], line["entries"], line["start"]) == ("cli", settings.stream, 3, "start")
+    assert line["hint"] == "--from end starts after the last entry instead"
     _publish(settings, 1, first=3)
     again = unilog(settings, "consume", HANDLER, "--name", "cli", "--once")
-    assert again.returncode == 0 and "is new" not in again.stderr, again.stderr
+    assert again.returncode == 0 and _announced(again) == [], again.stdout
     assert _applied(pg) == [0, 1, 2, 3]
 
 
@@ -80,7 +87,7 @@ def test_from_end_starts_a_new_consumer_after_the_last_entry(settings: Settings,
     _publish(settings, 3)
     result = unilog(settings, "consume", HANDLER, "--name", "cli", "--from", "end", "--once")
     assert result.returncode == 0, result.stderr
-    assert "consumer cli is new: it starts after the last entry" in result.stderr, result.stderr
+    assert [e["event"] for e in _announced(result)] == ["new consumer starts after the last entry"], result.stdout
     _publish(settings, 2, first=3)
     assert unilog(settings, "consume", HANDLER, "--name", "cli", "--once").returncode == 0
     assert _applied(pg) == [3, 4]
@@ -91,7 +98,8 @@ def test_from_an_id_starts_after_that_entry(settings: Settings, pg: Any, rds: An
     second = rds.xrange(settings.stream)[1][0]
     result = unilog(settings, "consume", HANDLER, "--name", "cli", "--from", second, "--once")
     assert result.returncode == 0, result.stderr
-    assert f"it will replay the 2 retained entries from after {second}" in result.stderr, result.stderr
+    (line,) = _announced(result)
+    assert (line["entries"], line["start"]) == (2, second) and "hint" not in line, line
     assert _applied(pg) == [2, 3]
 
 
@@ -120,10 +128,11 @@ def test_a_new_group_says_so_and_from_end_starts_it_at_the_end(settings: Setting
     _publish(settings, 3)
     told = unilog(settings, "consume", "handlers:group_handler", "--group", "g1", "--once")
     assert told.returncode == 0, told.stderr
-    assert f"group g1 is new on {settings.stream}: it will replay the 3 retained entries" in told.stderr, told.stderr
+    (line,) = _announced(told)
+    assert (line["group"], line["entries"]) == ("g1", 3), line
     ended = unilog(settings, "consume", "handlers:group_handler", "--group", "g2", "--from", "end", "--once")
     assert ended.returncode == 0, ended.stderr
-    assert "group g2 is new: it starts after the last entry" in ended.stderr, ended.stderr
+    assert [(e["event"], e["group"]) for e in _announced(ended)] == [("new consumer starts after the last entry", "g2")]
     assert {g["name"]: g["last-delivered-id"] for g in rds.xinfo_groups(settings.stream)}["g2"] == (
         rds.xrevrange(settings.stream, count=1)[0][0]
     )

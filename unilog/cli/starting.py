@@ -1,5 +1,6 @@
 """Before ``unilog consume`` starts a worker: refuse options that contradict each other, place a new consumer or
-group where ``--from`` says, and say in one line how much of the retained stream a new one will replay.
+group where ``--from`` says, and say in one log line (a warning) how much of the retained stream a new one will
+replay.
 
 A mistyped name (or handler reference) used to start a new consumer silently, which replayed the whole retained
 stream into shared state; the line below makes that visible before anything is applied, and ``--from end`` lets a
@@ -10,8 +11,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from typing import Any
+
+import structlog
 
 from .. import engine, store
 from ..config import Settings
@@ -19,8 +21,11 @@ from ..errors import InvalidUsage
 from ..routing import partition_stream
 from .common import redis_api
 
+log = structlog.get_logger("unilog.consumer")
+
 CHILD = "UNILOG_CONSUME_CHILD"  # set for the processes of --workers N: the parent already prepared the start
 _STARTS = ("start", "end")
+Announcement = tuple[str, dict[str, Any]]  # a log line: its event and fields
 
 
 def check_options(args: argparse.Namespace) -> None:
@@ -53,8 +58,8 @@ def check_options(args: argparse.Namespace) -> None:
 
 
 def prepare_start(args: argparse.Namespace, settings: Settings) -> None:
-    """For a new consumer or group: start it where ``--from`` says and print how many retained entries it will
-    replay; for an existing one, refuse ``--from``. Nothing is done in a process that ``--workers`` started."""
+    """For a new consumer or group: start it where ``--from`` says and log (a warning) how many retained entries it
+    will replay; for an existing one, refuse ``--from``. Nothing is done in a process that ``--workers`` started."""
     if os.environ.get(CHILD) or not (args.group or args.name):
         return  # a missing --name is refused, in one line, where the worker is made
     stream = args.stream or settings.stream
@@ -69,13 +74,14 @@ def prepare_start(args: argparse.Namespace, settings: Settings) -> None:
                 line = _prepare_checkpoint(api, settings, args.name, stream, args.start_from)
     finally:
         api.close()
-    if line:
-        print(f"unilog: {line}", file=sys.stderr, flush=True)
+    if line is not None:
+        event, fields = line
+        log.warning(event, **fields)
 
 
 def _prepare_checkpoint(
     api: engine.RedisStreams, settings: Settings, name: str, stream: str, start: str | None
-) -> str | None:
+) -> Announcement | None:
     from ..consume.resets import reset_checkpoint
 
     with store.connect(settings.conninfo) as conn:
@@ -92,10 +98,10 @@ def _prepare_checkpoint(
         if start not in (None, "start"):
             _check_id_in_stream(api, stream, start)
             reset_checkpoint(conn, api, name, stream, start)
-    return _new_line(f"consumer {name}", stream, count, start)
+    return _new_line(("consumer", name), stream, count, start)
 
 
-def _prepare_group(api: engine.RedisStreams, group: str, stream: str, start: str | None) -> str | None:
+def _prepare_group(api: engine.RedisStreams, group: str, stream: str, start: str | None) -> Announcement | None:
     existing = next((g for g in api.groups(stream) if g.get("name") == group), None)
     if existing is not None:
         if start is not None:
@@ -108,10 +114,10 @@ def _prepare_group(api: engine.RedisStreams, group: str, stream: str, start: str
     if start not in (None, "start"):
         _check_id_in_stream(api, stream, start)
     api.ensure_group(stream, group, {"start": "0", "end": "$"}.get(start or "start", start or "0"))
-    return _new_line(f"group {group}", stream, count, start)
+    return _new_line(("group", group), stream, count, start)
 
 
-def _prepare_partitioned(api: engine.RedisStreams, settings: Settings, name: str, stream: str) -> str | None:
+def _prepare_partitioned(api: engine.RedisStreams, settings: Settings, name: str, stream: str) -> Announcement | None:
     count = api.partitions(stream)
     if count <= 1:
         return None  # the worker refuses an unpartitioned stream, in one line
@@ -120,7 +126,7 @@ def _prepare_partitioned(api: engine.RedisStreams, settings: Settings, name: str
         if any(store.read_checkpoint(conn, f"{name}.p{i}") is not None for i in range(count)):
             return None
     entries = sum(api.info(partition_stream(stream, i)).length for i in range(count))
-    return _new_line(f"partitioned consumer {name}", stream, entries, None)
+    return _new_line(("consumer", name), stream, entries, None)
 
 
 def _replayed(api: engine.RedisStreams, stream: str, start: str) -> int:
@@ -144,14 +150,18 @@ def _check_id_in_stream(api: engine.RedisStreams, stream: str, start: str) -> No
         )
 
 
-def _new_line(who: str, stream: str, count: int, start: str | None) -> str | None:
+def _new_line(who: tuple[str, str], stream: str, count: int, start: str | None) -> Announcement | None:
+    """The log line of a new consumer (``who``: its kind and name) that replays ``count`` retained entries (none at
+    all: no line), or starts at the end."""
+    kind, name = who
     if start == "end":
-        return f"{who} is new: it starts after the last entry of {stream} (--from end), replaying nothing"
+        return "new consumer starts after the last entry", {kind: name, "stream": stream, "start": "end"}
     if count == 0:
         return None
-    where = "the start" if start in (None, "start") else f"after {start}"
-    hint = "" if start is not None else " (--from end starts after the last entry instead)"
-    return f"{who} is new on {stream}: it will replay the {count} retained entries from {where}{hint}"
+    fields: dict[str, Any] = {kind: name, "stream": stream, "entries": count, "start": start or "start"}
+    if start is None:
+        fields["hint"] = "--from end starts after the last entry instead"
+    return f"new consumer replays {count} retained entries", fields
 
 
 def _is_id(value: str) -> bool:
