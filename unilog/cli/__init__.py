@@ -130,8 +130,11 @@ def _guarded(func: Callable[[argparse.Namespace], int], args: argparse.Namespace
     try:
         return int(func(args))
     except ModuleNotFoundError as exc:
-        command = getattr(args, "command", None)
-        error = extras.missing(exc, _COMMAND_EXTRAS.get(command or "", ()), f"unilog {command or 'consume'}")
+        command = getattr(args, "command", None) or ""
+        # only a command with optional packages: elsewhere (an application's code a consumer runs) it is not unilog's
+        error = None
+        if command in _COMMAND_EXTRAS:
+            error = extras.missing(exc, _COMMAND_EXTRAS[command], f"unilog {command}")
         if error is None:
             raise  # no extra installs it: a bug or a broken install, where the traceback is the report
         return _refused(error)
