@@ -181,6 +181,11 @@ def _groups_and_letters(api: RedisStreams, mon: Monitor, rds: Any, s: str) -> No
         api.replay_dead_letter(s, letters[0], {"data": "{}"})
     with mon.window("delete_dead_letter"):
         api.delete_dead_letter(s, letters[1])
+    with mon.window("delete_dead_letters"):
+        api.delete_dead_letters(s, letters[2:])
+    with mon.window("destroy_group"):
+        api.destroy_group(s, "g")
+        api.destroy_group("no-such-stream", "g")
 
 
 def _bookkeeping(api: RedisStreams, mon: Monitor, rds: Any, s: str) -> None:
@@ -404,6 +409,8 @@ def _operator(mon: Monitor, settings: Settings, rds: Any, s: str) -> None:
         ):
             _unilog(*argv)
         admin.declare(settings, s, consumers=["declared"], groups=["declared"])
+        _unilog("consumer", "delete", "declared")
+        _unilog("group", "delete", "declared")
 
 
 def test_each_kind_of_process_issues_only_what_its_acl_user_may(

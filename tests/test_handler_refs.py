@@ -65,3 +65,22 @@ def test_a_reference_to_a_module_says_a_handler_reference_is_module_function(
     assert "like 'myapp.consumers:handle'" in line and "has no" not in line, line
     done = unilog(settings, "consume", "myapp.consumers:handle", "--name", "c", "--once", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("consume", "handlers.cli_handler", "--name", "c", "--once"),
+        ("consumer", "rebuild", "c", "handlers.cli_handler", "--reset-state", "handlers:cli_handler"),
+        ("consumer", "rebuild", "c", "handlers:cli_handler", "--reset-state", "handlers.cli_handler"),
+    ],
+    ids=["consume", "rebuild-handler", "rebuild-reset-state"],
+)
+def test_a_dotted_reference_is_refused_with_the_colon_form_it_meant(settings: Settings, argv: tuple[str, ...]) -> None:
+    """``handlers.cli_handler`` (a mistyped ``handlers:cli_handler``) was accepted: the docs say module:function and
+    the code now says the same, in one line that names the reference it meant, and consumes nothing."""
+    result = unilog(settings, *argv)
+    assert result.returncode == ExitCode.HANDLER, result.stderr
+    line = one_line(result)
+    assert "'handlers.cli_handler' is not module:function" in line and "'handlers:cli_handler'" in line, line
+    assert "handled" not in result.stdout, result.stdout

@@ -42,9 +42,12 @@ USES: dict[str, tuple[Callable[..., Any], ...]] = {
     ),
     # checkpoint consumers (both faces): reads after the checkpoint, the missing-stream and rewind checks, retention
     # registration, dead letters; partitioned workers: partition counts, heartbeats, the wait over partitions;
-    # the Spark source and sink, the archive and reconciliation: pages of the stream, registration
+    # the Spark source and sink, the archive and reconciliation: pages of the stream, registration; `unilog consume`
+    # before a new consumer starts: the stream's length, or the entries after --from ID
     "consumer": (
         R.read,
+        R.info,
+        R.entries_after,
         R.missing_stream,
         R.last_generated_id,
         R.register,
@@ -56,11 +59,24 @@ USES: dict[str, tuple[Callable[..., Any], ...]] = {
         R.entries,
         raw_pages,
     ),
-    # group workers (both faces): deliveries, claims, acknowledgements, attempt counts, dead letters
-    "group": (R.ensure_group, R.read_group, R.ack, R.autoclaim, R.attempt, R.settle, R.dead_letter),
+    # group workers (both faces): deliveries, claims, acknowledgements, attempt counts, dead letters; `unilog consume`
+    # before a new group starts: whether it exists, the stream's length or last id, the entries after --from ID
+    "group": (
+        R.ensure_group,
+        R.read_group,
+        R.ack,
+        R.autoclaim,
+        R.attempt,
+        R.settle,
+        R.dead_letter,
+        R.groups,
+        R.info,
+        R.last_generated_id,
+        R.entries_after,
+    ),
     # `unilog status`, `metrics` and `dashboard` (with what each registration holds: groups' oldest pending entries);
-    # dead letters (list, show, replay, drop); consumers (register, unregister, reset, rebuild) and
-    # `unilog.admin.declare`; `unilog stream partition` and `relayout`
+    # dead letters (list, show, replay, drop); consumers (register, unregister, reset, rebuild, delete), groups
+    # (delete) and `unilog.admin.declare`; `unilog stream partition` and `relayout`
     "operator": (
         R.partitions,
         R.info,
@@ -71,6 +87,8 @@ USES: dict[str, tuple[Callable[..., Any], ...]] = {
         R.dead_letters,
         R.replay_dead_letter,
         R.delete_dead_letter,
+        R.delete_dead_letters,
+        R.destroy_group,
         R.registered,
         R.register,
         R.unregister,

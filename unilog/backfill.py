@@ -253,6 +253,7 @@ class Backfill(Worker):
         )
         self.producer = produce.Producer()  # no stream given: the streamer's default stream, as `emit` does
         self.plan: Plan | None = None
+        self.stream = settings.stream  # until connect() reads the cursor's
         self.outcome: str | None = None  # done or cancelled, once it ended
         self.staged_total = 0
         self._run_started = time.monotonic()
@@ -263,6 +264,10 @@ class Backfill(Worker):
     def label(self) -> dict[str, Any]:
         return {"backfill": self.name}
 
+    def describe(self) -> dict[str, Any]:
+        """The start-up line names the stream the backfill stages to (its cursor's, else the default stream)."""
+        return {**self.links.settings.describe(), "stream": self.stream}
+
     def connect(self) -> None:
         """Open the session, take the backfill's lock and check its table again (it may have changed)."""
         conn = self.links.pg()
@@ -272,6 +277,7 @@ class Backfill(Worker):
         if cursor is None:
             raise BackfillRefused(f"no backfill named {self.name!r} (`unilog backfill status` lists them)")
         self.plan = check(conn, cursor["table"], cursor["key"], cursor["where"])
+        self.stream = cursor["stream"] or self.links.settings.stream
         metrics.BACKFILL_ESTIMATE.labels(self.name).set(cursor["rows_estimate"] or 0)
         metrics.BACKFILL_RUNNING.labels(self.name).set(1)
 

@@ -158,5 +158,5 @@ class Settings:
         return {
             "database_url": redact_url(self.database_url),
             "redis_url": redact_url(self.redis_url),
-            "stream": self.stream,
+            "default_stream": self.stream,  # a process's own stream, when it has one, is its "stream"
         }

@@ -80,6 +80,16 @@ class PostgresPermissionDenied(ConfigurationError):
     """The Postgres role in ``DATABASE_URL`` lacks a privilege unilog needs; the message names what was refused."""
 
 
+class InvalidUsage(ConfigurationError):
+    """Command-line options that contradict each other (``--partitioned --group``), or one that does not apply to
+    what it is given for (``--from`` for a consumer that already has a checkpoint); nothing was started."""
+
+
+class MissingExtra(ConfigurationError):
+    """A command needs an optional package that is not installed; the message names the package and the extra that
+    installs it (``pip install 'unilog[dashboard]'``), and nothing was started."""
+
+
 class UnsupportedServer(ConfigurationError):
     """The server is older than unilog supports (Postgres 15, Redis 6.2)."""
 
@@ -105,6 +115,11 @@ class IncompatibleTable(MigrationFailed):
 
 class HandlerNotFound(ConfigurationError):
     """A ``module:function`` handler reference cannot be imported."""
+
+
+class ConsumerRunning(UnilogError):
+    """A consumer or group cannot be deleted while a process of it is connected (its Postgres session, or a group's
+    worker, shows it); nothing was deleted."""
 
 
 class DataLoss(UnilogError):

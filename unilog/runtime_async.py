@@ -119,6 +119,10 @@ class AsyncWorker(abc.ABC):
     def label(self) -> dict[str, Any]:
         """What names this worker in log lines."""
 
+    def describe(self) -> dict[str, Any]:
+        """Extra fields for the start-up log line (its stream, the servers with passwords redacted)."""
+        return self.links.settings.describe()
+
     def on_handler_error(self, exc: Exception) -> bool:
         """After a pass raised ``exc``: True if it was a handler's failure, rolled back (back off and retry)."""
         return False
@@ -142,7 +146,7 @@ class AsyncWorker(abc.ABC):
         :func:`~unilog.runtime.failure_action`. Closes the connections when it returns."""
         stop = stop or asyncio.Event()
         await self.connect()
-        log.info(f"{self.kind} started", asyncio=True, **self.label)
+        log.info(f"{self.kind} started", asyncio=True, **self.label, **self.describe())
         delay, loop = 0.1, health_name(self)
         HEALTH.turned(loop)
         try:

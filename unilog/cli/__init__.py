@@ -26,11 +26,13 @@ from ..errors import (
     BackfillRefused,
     CaptureLost,
     ConfigurationError,
+    ConsumerRunning,
     DataLoss,
     HandlerNotFound,
     HorizonHeld,
     InjectedCrash,
     InvalidStreamName,
+    InvalidUsage,
     MalformedEntry,
     MigrationFailed,
     PoisonRecord,
@@ -41,13 +43,36 @@ from ..errors import (
 )
 from ..log import configure_logging
 from ..runtime import FATAL, fatal
-from . import backfill, capture, consume, consumers, dlq, migrate, observe, pipeline, security, streamer, streams
+from . import (
+    backfill,
+    capture,
+    consume,
+    consumers,
+    dlq,
+    extras,
+    migrate,
+    observe,
+    pipeline,
+    security,
+    streamer,
+    streams,
+)
 from .common import ExitCode, common_args
 
 __all__ = ["ExitCode", "consume_main", "main"]
 
 PLUGIN_GROUP = "unilog.commands"
 _COMMANDS = (migrate, streamer, capture, consumers, consume, dlq, streams, pipeline, observe, security, backfill)
+
+# the extras a command's optional imports come from, where a package is in several (flask: demo and dashboard)
+_COMMAND_EXTRAS = {
+    "backfill": ("progress",),
+    "dashboard": ("dashboard",),
+    "reconcile": ("spark",),
+    "archive": ("spark",),
+    "demo": ("demo", "spark"),
+    "chaos": ("demo", "spark"),
+}
 
 _ERROR_CODES: list[tuple[type[BaseException], ExitCode]] = [
     (DataLoss, ExitCode.DATA_LOSS),
@@ -58,6 +83,8 @@ _ERROR_CODES: list[tuple[type[BaseException], ExitCode]] = [
     (PoisonRecord, ExitCode.POISON),
     (HandlerNotFound, ExitCode.HANDLER),
     (BackfillRefused, ExitCode.BACKFILL_REFUSED),
+    (ConsumerRunning, ExitCode.CONSUMER_RUNNING),
+    (InvalidUsage, ExitCode.USAGE),
     (ConfigurationError, ExitCode.CONFIG),
     (InvalidStreamName, ExitCode.CONFIG),  # a stream name given on the command line
     (ServerUnreachable, ExitCode.UNREACHABLE),
@@ -98,9 +125,19 @@ def _freeze_startup_objects() -> None:
 
 
 def _guarded(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
-    """Run a command, mapping errors to one line on stderr and a named exit code."""
+    """Run a command, mapping errors to one line on stderr and a named exit code (an optional package that is not
+    installed: the extra that installs it, :attr:`ExitCode.CONFIG`)."""
     try:
         return int(func(args))
+    except ModuleNotFoundError as exc:
+        command = getattr(args, "command", None) or ""
+        # only a command with optional packages: elsewhere (an application's code a consumer runs) it is not unilog's
+        error = None
+        if command in _COMMAND_EXTRAS:
+            error = extras.missing(exc, _COMMAND_EXTRAS[command], f"unilog {command}")
+        if error is None:
+            raise  # no extra installs it: a bug or a broken install, where the traceback is the report
+        return _refused(error)
     except InjectedCrash as exc:
         print(f"unilog: {exc}", file=sys.stderr)
         return ExitCode.CRASHED

@@ -20,6 +20,7 @@ import structlog
 from ..errors import BackfillRefused
 from .common import ExitCode, connection_args, fault_args, faults_from, metrics_args, run_until_signalled, serve_metrics
 from .common import settings_from as _settings
+from .extras import require
 
 log = structlog.get_logger(__name__)
 
@@ -70,6 +71,9 @@ def _run(args: argparse.Namespace) -> int:
     from ..backfill import Backfill, BackfillConfig, backfills, start
 
     settings = _settings(args)
+    bar = sys.stderr.isatty() and not args.log_json
+    if bar:  # checked before the backfill is created or resumed: a missing package must not leave it stopped
+        require(["rich.progress"], "unilog backfill's progress bar on a terminal", hint=" (or --log-json: log lines)")
     if args.resume:
         if args.target:
             raise BackfillRefused("give either TABLE (start or resume) or --resume NAME, not both")
@@ -93,7 +97,7 @@ def _run(args: argparse.Namespace) -> int:
         )
         cursor = start(settings, config)
     serve_metrics(args)
-    progress = _Progress(cursor) if sys.stderr.isatty() and not args.log_json else _LogProgress(cursor)
+    progress = _Progress(cursor) if bar else _LogProgress(cursor)
     worker = Backfill(
         settings,
         cursor["name"],

@@ -26,7 +26,7 @@ class ExitCode(IntEnum):
 
     OK = 0
     FAILURE = 1  # an unexpected error, or a check that failed (e.g. the demo's verdict)
-    USAGE = 2  # bad command-line arguments (argparse's own code)
+    USAGE = 2  # bad command-line arguments (argparse's own code), or options that contradict each other
     CONFIG = 3  # a setting is missing or malformed (or a command's extra is not installed: pip install "unilog[demo]")
     UNREACHABLE = 4  # Postgres or Redis cannot be reached
     SCHEMA = 5  # the database is not migrated, or `unilog migrate` could not migrate it
@@ -40,6 +40,7 @@ class ExitCode(IntEnum):
     REDIS_FULL = 13  # Redis is out of memory, or the streamer paused for it (--once): the records stay staged
     BACKFILL_REFUSED = 14  # `unilog backfill`: a table, key, --where or name it cannot use; nothing staged
     NOT_CAUGHT_UP = 15  # `unilog demo`: a consumer was still behind when the wait ended (not a disagreement)
+    CONSUMER_RUNNING = 16  # `unilog consumer|group delete`: a process of it is running; nothing deleted
     INTERRUPTED = 130  # Ctrl-C
 
 

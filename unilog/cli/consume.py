@@ -24,6 +24,7 @@ from .common import (
     serve_metrics,
     settings_from,
 )
+from .starting import check_options, child_environment, prepare_start
 
 
 def cmd_consume(args: argparse.Namespace) -> int:
@@ -33,10 +34,15 @@ def cmd_consume(args: argparse.Namespace) -> int:
 
 
 def run_consumer(args: argparse.Namespace, handler: Handler) -> int:
-    """Run one worker in the mode the flags pick (checkpoint, group or partitioned), or N worker processes."""
+    """Run one worker in the mode the flags pick (checkpoint, group or partitioned), or N worker processes.
+
+    Options that contradict each other are refused first; a new consumer or group starts where ``--from`` says and
+    says how much of the retained stream it will replay (:mod:`unilog.cli.starting`)."""
+    check_options(args)
+    settings = settings_from(args)
+    prepare_start(args, settings)
     if args.workers > 1:
         return _run_workers(args)
-    settings = settings_from(args)
     if inspect.iscoroutinefunction(handler):
         serve_metrics(args)
         return _run_async(args, settings, handler)
@@ -127,8 +133,9 @@ def _run_workers(args: argparse.Namespace) -> int:
     i = argv.index("--workers")
     del argv[i : i + 2]
     base = args.worker or f"{os.uname().nodename}-{os.getpid()}"
+    env = child_environment()  # this process placed a new group already (--from): its workers go on from there
     procs = [
-        subprocess.Popen([sys.executable, *argv, *_child_args(args, n), "--worker", f"{base}-{n}"])
+        subprocess.Popen([sys.executable, *argv, *_child_args(args, n), "--worker", f"{base}-{n}"], env=env)
         for n in range(args.workers)
     ]
 
@@ -154,6 +161,13 @@ def consume_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--partitioned", action="store_true", help="per-key order over a partitioned stream")
     p.add_argument("--worker", help="this worker's name in a group or partitioned consumer (default: host-pid)")
     p.add_argument("--workers", type=positive_int, default=1, help="run this many worker processes")
+    p.add_argument(
+        "--from",
+        dest="start_from",
+        metavar="start|end|ID",
+        help="where a new consumer or group begins: the stream's start (the default: it replays the retained "
+        "stream), after its last entry (end), or after entry ID; refused for one that exists",
+    )
     connection_args(p)
     p.add_argument("--once", action="store_true", help="consume everything in the stream, then exit")
     add_arguments(p)  # one option per consumer setting (unilog.consume.settings)

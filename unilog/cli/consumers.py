@@ -1,4 +1,5 @@
-"""``unilog consumer register|unregister|reset|rebuild``: manage checkpoint consumers."""
+"""``unilog consumer register|unregister|reset|rebuild|delete``: manage checkpoint consumers; ``unilog group delete``:
+remove a consumer group."""
 
 from __future__ import annotations
 
@@ -73,8 +74,37 @@ def cmd_consumer_rebuild(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
+def cmd_delete(args: argparse.Namespace) -> int:
+    from ..admin import delete_consumer, delete_group
+
+    settings = settings_from(args)
+    if args.kind == "group":
+        done = delete_group(settings, args.name, args.stream)
+        redis_part = "the Redis group" if done.registered else "no Redis group"
+        what = f"{done.applied} rows of applied records, {redis_part}"
+    else:
+        done = delete_consumer(settings, args.name, args.stream)
+        redis_part = "its registration" if done.registered else "no registration"
+        what = f"{done.applied} held records, {redis_part}"
+    at = f" (it was at {done.position})" if done.position else ""
+    print(f"unilog: {done.kind} {done.name} deleted from {done.stream}{at}: {what}, {done.letters} dead letters")
+    return ExitCode.OK
+
+
+def _delete_parser(parent: Any, kind: str, removes: str) -> None:
+    q = parent.add_parser("delete", help=f"remove a {kind} for good: {removes} (refused while it runs)")
+    q.add_argument("name")
+    default = "the checkpoint's stream, else $UNILOG_STREAM" if kind == "consumer" else "$UNILOG_STREAM"
+    q.add_argument("--stream", help=f"default: {default}")
+    connection_args(q)
+    q.set_defaults(func=cmd_delete, kind=kind)
+
+
 def add(sub: Any) -> None:
     """Add this module's commands to the ``unilog`` sub-parsers."""
+    g = sub.add_parser("group", help="manage consumer groups")
+    group_sub = g.add_subparsers(dest="group_command", required=True)
+    _delete_parser(group_sub, "group", "the Redis group, what it applied, its attempt counts and dead letters")
     p = sub.add_parser("consumer", help="manage checkpoint consumers")
     consumer_sub = p.add_subparsers(dest="consumer_command", required=True)
     q = consumer_sub.add_parser("reset", help="move a consumer's checkpoint (it re-applies or skips from there)")
@@ -100,3 +130,4 @@ def add(sub: Any) -> None:
     q.add_argument("--stream", help="default: $UNILOG_STREAM")
     connection_args(q)
     q.set_defaults(func=cmd_consumer_unregister)
+    _delete_parser(consumer_sub, "consumer", "its checkpoint, held records, registration and dead letters")

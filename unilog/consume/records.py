@@ -178,34 +178,47 @@ class Batch(Sequence[Record]):
 
 
 def load_object(ref: str, search: Sequence[str] | None = None) -> Any:
-    """Import ``module:attribute`` (or ``module.attribute``) and return the attribute.
+    """Import ``module:attribute`` and return the attribute. A reference without ``:`` is refused
+    (:class:`~unilog.errors.HandlerNotFound`, naming the ``module:attribute`` it may have meant): the dotted form
+    would turn a mistyped reference into another, valid-looking one.
 
     A top-level package or module that is not importable is looked for in ``search`` (default: the working
     directory, as ``python -m`` finds it) and imported from there, without changing ``sys.path``; modules it
     imports by their own top-level names must then be importable (installed, or on ``PYTHONPATH``). Whatever stops
     the import (a missing module, a syntax error, an exception the module raises, a missing dependency of it) or
     the attribute is :class:`~unilog.errors.HandlerNotFound`, in one line."""
-    return _load(ref, search, ("a reference is module:attribute", "name"))
+    return _load(ref, search, ("a reference is module:attribute", "name", "module:attribute"))
 
 
-def _load(ref: str, search: Sequence[str] | None, form: tuple[str, str]) -> Any:
-    """:func:`load_object`; ``form``: how a reference looks and an attribute name for the example, for the error
-    when ``ref`` names a module."""
+def _load(ref: str, search: Sequence[str] | None, form: tuple[str, str, str]) -> Any:
+    """:func:`load_object`; ``form``: how a reference looks, an attribute name for the example and the form's
+    short name, for the errors."""
     module_name, sep, attr = ref.partition(":")
     if not sep:
-        module_name, _, attr = ref.rpartition(".")
+        raise HandlerNotFound(_not_colon_form(ref, form))
     if not module_name or not attr:
-        raise HandlerNotFound(f"{ref!r} must look like package.module:name")
+        raise HandlerNotFound(f"{ref!r} must look like package.{form[2]}")
     try:
         module = _import(module_name, [os.getcwd()] if search is None else list(search))
     except (Exception, SystemExit) as exc:  # anything the module does while it is imported: the user's code
         raise HandlerNotFound(_import_failed(module_name, ref, exc)) from None
     found = getattr(module, attr, None)
-    if isinstance(found, ModuleType) or (found is None and not sep and _is_module(ref)):
+    if isinstance(found, ModuleType):
         raise HandlerNotFound(f"{ref!r} is a module: {form[0]}, like '{ref}:{form[1]}'")
     if not hasattr(module, attr):
         raise HandlerNotFound(f"{module_name!r} has no {attr!r} ({ref!r})")
     return found
+
+
+def _not_colon_form(ref: str, form: tuple[str, str, str]) -> str:
+    """The one line refusing ``ref``, which has no ``:``: a module's name is told how a reference looks; a dotted
+    name is shown the ``module:attribute`` it may have meant."""
+    module_name, _, attr = ref.rpartition(".")
+    if _is_module(ref):
+        return f"{ref!r} is a module: {form[0]}, like '{ref}:{form[1]}'"
+    if not module_name or not attr:
+        return f"{ref!r} must look like package.{form[2]}"
+    return f"{ref!r} is not {form[2]}: did you mean '{module_name}:{attr}'?"
 
 
 def _import_failed(module_name: str, ref: str, exc: BaseException) -> str:
@@ -276,8 +289,9 @@ def _import(module_name: str, search: list[str]) -> ModuleType:
 
 
 def load_handler(ref: str, search: Sequence[str] | None = None) -> Handler:
-    """Import ``module:function`` (or ``module.function``) and return the handler (see :func:`load_object`)."""
-    handler = _load(ref, search, ("a handler reference is module:function", "handle"))
+    """Import ``module:function`` and return the handler (see :func:`load_object`; a reference without ``:`` is
+    refused)."""
+    handler = _load(ref, search, ("a handler reference is module:function", "handle", "module:function"))
     if not callable(handler):
         raise HandlerNotFound(f"{ref!r} is not callable: a handler is a function (conn, records)")
     return cast(Handler, handler)

@@ -20,7 +20,14 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import quote
 
-from django.db import DEFAULT_DB_ALIAS, connections, transaction
+try:
+    from django.db import DEFAULT_DB_ALIAS, connections, transaction
+except ModuleNotFoundError as exc:  # imported outside a Django project: say which extra installs it
+    if (exc.name or "").partition(".")[0] != "django":
+        raise
+    raise ModuleNotFoundError(
+        "unilog.django needs Django, which is not installed: pip install 'unilog[django]'", name="django"
+    ) from None
 
 from ..config import Settings
 from ..consume.consumer import Consumer, ConsumerConfig

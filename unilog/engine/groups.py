@@ -9,7 +9,7 @@ from typing import Any
 
 import redis
 
-from ..wire import to_str
+from ..wire import attempts_key, to_str
 from ._sync.groups import GroupsCore
 from .commands import issues
 from .replies import no_such_key
@@ -40,3 +40,18 @@ class Groups(GroupsCore):
                 return []
             raise
         return [{to_str(k): (to_str(v) if isinstance(v, bytes) else v) for k, v in g.items()} for g in raw]
+
+    @issues("xgroup|destroy", "del")
+    def destroy_group(self, stream: str, group: str) -> bool:
+        """Remove ``group`` from ``stream`` (its position and pending entries) and its failed-attempt counts; return
+        whether the group existed."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.xgroup_destroy(stream, group)
+        pipe.delete(attempts_key(stream, group))
+        try:
+            destroyed, _ = pipe.execute()
+        except redis.ResponseError as exc:
+            if "requires the key to exist" in str(exc):  # no stream, no group (the attempts key goes all the same)
+                return False
+            raise
+        return bool(destroyed)

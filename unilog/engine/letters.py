@@ -6,7 +6,7 @@ face's only."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from ..wire import dlq_key, to_str
 from ._sync.letters import LettersCore
@@ -39,3 +39,10 @@ class Letters(Reading, LettersCore):
     @issues("xdel")
     def delete_dead_letter(self, stream: str, letter_id: str) -> None:
         self.client.xdel(dlq_key(stream), letter_id)
+
+    @issues("xdel")
+    def delete_dead_letters(self, stream: str, letter_ids: Sequence[str]) -> int:
+        """Delete the dead letters ``letter_ids`` of ``stream`` (``XDEL`` in pages of 1000); return how many were
+        there."""
+        ids = list(letter_ids)
+        return sum(int(self.client.xdel(dlq_key(stream), *ids[i : i + 1000])) for i in range(0, len(ids), 1000))

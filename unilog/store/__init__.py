@@ -17,6 +17,7 @@ from . import roles
 from .checkpoints import (
     Checkpoint,
     checkpoint_stream,
+    delete_checkpoint,
     ensure_checkpoint,
     hold_letter,
     list_checkpoints,
@@ -25,6 +26,7 @@ from .checkpoints import (
     read_checkpoint,
     release_held,
     save_checkpoint,
+    sessions_of,
     take_held,
 )
 from .claims import (
@@ -56,6 +58,7 @@ from .groups import (
     Identity,
     advance_watermarks,
     claim_identities,
+    delete_group_state,
     group_watermarks,
     mark_dropped,
     try_prune_lock,
@@ -163,7 +166,9 @@ __all__ = [
     "create_slot",
     "deadline",
     "default_slot_name",
+    "delete_checkpoint",
     "delete_claimed",
+    "delete_group_state",
     "delete_ids",
     "describe_holder",
     "discard_notifies",
@@ -206,6 +211,7 @@ __all__ = [
     "roles",
     "rows_between",
     "save_checkpoint",
+    "sessions_of",
     "set_emit_messages",
     "set_notify_trigger",
     "set_producer_id",

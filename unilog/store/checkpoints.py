@@ -120,3 +120,30 @@ def release_held(conn: psycopg.Connection[Any], consumer: str, origin_id: str | 
         return conn.execute("DELETE FROM unilog_held_letters WHERE consumer = %s", (consumer,)).rowcount
     query = "DELETE FROM unilog_held_letters WHERE consumer = %s AND origin_id = %s"
     return conn.execute(query, (consumer, origin_id)).rowcount
+
+
+def delete_checkpoint(conn: psycopg.Connection[Any], name: str) -> tuple[Checkpoint | None, int]:
+    """Delete consumer ``name``'s checkpoint and the records it holds (dead-lettered, not applied), in the caller's
+    transaction; return the checkpoint that was deleted (None if it had none) and how many held records went.
+
+    The row is locked first, so a batch the consumer is applying commits (or rolls back) before it goes."""
+    checkpoint = _read_checkpoint(conn, name, for_update=True)
+    conn.execute("DELETE FROM unilog_checkpoints WHERE name = %s", (name,))
+    return checkpoint, release_held(conn, name)
+
+
+def sessions_of(conn: psycopg.Connection[Any], names: list[str], prefixes: list[str]) -> list[tuple[int, str]]:
+    """(pid, application_name) of the other sessions whose ``application_name`` is one of ``names`` or starts with
+    one of ``prefixes``: how a process of a consumer or group shows it is connected (its ``unilog-consumer-NAME``
+    session). Names longer than Postgres keeps (63 bytes) are compared as it keeps them."""
+    rows = conn.execute(
+        """
+        SELECT pid, application_name FROM pg_stat_activity
+        WHERE pid <> pg_backend_pid()
+          AND (application_name = ANY(%s::text[])
+               OR EXISTS (SELECT 1 FROM unnest(%s::text[]) AS p WHERE starts_with(application_name, p)))
+        ORDER BY pid
+        """,
+        ([n[:63] for n in names], [p[:63] for p in prefixes]),
+    ).fetchall()
+    return [(int(pid), str(app)) for pid, app in rows]

@@ -136,3 +136,12 @@ def try_prune_lock(conn: psycopg.Connection[Any], group: str, stream: str) -> bo
     """Take the transaction-level lock that lets one worker of ``group`` prune at a time; False if another has it."""
     row = conn.execute(PRUNE_LOCK, (group, stream)).fetchone()
     return bool(row and row[0])
+
+
+def delete_group_state(conn: psycopg.Connection[Any], group: str, stream: str) -> int:
+    """Delete what ``group`` applied on ``stream`` (its processed identities and watermarks), in the caller's
+    transaction; return the rows deleted. A group created again under the name starts with nothing applied."""
+    params = {"g": group, "s": stream}
+    processed = conn.execute("DELETE FROM unilog_processed WHERE group_name = %(g)s AND stream = %(s)s", params)
+    marks = conn.execute("DELETE FROM unilog_group_watermarks WHERE group_name = %(g)s AND stream = %(s)s", params)
+    return processed.rowcount + marks.rowcount

@@ -179,6 +179,12 @@ class Streamer(Worker):
     def label(self) -> dict[str, Any]:
         return {"streamer": self.name}
 
+    def describe(self) -> dict[str, Any]:
+        """The start-up line names the streams this streamer publishes (a streamer has no one stream of its own:
+        each record says its stream, ``default_stream`` when it names none)."""
+        streams: Any = list(self.config.streams) if self.config.streams else "every stream with staged records"
+        return {**self.links.settings.describe(), "streams": streams}
+
     def totals(self) -> dict[str, Any]:
         return {"published": self.published_total}
 

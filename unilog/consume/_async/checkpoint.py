@@ -78,7 +78,7 @@ class AsyncConsumer(AsyncWorker):
         return {"consumer": self.config.name}
 
     def describe(self) -> dict[str, Any]:
-        return {"stream": self.stream, **self.settings.describe()}
+        return {**self.settings.describe(), "stream": self.stream}
 
     def totals(self) -> dict[str, Any]:
         return {"handled": self.handled_total}

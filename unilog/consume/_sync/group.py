@@ -74,7 +74,7 @@ class GroupConsumer(Worker):
         return {"group": self.config.group, "worker": self.worker}
 
     def describe(self) -> dict[str, Any]:
-        return {"stream": self.stream, **self.settings.describe()}
+        return {**self.settings.describe(), "stream": self.stream}
 
     def totals(self) -> dict[str, Any]:
         return {"handled": self.handled_total, "dead": self.dead_total}
