@@ -422,8 +422,9 @@ USAGE = """the stack stays up, its socket and health checks with it; in this she
   eval "$(python tools/compose_podman.py env{flag})"
   docker-compose ps
   docker-compose logs --tail 20 consumer0
-  docker-compose run --rm --no-deps exporter unilog status
-  python tools/compose_podman.py down{flag}"""
+  docker-compose exec exporter unilog status
+  python tools/compose_podman.py down{flag}
+(`run` works only for a service that is not running: Podman refuses the link docker-compose gives it otherwise)"""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
