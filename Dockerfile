@@ -22,12 +22,14 @@ WORKDIR /app
 RUN if [ "$SPARK" = 1 ]; then apt-get update && apt-get install -y --no-install-recommends openjdk-17-jre-headless \
     && rm -rf /var/lib/apt/lists/*; fi
 
-# Dependencies first, in their own layer, so editing the code does not reinstall them: the runtime and `demo`
-# requirements, read from pyproject.toml (all of them ship manylinux wheels, no compiler needed). `demo` names
-# `unilog[embedded]` (throw-away servers for `unilog demo`): skipped here, the compose file runs real ones.
+# Dependencies first, in their own layer, so editing the code does not reinstall them: the runtime, `demo` and
+# `dashboard` (Flask and waitress) requirements, read from pyproject.toml (all of them ship wheels, no compiler
+# needed). `demo` names `unilog[embedded]` (throw-away servers for `unilog demo`): skipped here, the compose file runs
+# real ones.
 COPY pyproject.toml README.md ./
 RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
-extra = p['optional-dependencies']; deps = p['dependencies'] + extra['demo'] + (extra['spark'] if '$SPARK' == '1' else []); \
+extra = p['optional-dependencies']; deps = p['dependencies'] + extra['demo'] + extra['dashboard'] \
++ (extra['spark'] if '$SPARK' == '1' else []); \
 print('\n'.join(d for d in deps if not d.startswith('unilog')))" \
     > /tmp/requirements.txt \
     && pip install --no-cache-dir -r /tmp/requirements.txt \

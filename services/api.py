@@ -19,6 +19,7 @@ import structlog
 from flask import Flask, jsonify, request
 from sqlalchemy import create_engine, text
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, sessionmaker
 
 import unilog
@@ -26,7 +27,16 @@ from unilog.config import sqlalchemy_url
 from unilog.log import configure_logging
 
 from .rides import STREAM, Ride
-from .web import MAX_ATTEMPTS, ValidationError, parse_distance, request_span, serialization_failure
+from .web import (
+    MAX_ATTEMPTS,
+    RETRY_AFTER_SECONDS,
+    UNAVAILABLE_MESSAGE,
+    ValidationError,
+    database_unavailable,
+    parse_distance,
+    request_span,
+    serialization_failure,
+)
 
 __all__ = ["ValidationError", "create_app", "create_ride", "parse_distance"]
 
@@ -77,7 +87,18 @@ def create_app(database_url: str | None = None) -> Flask:
             conn.execute(text("SELECT 1"))
         return jsonify(status="ok")
 
+    app.register_error_handler(DBAPIError, _unavailable)
+    app.register_error_handler(PoolTimeout, _unavailable)
     return app
+
+
+def _unavailable(exc: Exception) -> Any:
+    """503 with ``Retry-After`` while the database cannot be reached; any other database error stays a 500."""
+    if not database_unavailable(exc):
+        raise exc
+    log.warning("database unavailable: answered 503", path=request.path, error=str(exc).splitlines()[0])
+    response = jsonify(error={"message": UNAVAILABLE_MESSAGE})
+    return response, 503, {"Retry-After": str(RETRY_AFTER_SECONDS)}
 
 
 def _post_ride(sessions: sessionmaker[Session]) -> Any:

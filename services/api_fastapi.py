@@ -21,6 +21,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
 
 import unilog
@@ -28,7 +29,16 @@ from unilog.config import sqlalchemy_url
 from unilog.log import configure_logging
 
 from .rides import STREAM, Ride
-from .web import MAX_ATTEMPTS, ValidationError, parse_distance, request_span, serialization_failure
+from .web import (
+    MAX_ATTEMPTS,
+    RETRY_AFTER_SECONDS,
+    UNAVAILABLE_MESSAGE,
+    ValidationError,
+    database_unavailable,
+    parse_distance,
+    request_span,
+    serialization_failure,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -97,7 +107,18 @@ def create_app(database_url: str | None = None) -> FastAPI:
             await conn.execute(text("SELECT 1"))
         return {"status": "ok"}
 
+    app.add_exception_handler(DBAPIError, _unavailable)
+    app.add_exception_handler(PoolTimeout, _unavailable)
     return app
+
+
+async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
+    """503 with ``Retry-After`` while the database cannot be reached; any other database error stays a 500."""
+    if not database_unavailable(exc):
+        raise exc
+    log.warning("database unavailable: answered 503", path=request.url.path, error=str(exc).splitlines()[0])
+    headers = {"Retry-After": str(RETRY_AFTER_SECONDS)}
+    return JSONResponse({"error": {"message": UNAVAILABLE_MESSAGE}}, status_code=503, headers=headers)
 
 
 def __getattr__(name: str) -> Any:

@@ -92,10 +92,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--once", action="store_true", help="process what is in the stream, then exit")
     parser.add_argument("--conf", action="append", default=[], help="extra Spark settings, key=value")
     parser.add_argument("--metrics-port", type=int, help="serve the driver's Prometheus metrics on this port")
+    parser.add_argument("--metrics-addr", default="127.0.0.1", help="... on this address (0.0.0.0: every interface)")
     args = parser.parse_args(argv)
     configure_logging()
     if args.metrics_port is not None:
-        metrics.serve(args.metrics_port)  # the sink runs in the driver: its batches are counted here
+        metrics.serve(args.metrics_port, args.metrics_addr)  # the sink runs in the driver: its batches count here
     conf = dict(item.split("=", 1) for item in args.conf)
     spark = spark_session(f"unilog-{args.name}", args.master, conf)
     checkpoint = args.checkpoint or os.path.join(tempfile.gettempdir(), f"unilog-spark-{args.name}")

@@ -1,8 +1,10 @@
-"""What both Rocket Rides APIs share (Flask in ``api.py``, FastAPI in ``api_fastapi.py``): the distance's validation
-and the request's server span.
+"""What both Rocket Rides APIs share (Flask in ``api.py``, FastAPI in ``api_fastapi.py``): the distance's validation,
+the answer while the database is down, and the request's server span.
 
 Input is validated before anything is written: a missing, non-numeric, negative, NaN or infinite ``distance`` gets a
-422 with a JSON error naming the field.
+422 with a JSON error naming the field. While Postgres cannot be reached (down, restarting, the network cut), every
+route answers 503 with ``Retry-After`` and a JSON error instead of a 500: a client (or a load balancer) retries
+later, and the pool's pre-ping replaces the dead connections once the database is back.
 """
 
 from __future__ import annotations
@@ -17,6 +19,11 @@ from unilog import tracing
 
 MAX_ATTEMPTS = 10  # of a SERIALIZABLE transaction that fails to serialize
 MAX_DISTANCE = Decimal("100000000")  # fits NUMERIC(14, 3)
+RETRY_AFTER_SECONDS = 5  # about what a Postgres restart or a failover takes
+UNAVAILABLE_MESSAGE = "the database is unavailable; retry later"
+# SQLSTATEs of a server that went or is going away: connection exceptions (class 08), admin and crash shutdown, and
+# "the database system is starting up / shutting down"
+_GONE_STATES = ("57P01", "57P02", "57P03")
 
 
 class ValidationError(ValueError):
@@ -47,6 +54,30 @@ def parse_distance(payload: dict[str, Any]) -> Decimal:
     if distance >= MAX_DISTANCE:
         raise ValidationError("distance", f"distance must be below {MAX_DISTANCE}, got {raw!r}")
     return distance
+
+
+def database_unavailable(exc: BaseException) -> bool:
+    """Whether a SQLAlchemy error means the database cannot be reached right now (answer 503, not 500).
+
+    True for a connection the driver lost or could not open (no SQLSTATE: refused, reset, timed out), a connection
+    exception (class 08), a server shutting down or starting up (57P01-57P03), and the pool's own timeout (every
+    connection busy or being opened). A query's error (a constraint, a syntax error) is not one of these."""
+    from sqlalchemy.exc import DBAPIError
+    from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+    if isinstance(exc, PoolTimeout):
+        return True
+    if not isinstance(exc, DBAPIError):
+        return False
+    if exc.connection_invalidated:
+        return True
+    import psycopg
+
+    orig = exc.orig
+    if not isinstance(orig, psycopg.OperationalError | psycopg.InterfaceError):
+        return False
+    state = getattr(orig, "sqlstate", None)
+    return state is None or state.startswith("08") or state in _GONE_STATES
 
 
 def serialization_failure(exc: Exception) -> bool:

@@ -8,6 +8,7 @@ rejects a broken file, so a validator that accepts anything cannot pass them.
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import shlex
@@ -23,6 +24,12 @@ import yaml
 ROOT = Path(__file__).parent.parent
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 PROCFILE = ROOT / "Procfile"
+ENV_EXAMPLE = ROOT / ".env.example"
+PROMETHEUS_DIR = ROOT / "compose" / "prometheus"
+PASSWORDS = ("POSTGRES_PASSWORD", "APP_DB_PASSWORD", "APP_REDIS_PASSWORD", "REDIS_ADMIN_PASSWORD")
+# each process that serves Prometheus metrics, and the port (unilog.metrics on 9100; the exporter on its own)
+METRICS_PORTS = {name: 9100 for name in ("streamer", "streamer2", "consumer0", "consumer1", "group0a", "group0b")}
+METRICS_PORTS |= {"spark": 9100, "exporter": 9464}
 
 INFRA = ("postgres", "redis")
 # Variables the compose file interpolates: validated with their defaults, whatever the caller's environment says.
@@ -41,6 +48,8 @@ INTERPOLATED = (
     "POSTGRES_IMAGE",
     "REDIS_IMAGE",
     "PYTHON_IMAGE",
+    "PROMETHEUS_IMAGE",
+    "PROMETHEUS_PORT",
     "APP_IMAGE",
 )
 # the Postgres role and the Redis user each kind of process connects as (services/migrate.py, unilog acl)
@@ -244,6 +253,112 @@ def test_images_can_be_swapped(services: dict[str, dict[str, Any]]) -> None:
     assert "ARG PYTHON_IMAGE=python:3.11-slim\nFROM ${PYTHON_IMAGE}" in dockerfile
 
 
+def seconds(duration: str) -> float:
+    """A compose duration (``30s``, ``1m30s``, ``1h``) in seconds."""
+    units = {"h": 3600, "m": 60, "s": 1, "ms": 0.001, "us": 1e-6}
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|us|h|m|s)", duration)
+    assert parts and "".join(n + u for n, u in parts) == duration, f"not a duration: {duration!r}"
+    return sum(float(n) * units[u] for n, u in parts)
+
+
+def test_every_container_has_a_stop_grace_period(services: dict[str, dict[str, Any]]) -> None:
+    """Without one, Podman's Docker API gives a container 0 s: `podman restart` would SIGKILL Postgres."""
+    for name, service in services.items():
+        grace = service.get("stop_grace_period")
+        assert grace and seconds(str(grace)) >= 10, f"{name}: stop_grace_period {grace!r}"
+    postgres = services["postgres"]
+    assert postgres.get("stop_signal") == "SIGINT", "Postgres's fast shutdown; SIGTERM waits for every client"
+    assert seconds(postgres["stop_grace_period"]) >= 30, "the shutdown checkpoint needs time"
+
+
+def env_example() -> dict[str, str]:
+    """The variables .env.example sets, and (empty) those it names in a commented ``# NAME=value`` line."""
+    found: dict[str, str] = {}
+    for line in ENV_EXAMPLE.read_text().splitlines():
+        match = re.fullmatch(r"(#\s*)?([A-Z][A-Z0-9_]*)=(.*)", line.strip())
+        if match:
+            found[match.group(2)] = "" if match.group(1) else match.group(3)
+    return found
+
+
+def test_env_example_sets_the_passwords_and_names_every_variable() -> None:
+    """The guide says to change the passwords in .env: .env.example has all four, and every variable the compose
+    file reads (INTERPOLATED is that list, kept equal to the file)."""
+    interpolated = {m.group("name") for m in _VAR.finditer(COMPOSE_FILE.read_text())}
+    assert interpolated == set(INTERPOLATED), "INTERPOLATED is out of date"
+    variables = env_example()
+    missing = sorted(interpolated - variables.keys())
+    assert not missing, f".env.example does not name {missing}"
+    assert all(variables.get(name) for name in PASSWORDS), {name: variables.get(name) for name in PASSWORDS}
+    assert ".env" in (ROOT / ".gitignore").read_text().split(), ".env holds passwords: keep it out of git"
+    guide = (ROOT / "docs" / "guides" / "compose.md").read_text()
+    assert "cp .env.example .env" in guide
+
+
+def test_prometheus_scrapes_every_process_and_loads_the_alert_rules(services: dict[str, dict[str, Any]]) -> None:
+    config = yaml.safe_load((PROMETHEUS_DIR / "prometheus.yml").read_text())
+    assert config["rule_files"] == ["alerts.yml"], config.get("rule_files")
+    targets = {
+        target
+        for job in config["scrape_configs"]
+        for static in job.get("static_configs", [])
+        for target in static["targets"]
+    }
+    assert targets == {f"{name}:{port}" for name, port in METRICS_PORTS.items()}, targets
+    # a process that serves metrics and is not in METRICS_PORTS (a new streamer or consumer) fails here
+    for name, service in services.items():
+        command = " ".join(argv(service.get("command") or []))
+        if re.search(r"unilog (streamer|consume|metrics)\b|services\.(consumer|spark_consumer)\b", command):
+            assert name in METRICS_PORTS, f"{name} serves metrics and Prometheus does not scrape it"
+    for name, port in METRICS_PORTS.items():
+        env, command = environment(services[name]), argv(services[name]["command"])
+        if name == "exporter":
+            assert command[command.index("--port") + 1] == str(port) and "0.0.0.0" in command
+        elif name == "spark":
+            assert command[command.index("--metrics-port") + 1] == str(port), command
+            assert command[command.index("--metrics-addr") + 1] == "0.0.0.0", command
+        else:
+            assert (env.get("UNILOG_METRICS_PORT"), env.get("UNILOG_METRICS_ADDR")) == (str(port), "0.0.0.0"), name
+    prometheus = services["prometheus"]
+    assert "./compose/prometheus:/etc/prometheus:ro" in prometheus["volumes"]
+    assert "--config.file=/etc/prometheus/prometheus.yml" in argv(prometheus["command"])
+    assert "/-/ready" in health_test(prometheus)
+
+
+def _resolves(dotted: str) -> bool:
+    """Whether ``a.b.c`` is a module, or an attribute of the longest module prefix (``services`` is the demo)."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        name = ".".join(parts[:cut])
+        try:
+            target: Any = importlib.import_module(name.replace("services", "unilog_demo", 1))
+        except ImportError:
+            continue
+        for attr in parts[cut:]:
+            if not hasattr(target, attr):
+                return False
+            target = getattr(target, attr)
+        return True
+    return False
+
+
+def test_the_stack_files_name_only_modules_and_paths_that_exist() -> None:
+    """Comments and commands in the Dockerfiles, the compose file, .env.example and compose/ name real things."""
+    files = [ROOT / "Dockerfile", COMPOSE_FILE, ENV_EXAMPLE]
+    files += [p for p in (ROOT / "compose").rglob("*") if p.is_file()]
+    wrong = []
+    for path in files:
+        text = path.read_text()
+        for match in re.finditer(r"(?<![\w/.-])(?:unilog|services|unilog_demo)(?:\.[A-Za-z_]\w*)+", text):
+            if not _resolves(match.group()):
+                wrong.append(f"{path.relative_to(ROOT)}: module {match.group()}")
+        pattern = r"(?<![\w/.-])(?:tools|docs|examples|compose|services|migrations|bench|tests|unilog)/[\w./-]*"
+        for match in re.finditer(pattern, text):
+            if not (ROOT / match.group().rstrip(".")).exists():
+                wrong.append(f"{path.relative_to(ROOT)}: path {match.group()}")
+    assert not wrong, wrong
+
+
 # -- validation by Compose itself ------------------------------------------------------------------------------------
 
 
@@ -288,6 +403,26 @@ def compose_config() -> Callable[[Path], subprocess.CompletedProcess[str]]:
 def test_compose_accepts_the_file(compose_config: Callable[[Path], subprocess.CompletedProcess[str]]) -> None:
     result = compose_config(COMPOSE_FILE)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_compose_reads_the_passwords_from_env_example(tmp_path: Path) -> None:
+    """``.env.example`` copied to ``.env`` (the guide's step): every process gets its passwords from it."""
+    cli = find_compose()
+    if cli is None:
+        pytest.skip("neither `docker compose` (Compose v2) nor `docker-compose` is installed; cannot validate")
+    env = {key: value for key, value in os.environ.items() if key not in INTERPOLATED}
+    shutil.copy(COMPOSE_FILE, tmp_path / "docker-compose.yml")
+    shutil.copy(ENV_EXAMPLE, tmp_path / ".env")
+    result = subprocess.run(
+        [*cli, "-f", "docker-compose.yml", "config"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    resolved = yaml.safe_load(result.stdout)["services"]
+    passwords = env_example()
+    assert environment(resolved["postgres"])["POSTGRES_PASSWORD"] == passwords["POSTGRES_PASSWORD"]
+    assert f":{passwords['APP_DB_PASSWORD']}@" in environment(resolved["api"])["DATABASE_URL"]
+    assert f":{passwords['APP_REDIS_PASSWORD']}@" in environment(resolved["consumer0"])["REDIS_URL"]
+    assert environment(resolved["redis"])["REDISCLI_AUTH"] == passwords["REDIS_ADMIN_PASSWORD"]
 
 
 @pytest.mark.parametrize(

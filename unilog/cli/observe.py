@@ -29,20 +29,18 @@ def cmd_metrics(args: argparse.Namespace) -> int:
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
-    from ..dashboard import History, create_app
+    from ..dashboard import History, Server, create_app
     from ..errors import ConfigurationError
 
     settings = settings_from(args)
     history = History(settings, interval=args.interval)
     app = create_app(settings, history, read_only=args.read_only)
-    from werkzeug.serving import make_server
-
     try:
-        server = make_server(args.addr, args.port, app, threaded=True)
+        server = Server(app, args.addr, args.port)
     except OSError as exc:
         raise ConfigurationError(f"cannot serve the dashboard on {args.addr}:{args.port}: {exc}") from None
     history.sample()
-    threading.Thread(target=server.serve_forever, name="unilog-dashboard", daemon=True).start()
+    server.start()
     print(
         f"unilog: dashboard on http://{args.addr}:{server.port}/" + (" (read-only)" if args.read_only else ""),
         flush=True,
@@ -50,7 +48,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     try:
         run_until_signalled(history.run)
     finally:
-        server.shutdown()
+        server.stop()
     return ExitCode.OK
 
 
