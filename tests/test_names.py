@@ -53,5 +53,6 @@ def test_the_command_line_refuses_them_in_one_line(settings: Settings, pg: Any, 
         )
         lines = [line for line in result.stderr.splitlines() if line.strip()]
         assert result.returncode == ExitCode.CONFIG and len(lines) == 1 and "invalid" in lines[0], (args, lines)
+        assert sorted(rds.keys("*")) == keys_before, (args, sorted(rds.keys("*")))
     assert pg.execute("SELECT to_regclass('unilog_checkpoints') IS NOT NULL").fetchone() == (True,)
-    assert sorted(rds.keys("*")) == keys_before, "no key was created or touched"
+    assert sorted(rds.keys("*")) == keys_before, ("no key was created or touched", sorted(rds.keys("*")), keys_before)

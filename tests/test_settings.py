@@ -20,6 +20,7 @@ CHANGED: dict[str, Any] = {
     "pg_timeout": 7.5,
     "max_backoff": 1.5,
     "restart_after_crash": False,
+    "numbers": "decimal",
     "on_malformed": "stop",
     "wait_replicas": 2,
     "wait_timeout_ms": 250,

@@ -40,6 +40,7 @@ def run_consumer(args: argparse.Namespace, handler: Handler) -> int:
     says how much of the retained stream it will replay (:mod:`unilog.cli.starting`)."""
     check_options(args)
     settings = settings_from(args)
+    _config(args)  # every name and setting checked before anything touches a server (prepare_start may create)
     prepare_start(args, settings)
     if args.workers > 1:
         return _run_workers(args)
@@ -104,17 +105,24 @@ def _make_worker(args: argparse.Namespace, settings: Settings, handler: Handler)
     from ..consume.group import GroupConsumer
     from ..consume.partitions import PartitionedConsumer
 
+    config = _config(args)
     if args.group:
-        config = _group_config(args, not args.exit_on_crash)
         return GroupConsumer(settings, config, handler, faults=faults_from(args))
+    if args.partitioned:
+        return PartitionedConsumer(settings, config, handler, faults=faults_from(args))
+    return Consumer(settings, config, handler, faults=faults_from(args))
+
+
+def _config(args: argparse.Namespace) -> Any:
+    """The config of the kind the flags pick, built (so checked, in one line) from the command line; no I/O."""
+    if args.group:
+        return _group_config(args, not args.exit_on_crash)
     if not args.name:
         raise ConfigurationError("give --name NAME (a checkpoint or partitioned consumer) or --group GROUP")
     crash_restart = {"restart_after_crash": not args.exit_on_crash}
     if args.partitioned:
-        part = from_arguments("partitioned", args, name=args.name, worker=args.worker or "", **crash_restart)
-        return PartitionedConsumer(settings, part, handler, faults=faults_from(args))
-    config = from_arguments("checkpoint", args, name=args.name, **crash_restart)
-    return Consumer(settings, config, handler, faults=faults_from(args))
+        return from_arguments("partitioned", args, name=args.name, worker=args.worker or "", **crash_restart)
+    return from_arguments("checkpoint", args, name=args.name, **crash_restart)
 
 
 def _group_config(args: argparse.Namespace, crash_restart: bool) -> Any:
