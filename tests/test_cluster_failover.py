@@ -33,6 +33,9 @@ from unilog.harness.pytest_plugin import running
 from unilog.metrics import LETTERS_UNREPLICATED
 from unilog.wire import dlq_key
 
+# Redis Cluster failovers take about a minute in all: the whole suite (`pytest -m ""`, .ci/run) runs them
+pytestmark = pytest.mark.slow
+
 TESTS = Path(__file__).parent
 
 

@@ -28,6 +28,9 @@ from unilog_demo.spark_consumer import start_query, state_effect
 from unilog import Faults, RawJSON, Settings, Streamer, emit
 from unilog.spark import TransactionalSink, spark_session
 
+# Spark starts in about 12 s here and its tests take over a minute more: the whole suite (`pytest -m ""`, .ci/run) runs them
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).parent.parent
 
 
