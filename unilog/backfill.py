@@ -39,7 +39,7 @@ from .config import Settings, validate_stream_name
 from .errors import BackfillRefused, PayloadNotSerializable, PostgresPermissionDenied
 from .faults import NO_FAULTS, Faults
 from .produce import producer as produce
-from .produce.encoding import RawJSON
+from .produce.encoding import PostgresJSON
 from .runtime import Links, Worker
 from .store import backfills as sql
 
@@ -316,7 +316,7 @@ class Backfill(Worker):
                     f"the row with key {key!r} cannot be staged: {problem}: NaN and Infinity are not valid JSON"
                 )
         records = [
-            {"action": action, "object": object_, "data": RawJSON(data), "stream": stream, "key": key}
+            {"action": action, "object": object_, "data": PostgresJSON(data), "stream": stream, "key": key}
             for key, data, _ in rows
         ]
         try:

@@ -67,6 +67,13 @@ class RawJSON:
         return hash(self.text)
 
 
+class PostgresJSON(RawJSON):
+    """JSON text Postgres built (``row_to_json``, ``to_jsonb(...)::text``): valid by construction, so only its size
+    is checked. Internal: what ``unilog backfill`` stages; an application's text is a :class:`RawJSON`."""
+
+    __slots__ = ()
+
+
 def _raw_problem(text: str) -> str | None:
     """Why ``text`` is not one JSON value jsonb can hold, or None. Numbers are parsed as text: never rounded."""
 
@@ -143,7 +150,7 @@ def encode_data(data: Any, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES, default: 
 
 
 def _raw_text(data: RawJSON, max_bytes: int) -> str:
-    if (problem := _raw_problem(data.text)) is not None:
+    if not isinstance(data, PostgresJSON) and (problem := _raw_problem(data.text)) is not None:
         raise PayloadNotSerializable(problem)
     try:
         size = len(data.text.encode("utf-8"))
