@@ -4,7 +4,7 @@ They are entry points in the group ``unilog.commands`` (see pyproject.toml): the
 when this package is installed and works without them. Each ``add`` function adds one sub-parser whose
 ``func(args)`` returns an exit code; imports of the harness wait until the command runs, so ``unilog --help``
 stays fast. Each command first checks that the demo extra's packages it needs are importable
-(:func:`require_demo_extra`): without them it stops at once, in one line naming ``pip install "unilog[demo]"``, with
+(:func:`require_demo_extra`): without them it stops at once, in one line naming ``pip install 'unilog[demo]'``, with
 exit code 3 (``ExitCode.CONFIG``), instead of starting servers for an API that cannot start.
 """
 
@@ -63,7 +63,7 @@ def require_demo_extra(command: str, api: str, *also: str) -> None:
     if missing:
         raise ConfigurationError(
             f"unilog {command} needs the demo extra, which is not installed here (no {', '.join(missing)}): "
-            'pip install "unilog[demo]"'
+            "pip install 'unilog[demo]'"
         )
 
 

@@ -1,5 +1,5 @@
 """``unilog demo`` and ``unilog chaos`` after a bare ``pip install unilog`` (issue 28): they name
-``pip install "unilog[demo]"`` in one line, exit code 3, before starting any server; and an API that does not come
+``pip install 'unilog[demo]'`` in one line, exit code 3, before starting any server; and an API that does not come
 up is reported at once, with its log's last line, in a log that is kept (never a path to a deleted file).
 
 The check is tested without uninstalling anything: :func:`unilog.harness.app.missing_modules` with module names that
@@ -68,7 +68,7 @@ def test_demo_and_chaos_without_the_demo_extra_stop_before_starting_anything(
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and "Traceback" not in err, err
-    assert 'pip install "unilog[demo]"' in lines[0] and f"(no {named})" in lines[0], lines[0]
+    assert "pip install 'unilog[demo]'" in lines[0] and f"(no {named})" in lines[0], lines[0]
 
 
 def test_with_the_demo_extra_installed_the_check_passes() -> None:
