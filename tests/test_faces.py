@@ -5,7 +5,6 @@ it."""
 from __future__ import annotations
 
 import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +30,11 @@ def test_every_generated_face_matches_its_source() -> None:
     assert tool.stale() == [], "run `python tools/faces.py`"
 
 
-@pytest.mark.parametrize("pair", [0, 1], ids=["consume", "engine"])
+@pytest.mark.parametrize("pair", [0, 1, 2], ids=["runtime", "consume", "engine"])
 def test_the_check_catches_an_edited_source_and_a_face_left_behind(pair: int, tmp_path: Path) -> None:
     tool = faces()
     source_dir = tool.PAIRS[pair][0]
-    assert len(tool.PAIRS) == 2
+    assert len(tool.PAIRS) == 3
     source = next(p for p in tool.sources() if p.parent == source_dir)
     tool.PAIRS = [(tmp_path / "_async", tmp_path / "_sync")]
     for directory in tool.PAIRS[0]:
@@ -49,6 +48,65 @@ def test_the_check_catches_an_edited_source_and_a_face_left_behind(pair: int, tm
     copy.unlink()
     assert tool.stale() == [str(tool.PAIRS[0][1] / source.name)], "a face whose source is gone"
     assert tool.main([]) == 0 and tool.stale() == [] and not (tool.PAIRS[0][1] / source.name).exists()
+
+
+SAMPLE = '''"""Uses AsyncConsumer, not AsyncConsumers; see unilog.consume._async.checkpoint and ``_async/``."""
+from ...engine.aio import AsyncRedisStreams
+from ...store import aio as store
+from .._async import checkpoint
+from ..._acompat import AEvent, asleep
+
+
+class AsyncThing(AsyncConsumer):
+    """An AsyncConsumer's twin."""
+
+    async def go(self, stop: AEvent) -> None:
+        gaiotto = aio_level = asyncio_like = AsyncConsumers = 1
+        label = "AsyncConsumer await async"
+        await (await self.links.redis()).register("s", "c", "0-0")
+        x = (await self.f()) + 1
+        async with self.lock() as held:
+            async for item in self.items():
+                await asleep(0.1)
+        return [y async for y in self.items()], await store.connect_async("dsn")
+'''
+
+
+def test_the_generator_works_on_the_syntax_tree_and_renames_only_whole_names() -> None:
+    """Only whole names of ``RENAMES`` change; strings other than docstrings, and names that merely contain a
+    renamed one (or ``aio``/``asyncio``), stay as they are; parentheses that only held an ``await`` go."""
+    out = faces().transform(SAMPLE, "unilog.consume._async")
+    assert "gaiotto = aio_level = asyncio_like = AsyncConsumers = 1" in out
+    assert 'label = "AsyncConsumer await async"' in out  # a string is data, not code
+    assert '"""Uses Consumer, not AsyncConsumers; see unilog.consume._sync.checkpoint and ``_async/``."""' in out
+    assert '"""An Consumer\'s twin."""' in out  # docstrings are renamed as whole words, grammar aside
+    assert "class AsyncThing(Consumer):" in out  # AsyncThing is no name of RENAMES: it stays
+    assert "from ...engine import RedisStreams" in out and "from ... import store" in out
+    assert "from . import checkpoint" in out and "from ..._acompat import Event, sleep" in out
+    assert 'self.links.redis().register("s", "c", "0-0")' in out  # no leftover parentheses
+    assert "x = (self.f()) + 1" in out or "x = self.f() + 1" in out
+    assert "with self.lock() as held:" in out and "for item in self.items():" in out and "sleep(0.1)" in out
+    assert "[y for y in self.items()]" in out and 'store.connect("dsn")' in out
+    assert "async" not in out.replace('"AsyncConsumer await async"', "").replace("AsyncConsumers", "").replace(
+        "AsyncThing", ""
+    ).replace("``_async/``", "")
+    assert "await" not in out.replace('"AsyncConsumer await async"', "")
+
+
+@pytest.mark.parametrize("line", ["import asyncio", "from asyncio import sleep", "import asyncio.tasks"])
+def test_a_source_that_imports_asyncio_itself_is_refused(line: str) -> None:
+    """What differs between the faces goes through ``unilog._acompat``'s pairs, never asyncio itself."""
+    with pytest.raises(SystemExit, match="_acompat"):
+        faces().transform(f"{line}\n", "unilog.consume._async")
+
+
+def test_no_generated_face_says_it_is_the_asyncio_source() -> None:
+    """Docstrings are written for both faces (each face's names come from the renames)."""
+    tool = faces()
+    for source in tool.sources():
+        text = tool.target_of(source).read_text()
+        for phrase in ("is written here", "asyncio source", "AsyncConsumer", "AsyncWorker", "AsyncLinks"):
+            assert phrase not in text, (tool.target_of(source).name, phrase)
 
 
 def test_the_adapter_declarations_survive_generation() -> None:
@@ -66,20 +124,20 @@ def test_the_adapter_declarations_survive_generation() -> None:
 
 
 def test_the_store_and_the_adapter_offer_each_face_the_same_names() -> None:
-    """The generated code imports ``store.sync`` and ``engine.sync`` where the source imports their ``aio`` twins."""
+    """The generated code names ``unilog.store`` and ``unilog.engine`` where the source names their ``aio`` twins:
+    every function and method the asyncio face offers, the threaded face offers under the same name."""
+    from unilog import engine, store
     from unilog.engine import aio as engine_aio
-    from unilog.engine import sync as engine_sync
     from unilog.store import aio as store_aio
-    from unilog.store import sync as store_sync
 
     used = {n for n in dir(store_aio) if not n.startswith("_") and callable(getattr(store_aio, n))}
-    used -= {"connect_async", "connect_options", "schema_verdict", "unreachable", "checkpoint_from_row", "save_params"}
-    used -= {"Checkpoint", "AsyncIterator", "Any", "read_checkpoint"}  # helpers
-    assert used <= set(store_sync.__all__), sorted(used - set(store_sync.__all__))
+    used -= {"connect_options", "schema_verdict", "unreachable", "checkpoint_from_row", "save_params"}
+    used -= {"Checkpoint", "AsyncIterator", "Any", "version_refusal"}  # helpers
+    used = {"connect" if n == "connect_async" else n for n in used}
+    assert used <= set(dir(store)), sorted(used - set(dir(store)))
     methods = {n for n in dir(engine_aio.AsyncRedisStreams) if not n.startswith("_") and n != "aclose"}
-    assert {"read", "read_group", "dead_letter", "register"} <= methods
-    missing = {n for n in methods if not hasattr(engine_sync.RedisStreams, n)}
+    assert {"read", "read_group", "dead_letter", "register", "heartbeat", "wait_for_entries"} <= methods
+    missing = {n for n in methods if not hasattr(engine.RedisStreams, n)}
     assert missing == set()
-    assert set(engine_aio.__all__) == {"AsyncRedisStreams", "Entry", "connect_async"}
-    assert set(engine_sync.__all__) == {"RedisStreams", "Entry"}
-    assert sys.modules["unilog.store.sync"] is store_sync
+    assert set(engine_aio.__all__) == {"AsyncRedisStreams", "Entry", "connect_async", "ping"}
+    assert callable(engine.ping) and callable(engine.connect)

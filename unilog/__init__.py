@@ -40,11 +40,9 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
-    from .consume.consumer import Consumer, ConsumerConfig
-    from .consume.consumer_async import AsyncConsumer
-    from .consume.group import GroupConfig, GroupConsumer
-    from .consume.group_async import AsyncGroupConsumer
-    from .consume.partitions import PartitionConfig, PartitionedConsumer
+    from .consume.consumer import AsyncConsumer, Consumer, ConsumerConfig
+    from .consume.group import AsyncGroupConsumer, GroupConfig, GroupConsumer
+    from .consume.partitions import AsyncPartitionedConsumer, PartitionConfig, PartitionedConsumer
     from .consume.records import Batch, Handler, Record
     from .faults import Faults
     from .produce.encoding import RawJSON
@@ -58,13 +56,14 @@ if TYPE_CHECKING:
 _LAZY = {
     "Consumer": "consume.consumer",
     "ConsumerConfig": "consume.consumer",
-    "AsyncConsumer": "consume.consumer_async",
+    "AsyncConsumer": "consume.consumer",
     "Faults": "faults",
     "GroupConfig": "consume.group",
     "GroupConsumer": "consume.group",
-    "AsyncGroupConsumer": "consume.group_async",
+    "AsyncGroupConsumer": "consume.group",
     "PartitionConfig": "consume.partitions",
     "PartitionedConsumer": "consume.partitions",
+    "AsyncPartitionedConsumer": "consume.partitions",
     "Producer": "produce.producer",
     "RawJSON": "produce.encoding",
     "emit": "produce.producer",
@@ -100,6 +99,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "AsyncConsumer",
     "AsyncGroupConsumer",
+    "AsyncPartitionedConsumer",
     "Batch",
     "ConcurrentConsumer",
     "ConfigurationError",

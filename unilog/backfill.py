@@ -49,6 +49,7 @@ log = structlog.get_logger(__name__)
 
 EXACT_COUNT_BELOW = 200_000  # a planner estimate below this is replaced by count(*) (cheap, and exact)
 
+
 @dataclass(frozen=True)
 class BackfillConfig:
     """What to backfill and how fast. ``table`` may be schema-qualified; ``key`` names a column covered by a
@@ -352,15 +353,13 @@ class Backfill(Worker):
             due = self._run_started + self._run_rows / self._rate_limit
             stop_event.wait(max(0.0, due - time.monotonic()))
 
-    def drain(self) -> int:
-        """Run pages until the backfill is done or cancelled (at the ``rate`` pace); return the rows staged."""
-        never = threading.Event()
+    def drain_pass(self) -> tuple[int, bool]:
+        """One page of :meth:`drain` (run pages until the backfill is done or cancelled, at the ``rate`` pace)."""
         before = self.staged_total
-        while self.outcome is None:
-            self.run_once()
-            if self.outcome is None:
-                self._pace(never)
-        return self.staged_total - before
+        self.run_once()
+        if self.outcome is None:
+            self._pace(threading.Event())
+        return self.staged_total - before, self.outcome is not None
 
     def totals(self) -> dict[str, Any]:
         return {"rows": self.staged_total, "outcome": self.outcome or "stopped"}

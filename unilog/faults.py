@@ -43,6 +43,7 @@ from .metrics import FAULTS_INJECTED
 log = structlog.get_logger(__name__)
 
 POINTS = (
+    "loop.crash_before_pass",  # any worker, between passes (unilog.runtime.hooks.FaultHook)
     "streamer.double_send",
     "streamer.crash_after_claim",  # table mode: the claim saved, nothing sent
     "streamer.crash_after_publish",

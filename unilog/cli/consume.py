@@ -63,7 +63,7 @@ def _run_async(args: argparse.Namespace, settings: Settings, handler: Any) -> in
     stop event, so the batch in progress finishes and commits."""
     import asyncio
 
-    from ..consume.consumer_async import AsyncConsumer
+    from ..consume.consumer import AsyncConsumer
 
     consumer: Any
     if args.partitioned:
@@ -72,7 +72,7 @@ def _run_async(args: argparse.Namespace, settings: Settings, handler: Any) -> in
             "workers are not available yet: use a synchronous handler with --partitioned"
         )
     if args.group:
-        from ..consume.group_async import AsyncGroupConsumer
+        from ..consume.group import AsyncGroupConsumer
 
         consumer = AsyncGroupConsumer(
             settings, _group_config(args, not args.exit_on_crash), handler, faults=faults_from(args)

@@ -1,21 +1,23 @@
-"""Checkpoint consumers (threaded face): where users and the rest of unilog import them from.
+"""Checkpoint consumers, both faces: where users and the rest of unilog import them from.
 
-:class:`Consumer` is generated from the asyncio source with :class:`~unilog.AsyncConsumer` (see
-:mod:`unilog.consume`); its settings and results live in :mod:`unilog.consume.base`.
+:class:`Consumer` (threaded) is generated from :class:`AsyncConsumer` (``async def handler(conn, records)`` on a
+psycopg ``AsyncConnection``; ``asyncio.create_task(consumer.run(stop))`` beside a web app's own tasks, or
+``unilog consume module:async_handler``), see :mod:`unilog.consume`; their settings and results live in
+:mod:`unilog.consume.base`.
 """
 
 from __future__ import annotations
 
+from ._async.checkpoint import AsyncConsumer
 from ._sync.checkpoint import Consumer
-from .base import POISON_POLICIES, ConsumerConfig, ConsumeResult, describe, is_handler_failure
-from .records import Batch, Handler, Record, load_handler, load_object
+from .base import POISON_POLICIES, ConsumerConfig, ConsumeResult
+from .records import AsyncHandler, Batch, Handler, Record, load_handler, load_object
 from .resets import positions_through, reset_checkpoint
-
-_is_handler_failure = is_handler_failure  # the names the group workers import
-_describe = describe
 
 __all__ = [  # Batch, Handler, Record and the loaders are re-exported: they lived here first
     "POISON_POLICIES",
+    "AsyncConsumer",
+    "AsyncHandler",
     "Batch",
     "ConsumeResult",
     "Consumer",

@@ -15,7 +15,7 @@ commands it issues (:mod:`~unilog.engine.commands`), which is where the ACL of e
 Two faces, one source: the methods the asyncio consumers need too (reads after a checkpoint, registration, dead
 letters, group work, the client and ``explained`` of :class:`~unilog.engine._sync.base.Adapter`) are written once,
 as asyncio code under ``_async/`` (:class:`~unilog.engine.aio.AsyncRedisStreams` is them), and their threaded face
-under ``_sync/`` is generated from it by ``tools/faces.py`` (unasync's renaming: ``await`` dropped, ``AsyncReadingCore``
+under ``_sync/`` is generated from it by ``tools/faces.py`` (on the syntax tree: ``await`` dropped, ``AsyncReadingCore``
 -> ``ReadingCore``, ``aclose`` -> ``close``), declarations included; each concern class above adds the methods only
 the threaded face has. ``tests/test_faces.py`` fails when a generated file is stale.
 """
@@ -43,6 +43,7 @@ from ..wire import (  # noqa: F401 - the adapter's names, used as engine.X acros
     workers_key,
 )
 from ._sync.base import Adapter  # noqa: F401 - the adapter's names, used as engine.X across the library
+from ._sync.server import ping  # noqa: F401 - the adapter's names, used as engine.X across the library
 from .base import Entry, Fields  # noqa: F401 - the adapter's names, used as engine.X across the library
 from .bulk import no_gc, raw_pages  # noqa: F401 - the adapter's names, used as engine.X across the library
 from .groups import Groups
@@ -58,7 +59,6 @@ from .refusals import (  # noqa: F401 - connecting and classifying refusals
     hint,
     no_permission,
     out_of_memory,
-    ping,
     read_only,
     refusal,
     type_checked,

@@ -19,12 +19,14 @@ from redis.backoff import NoBackoff
 
 from ._async.groups import AsyncGroupsCore
 from ._async.letters import AsyncLettersCore
+from ._async.partitions import AsyncPartitionsCore
 from ._async.read import AsyncReadingCore
 from ._async.retention import AsyncRetentionCore
+from ._async.server import ping
 from .base import Entry
 from .refusals import CLUSTER_SCHEMES, QUIET, cluster_options
 
-__all__ = ["AsyncRedisStreams", "Entry", "connect_async"]
+__all__ = ["AsyncRedisStreams", "Entry", "connect_async", "ping"]
 
 
 def connect_async(url: str, *, socket_timeout: float | None = 10.0) -> Any:
@@ -42,7 +44,7 @@ def connect_async(url: str, *, socket_timeout: float | None = 10.0) -> Any:
     return aredis.Redis.from_url(url, retry_on_timeout=False, health_check_interval=30, **common)
 
 
-class AsyncRedisStreams(AsyncLettersCore, AsyncReadingCore, AsyncGroupsCore, AsyncRetentionCore):
+class AsyncRedisStreams(AsyncLettersCore, AsyncReadingCore, AsyncGroupsCore, AsyncRetentionCore, AsyncPartitionsCore):
     """What the asyncio consumers ask of Redis: every concern's methods that both faces have, over one client (close
     it with ``aclose()``). The same contracts, commands and declarations as the threaded methods of the same names,
     which are generated from these."""

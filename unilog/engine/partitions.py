@@ -1,23 +1,18 @@
-"""A partitioned stream: its partition count, and the live workers of each partitioned consumer (heartbeats)."""
+"""A partitioned stream: its partition count, and the live workers of each partitioned consumer (heartbeats).
+
+What a partition worker of either face asks (the count, heartbeats, leaving) is generated from
+:mod:`unilog.engine._async.partitions`; splitting a stream is the threaded face's only."""
 
 from __future__ import annotations
 
-import time
-
 from ..errors import ConfigurationError
-from ..wire import meta_key, workers_key
-from ._sync.base import Adapter
+from ..wire import meta_key
+from ._sync.partitions import PartitionsCore
 from .commands import issues
 
 
-class Partitions(Adapter):
-    """How many partitions a stream has, and which workers of a partitioned consumer are alive."""
-
-    @issues("hget")
-    def partitions(self, stream: str) -> int:
-        """How many partitions ``stream`` is split into (1: not partitioned)."""
-        value = self.client.hget(meta_key(stream), "partitions")
-        return int(value) if value else 1
+class Partitions(PartitionsCore):
+    """How many partitions a stream has, splitting it, and which workers of a partitioned consumer are alive."""
 
     @issues("hsetnx", via=("partitions",))
     def set_partitions(self, stream: str, count: int) -> None:
@@ -30,19 +25,3 @@ class Partitions(Adapter):
                     f"stream {stream!r} already has {current} partitions; changing it would reorder keys "
                     "(create a new stream instead)"
                 )
-
-    @issues("zadd", "zremrangebyscore", "zcard")
-    def heartbeat(self, stream: str, consumer: str, worker: str, ttl: float) -> int:
-        """Mark ``worker`` of partitioned consumer ``consumer`` alive now, forget workers silent for ``ttl`` seconds,
-        and return how many are alive (one round trip)."""
-        key, now = workers_key(stream, consumer), time.time()
-        pipe = self.client.pipeline(transaction=False)
-        pipe.zadd(key, {worker: now})
-        pipe.zremrangebyscore(key, "-inf", now - ttl)
-        pipe.zcard(key)
-        return int(pipe.execute()[2])
-
-    @issues("zrem")
-    def leave(self, stream: str, consumer: str, worker: str) -> None:
-        """Take ``worker`` out of the live workers at once (the others re-balance without waiting for its ttl)."""
-        self.client.zrem(workers_key(stream, consumer), worker)

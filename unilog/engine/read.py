@@ -5,12 +5,9 @@ The reads both faces have (after a checkpoint; the missing-stream and rewind che
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
-
-import redis
 
 from ..wire import to_str
 from ._sync.read import ReadingCore
@@ -85,20 +82,3 @@ class Reading(ReadingCore):
         """How many entries follow ``after_id`` (a consumer's lag in entries), up to ``end`` (an id, included; ``+``:
         the stream's end); linear in the count."""
         return sum(len(chunk) for chunk in self.pages(stream, "(" + after_id, end))
-
-    @issues("xread")
-    def wait_for_entries(self, after: Mapping[str, str], block_ms: int) -> bool:
-        """Block until any stream in ``after`` (stream -> last id read) has an entry after its id, or ``block_ms``
-        passed (one ``XREAD`` over all of them); return whether one arrived.
-
-        On a Redis Cluster the streams live in different slots and one ``XREAD`` cannot span them: each is polled
-        without blocking, every 50 ms, until ``block_ms`` passed."""
-        if not isinstance(self.client, redis.RedisCluster) or len(after) <= 1:
-            return bool(self.client.xread(dict(after), count=1, block=block_ms))  # type: ignore[arg-type]
-        deadline = time.monotonic() + block_ms / 1000
-        while True:
-            if any(self.client.xread({stream: last}, count=1) for stream, last in after.items()):
-                return True
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))

@@ -114,40 +114,30 @@ def _cluster(url: str, scheme: str, socket_timeout: float | None) -> redis.Redis
         ) from None
 
 
-@issues("info", "ping")
-def ping(client: redis.Redis, url: str) -> str:
-    """Check the server answers, accepts the credentials and is recent enough; return its version.
-
-    Raises :class:`ServerUnreachable` (not running, still loading its data), :class:`RedisAuthFailed` or
-    :class:`UnsupportedServer` (older than 6.2), each naming the server (password redacted) and the fix.
-    """
+def ping_refusal(exc: BaseException, url: str) -> Exception:
+    """The one-line error for a server that failed :func:`~unilog.engine._sync.server.ping`: wrong credentials,
+    still loading its data, or unreachable; naming the server (password redacted) and the fix."""
     where = redact_url(url)
-    try:
-        try:
-            version = str(client.info("server").get("redis_version", "?"))
-            loading = bool(client.info("persistence").get("loading"))  # INFO answers while loading; streams don't
-        except redis.exceptions.NoPermissionError:  # an ACL user without INFO: a PING still shows it answers
-            client.ping()
-            return "?"
-        if loading:
-            raise redis.BusyLoadingError("loading")
-    except redis.AuthenticationError as exc:  # before ConnectionError: it is one
-        raise RedisAuthFailed(
+    if isinstance(exc, redis.AuthenticationError):  # before ConnectionError: it is one
+        return RedisAuthFailed(
             f"Redis at {where} refused the credentials ({exc}): put the user and password in REDIS_URL, "
             "redis://USER:PASSWORD@HOST:PORT (redis://:PASSWORD@HOST:PORT for requirepass)"
-        ) from None
-    except redis.BusyLoadingError:
-        raise ServerUnreachable(
+        )
+    if isinstance(exc, redis.BusyLoadingError):
+        return ServerUnreachable(
             f"Redis at {where} is still loading its data set into memory (it just restarted): start again once it "
             "answers"
-        ) from None
-    except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-        raise ServerUnreachable(
-            f"cannot connect to Redis at {where}: {exc} (is the server running and REDIS_URL right?)"
-        ) from None
-    if _too_old(version):
-        raise UnsupportedServer(f"Redis at {where} is version {version}; unilog needs Redis 6.2 or later: upgrade it")
-    return version
+        )
+    return ServerUnreachable(f"cannot connect to Redis at {where}: {exc} (is the server running and REDIS_URL right?)")
+
+
+def version_refusal(version: str, url: str) -> Exception | None:
+    """The one-line error if Redis ``version`` is older than unilog supports, else None."""
+    if not _too_old(version):
+        return None
+    return UnsupportedServer(
+        f"Redis at {redact_url(url)} is version {version}; unilog needs Redis 6.2 or later: upgrade it"
+    )
 
 
 MIN_SERVER_VERSION = (6, 2)  # XAUTOCLAIM, XADD MINID, GETDEL

@@ -3,7 +3,7 @@
 The SQL is the store's own (imported, not rewritten), so the asyncio workers read and save the same rows the same
 way; like those functions, these never commit: the caller's transaction holds its effects too. The names and
 signatures are those of :mod:`unilog.store` (with ``await``), because the workers' sync face is generated from
-their asyncio source by renaming this module to :mod:`unilog.store.sync` (``tools/faces.py``).
+their asyncio source by naming :mod:`unilog.store` where the source names this module (``tools/faces.py``).
 """
 
 from __future__ import annotations
@@ -26,18 +26,33 @@ from .checkpoints import (
     checkpoint_from_row,
     save_params,
 )
-from .connection import HAS_VERSION_TABLE, VERSION_TABLE, VERSIONS, connect_options, schema_verdict, unreachable
+from .connection import (
+    HAS_VERSION_TABLE,
+    VERSION_TABLE,
+    VERSIONS,
+    connect_options,
+    schema_verdict,
+    unreachable,
+    version_refusal,
+)
+from .locks import PARTITION_LOCK, PARTITION_UNLOCK
 
 
 async def connect_async(
-    conninfo: str, *, application_name: str = "unilog", timeout: float | None = None
+    conninfo: str, *, autocommit: bool = False, application_name: str = "unilog", timeout: float | None = None
 ) -> psycopg.AsyncConnection[Any]:
-    """Open an asyncio connection with :func:`unilog.store.connect`'s keepalives; failures are
-    :class:`ServerUnreachable` naming the server (password redacted)."""
+    """:func:`unilog.store.connect` for asyncio: the same keepalives and refusals (:class:`ServerUnreachable`
+    naming the server, password redacted; a server older than unilog supports)."""
     try:
-        return await psycopg.AsyncConnection.connect(conninfo, **connect_options(application_name, timeout))
+        conn = await psycopg.AsyncConnection.connect(
+            conninfo, autocommit=autocommit, **connect_options(application_name, timeout)
+        )
     except psycopg.OperationalError as exc:
         raise unreachable(conninfo, exc) from None
+    if (too_old := version_refusal(conn, conninfo)) is not None:
+        await conn.close()
+        raise too_old
+    return conn
 
 
 @contextlib.asynccontextmanager
@@ -123,3 +138,14 @@ async def advance_watermarks(conn: psycopg.AsyncConnection[Any], group: str, str
     """See :func:`unilog.store.advance_watermarks`."""
     await conn.execute(groups.ADVANCE, {"g": group, "s": stream})
     return (await conn.execute(groups.PRUNE, {"g": group, "s": stream})).rowcount
+
+
+async def try_partition_lock(conn: psycopg.AsyncConnection[Any], key: str) -> bool:
+    """See :func:`unilog.store.try_partition_lock`."""
+    row = await (await conn.execute(PARTITION_LOCK, (key,))).fetchone()
+    return bool(row and row[0])
+
+
+async def release_partition_lock(conn: psycopg.AsyncConnection[Any], key: str) -> None:
+    """See :func:`unilog.store.release_partition_lock`."""
+    await conn.execute(PARTITION_UNLOCK, (key,))

@@ -69,14 +69,21 @@ def connect(
         conn = psycopg.connect(conninfo, autocommit=autocommit, **connect_options(application_name, timeout))
     except psycopg.OperationalError as exc:
         raise unreachable(conninfo, exc) from None
-    if conn.info.server_version < MIN_SERVER_VERSION:
-        version = conn.info.parameter_status("server_version") or str(conn.info.server_version)
+    if (too_old := version_refusal(conn, conninfo)) is not None:
         conn.close()
-        raise UnsupportedServer(
-            f"Postgres at {redact_url(conninfo)} is version {version}; unilog needs Postgres 15 or later: upgrade the "
-            "server (pg_upgrade) or point DATABASE_URL at a newer one"
-        )
+        raise too_old
     return conn
+
+
+def version_refusal(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], conninfo: str) -> Exception | None:
+    """The one-line error if ``conn``'s server is older than unilog supports, else None (either face)."""
+    if conn.info.server_version >= MIN_SERVER_VERSION:
+        return None
+    version = conn.info.parameter_status("server_version") or str(conn.info.server_version)
+    return UnsupportedServer(
+        f"Postgres at {redact_url(conninfo)} is version {version}; unilog needs Postgres 15 or later: upgrade the "
+        "server (pg_upgrade) or point DATABASE_URL at a newer one"
+    )
 
 
 MIN_SERVER_VERSION = 150000

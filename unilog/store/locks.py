@@ -21,15 +21,19 @@ def try_stream_lock(conn: psycopg.Connection[Any], stream: str) -> bool:
     return bool(row and row[0])
 
 
+PARTITION_LOCK = "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))"
+PARTITION_UNLOCK = "SELECT pg_advisory_unlock(hashtextextended(%s, 0))"
+
+
 def try_partition_lock(conn: psycopg.Connection[Any], key: str) -> bool:
     """Take the session-level lock on partition ``key`` (its owner's session holds it); False if another has it."""
-    row = conn.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (key,)).fetchone()
+    row = conn.execute(PARTITION_LOCK, (key,)).fetchone()
     return bool(row and row[0])
 
 
 def release_partition_lock(conn: psycopg.Connection[Any], key: str) -> None:
     """Give partition ``key`` back (the lock taken by :func:`try_partition_lock` on this session)."""
-    conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (key,))
+    conn.execute(PARTITION_UNLOCK, (key,))
 
 
 def stream_lock_holders(conn: psycopg.Connection[Any], stream: str) -> int:

@@ -101,6 +101,16 @@ class StreamerConfig:
             raise ValueError("redis_memory_limit must be between 0 (no pause) and 1")
 
 
+@dataclass
+class _Drain:
+    """A drain's state between its passes: when it gives up, the back-off of its polls."""
+
+    deadline: float | None = None
+    timeout: float | None = None
+    max_wait: float | None = None
+    delay: float = POLL_MIN
+
+
 class Streamer(Worker):
     """Drains ``staged_log_records`` into Redis Streams. Not thread-safe: one thread drives one streamer (whose
     table-mode capture uses one helper thread of its own for Redis while a large backlog drains)."""
@@ -150,6 +160,7 @@ class Streamer(Worker):
         self._listener = CommitListener(settings.conninfo, f"unilog-{name}-listen", *retry)
         self._last_retention = 0.0
         self._wait_delay = POLL_MIN  # between looks while a WAL-mode pass says records are on their way
+        self._drain = _Drain()
         self._memory = MemoryWatch(name, self.config.redis_memory_limit, self.config.redis_memory_interval)
 
     kind = "streamer"
@@ -285,29 +296,30 @@ class Streamer(Worker):
         for. While Redis is too full to publish, :class:`RedisOutOfMemory` is raised after ``max_wait`` seconds.
         Raises :class:`UnilogError` after ``timeout`` seconds if the drain is not done.
         """
-        self.connect()
-        deadline = None if timeout is None else time.monotonic() + timeout
-        delay = POLL_MIN
-        total = 0
-        while True:
-            result = self.run_once()
-            total += result.published
-            if result.published:
-                delay = POLL_MIN
-                continue
-            if result.paused:
-                self._paused_too_long(max_wait)
-                time.sleep(self._memory.interval)
-                continue
-            if not result.waiting and not (result.blocked and self._staged_elsewhere()):
-                return total
-            if deadline is not None and time.monotonic() > deadline:
-                raise UnilogError(
-                    f"drain timed out after {timeout}s with committed records still staged "
-                    f"({'not yet read from the slot' if result.waiting else 'on a stream another streamer holds'})"
-                )
-            time.sleep(delay)
-            delay = min(delay * 2, POLL_MAX)
+        self._drain = _Drain(None if timeout is None else time.monotonic() + timeout, timeout, max_wait)
+        return super().drain()
+
+    def drain_pass(self) -> tuple[int, bool]:
+        """One pass of :meth:`drain`: publish a batch; when there was none, wait as the drain's state says."""
+        drain = self._drain
+        result = self.run_once()
+        if result.published:
+            drain.delay = POLL_MIN
+            return result.published, False
+        if result.paused:
+            self._paused_too_long(drain.max_wait)
+            time.sleep(self._memory.interval)
+            return 0, False
+        if not result.waiting and not (result.blocked and self._staged_elsewhere()):
+            return 0, True
+        if drain.deadline is not None and time.monotonic() > drain.deadline:
+            raise UnilogError(
+                f"drain timed out after {drain.timeout}s with committed records still staged "
+                f"({'not yet read from the slot' if result.waiting else 'on a stream another streamer holds'})"
+            )
+        time.sleep(drain.delay)
+        drain.delay = min(drain.delay * 2, POLL_MAX)
+        return 0, False
 
     def _paused_too_long(self, max_wait: float | None) -> None:
         """Burst mode: raise :class:`RedisOutOfMemory` once publishing was held off ``max_wait`` seconds."""

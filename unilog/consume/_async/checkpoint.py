@@ -11,15 +11,13 @@ live in the transaction it is given. The row lock makes two copies of one consum
 other, never the same batch twice. The same fault points fire in both faces (``consumer.crash_mid_batch``,
 ``consumer.crash_before_commit``, ``consumer.crash_after_dead_letter``).
 
-One source, two faces: :class:`unilog.AsyncConsumer` (``async def`` handlers on a psycopg ``AsyncConnection``,
-redis-py's asyncio client) is written here, and the threaded :class:`unilog.Consumer` is generated from it (see
-:mod:`unilog.consume`).
+One source, two faces: this module is written once, as asyncio code under ``_async/``, and generated for threads
+under ``_sync/`` (see :mod:`unilog.consume`).
 """
 
 from __future__ import annotations
 
 import time
-from asyncio import sleep
 from typing import Any
 
 import psycopg
@@ -30,8 +28,8 @@ from ...config import Settings
 from ...engine.aio import AsyncRedisStreams, Entry
 from ...errors import ConfigurationError, MalformedEntry, NotReplicated, PoisonRecord, UnilogError
 from ...faults import NO_FAULTS, Faults
-from ...runtime import account_batch
-from ...runtime_async import AsyncLinks, AsyncWorker
+from ...runtime._async.loop import AsyncLinks, AsyncWorker
+from ...runtime.policy import account_batch
 from ...store import aio as store
 from ...store.checkpoints import Checkpoint
 from ...wire import to_str
@@ -361,24 +359,7 @@ class AsyncConsumer(AsyncWorker):
         self._checkpoint = None
         return is_handler_failure(exc)
 
-    async def drain(self) -> int:
-        """Consume until the stream has nothing after the checkpoint (burst mode); return records handled.
-
-        A handler's failure is retried as in :meth:`run` (with back-off, then the poison policy)."""
-        await self.connect()
-        total, delay = 0, 0.1
-        while True:
-            try:
-                result = await self.run_once(block_ms=-1)
-            except Exception as exc:
-                if not is_handler_failure(exc):
-                    raise
-                log.warning("handler failed; rolled back, retrying", error=repr(exc), **self.label)
-                self.on_handler_error(exc)
-                await sleep(delay)
-                delay = min(delay * 2, self.max_backoff)
-                continue
-            delay = 0.1
-            total += result.handled
-            if result.read == 0 and self._checkpoint is not None:
-                return total
+    async def drain_pass(self) -> tuple[int, bool]:
+        """One pass of :meth:`drain` (burst mode: consume until the stream has nothing after the checkpoint)."""
+        result = await self.run_once(block_ms=-1)
+        return result.handled, result.read == 0 and self._checkpoint is not None

@@ -17,8 +17,8 @@ the reason it could not be decoded.
 Groups do not keep order between records; use partitions (:mod:`unilog.consume.partitions`) when records with the same
 key must be handled in order.
 
-One source, two faces: :class:`unilog.AsyncGroupConsumer` is written here, and the threaded
-:class:`unilog.GroupConsumer` is generated from it (see :mod:`unilog.consume`).
+One source, two faces: this module is written once, as asyncio code under ``_async/``, and generated for threads
+under ``_sync/`` (see :mod:`unilog.consume`).
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from ...config import Settings
 from ...engine.aio import Entry
 from ...errors import MalformedEntry
 from ...faults import NO_FAULTS, Faults
-from ...runtime import FATAL, TRANSIENT, account_batch
-from ...runtime_async import AsyncLinks, AsyncWorker
+from ...runtime._async.loop import AsyncLinks, AsyncWorker
+from ...runtime.policy import FATAL, TRANSIENT, account_batch
 from ...store import aio as store
 from ...wire import to_str
 from ..base import GroupConfig, GroupResult, candidates, default_worker_name
@@ -116,16 +116,11 @@ class AsyncGroupConsumer(AsyncWorker):
         await self._prune_due()
         return GroupResult(result.read, result.handled, result.skipped, result.dead, len(claimed))
 
-    async def drain(self) -> int:
-        """Apply entries until the group has nothing new and nothing claimable; return records handled."""
-        await self.connect()
-        total = 0
-        while True:
-            self._last_claim = 0.0
-            result = await self.run_once(block_ms=-1)
-            total += result.handled
-            if result.read == 0:
-                return total
+    async def drain_pass(self) -> tuple[int, bool]:
+        """One pass of :meth:`drain` (burst mode: until the group has nothing new and nothing claimable)."""
+        self._last_claim = 0.0
+        result = await self.run_once(block_ms=-1)
+        return result.handled, result.read == 0
 
     async def _claim_due(self) -> list[Entry]:
         now = time.monotonic()

@@ -12,27 +12,25 @@ live in the transaction it is given. The row lock makes two copies of one consum
 other, never the same batch twice. The same fault points fire in both faces (``consumer.crash_mid_batch``,
 ``consumer.crash_before_commit``, ``consumer.crash_after_dead_letter``).
 
-One source, two faces: :class:`unilog.AsyncConsumer` (``async def`` handlers on a psycopg ``AsyncConnection``,
-redis-py's asyncio client) is written here, and the threaded :class:`unilog.Consumer` is generated from it (see
-:mod:`unilog.consume`).
+One source, two faces: this module is written once, as asyncio code under ``_async/``, and generated for threads
+under ``_sync/`` (see :mod:`unilog.consume`).
 """
 
 from __future__ import annotations
 
 import time
-from time import sleep
 from typing import Any
 
 import psycopg
 import structlog
 
-from ... import metrics, tracing
+from ... import metrics, store, tracing
 from ...config import Settings
-from ...engine.sync import Entry, RedisStreams
+from ...engine import Entry, RedisStreams
 from ...errors import ConfigurationError, MalformedEntry, NotReplicated, PoisonRecord, UnilogError
 from ...faults import NO_FAULTS, Faults
-from ...runtime import Links, Worker, account_batch
-from ...store import sync as store
+from ...runtime._sync.loop import Links, Worker
+from ...runtime.policy import account_batch
 from ...store.checkpoints import Checkpoint
 from ...wire import to_str
 from ..base import ConsumerConfig, ConsumeResult, describe, is_handler_failure
@@ -141,7 +139,7 @@ class Consumer(Worker):
             return
         now = time.monotonic()
         if force or now - self._registered_at >= self.config.register_interval:
-            (self.links.redis()).register(self.stream, self.config.name, last_id)
+            self.links.redis().register(self.stream, self.config.name, last_id)
             self._registered_at = now
 
     def _check_not_rewound(self, checkpoint: Checkpoint) -> None:
@@ -167,7 +165,7 @@ class Consumer(Worker):
         """
         wait = self.config.block_ms if not block_ms else (None if block_ms < 0 else block_ms)
         before = self.load_checkpoint()
-        entries = (self.links.redis()).read(self.stream, before.last_id, self.config.batch_size, wait)
+        entries = self.links.redis().read(self.stream, before.last_id, self.config.batch_size, wait)
         if not entries:
             self._idle_checks(before)
             return ConsumeResult()
@@ -361,24 +359,7 @@ class Consumer(Worker):
         self._checkpoint = None
         return is_handler_failure(exc)
 
-    def drain(self) -> int:
-        """Consume until the stream has nothing after the checkpoint (burst mode); return records handled.
-
-        A handler's failure is retried as in :meth:`run` (with back-off, then the poison policy)."""
-        self.connect()
-        total, delay = 0, 0.1
-        while True:
-            try:
-                result = self.run_once(block_ms=-1)
-            except Exception as exc:
-                if not is_handler_failure(exc):
-                    raise
-                log.warning("handler failed; rolled back, retrying", error=repr(exc), **self.label)
-                self.on_handler_error(exc)
-                sleep(delay)
-                delay = min(delay * 2, self.max_backoff)
-                continue
-            delay = 0.1
-            total += result.handled
-            if result.read == 0 and self._checkpoint is not None:
-                return total
+    def drain_pass(self) -> tuple[int, bool]:
+        """One pass of :meth:`drain` (burst mode: consume until the stream has nothing after the checkpoint)."""
+        result = self.run_once(block_ms=-1)
+        return result.handled, result.read == 0 and self._checkpoint is not None

@@ -18,8 +18,8 @@ the reason it could not be decoded.
 Groups do not keep order between records; use partitions (:mod:`unilog.consume.partitions`) when records with the same
 key must be handled in order.
 
-One source, two faces: :class:`unilog.AsyncGroupConsumer` is written here, and the threaded
-:class:`unilog.GroupConsumer` is generated from it (see :mod:`unilog.consume`).
+One source, two faces: this module is written once, as asyncio code under ``_async/``, and generated for threads
+under ``_sync/`` (see :mod:`unilog.consume`).
 """
 
 from __future__ import annotations
@@ -30,13 +30,13 @@ from typing import Any
 import psycopg
 import structlog
 
-from ... import metrics, tracing
+from ... import metrics, store, tracing
 from ...config import Settings
-from ...engine.sync import Entry
+from ...engine import Entry
 from ...errors import MalformedEntry
 from ...faults import NO_FAULTS, Faults
-from ...runtime import FATAL, TRANSIENT, Links, Worker, account_batch
-from ...store import sync as store
+from ...runtime._sync.loop import Links, Worker
+from ...runtime.policy import FATAL, TRANSIENT, account_batch
 from ...wire import to_str
 from ..base import GroupConfig, GroupResult, candidates, default_worker_name
 from ..records import REPLAY_FOR, Batch, Handler, Record, replay_owner
@@ -85,7 +85,7 @@ class GroupConsumer(Worker):
     def connect(self) -> None:
         """Connect to both servers and create the group (at the stream's beginning) if it does not exist."""
         self.links.pg()
-        if (self.links.redis()).ensure_group(self.stream, self.config.group):
+        if self.links.redis().ensure_group(self.stream, self.config.group):
             log.info("consumer group created", group=self.config.group, stream=self.stream)
 
     def close(self) -> None:
@@ -116,16 +116,11 @@ class GroupConsumer(Worker):
         self._prune_due()
         return GroupResult(result.read, result.handled, result.skipped, result.dead, len(claimed))
 
-    def drain(self) -> int:
-        """Apply entries until the group has nothing new and nothing claimable; return records handled."""
-        self.connect()
-        total = 0
-        while True:
-            self._last_claim = 0.0
-            result = self.run_once(block_ms=-1)
-            total += result.handled
-            if result.read == 0:
-                return total
+    def drain_pass(self) -> tuple[int, bool]:
+        """One pass of :meth:`drain` (burst mode: until the group has nothing new and nothing claimable)."""
+        self._last_claim = 0.0
+        result = self.run_once(block_ms=-1)
+        return result.handled, result.read == 0
 
     def _claim_due(self) -> list[Entry]:
         now = time.monotonic()
@@ -195,7 +190,7 @@ class GroupConsumer(Worker):
                     self.handler(conn, Batch(fresh, crash_at, group))
             self.faults.crash("consumer.crash_before_commit")
         self.faults.crash("group.crash_before_ack")
-        (self.links.redis()).settle(self.stream, group, [eid for eid, _ in entries])
+        self.links.redis().settle(self.stream, group, [eid for eid, _ in entries])
         skipped = account_batch(self, "group", group, entries, len(fresh), started, group=group, worker=self.worker)
         return len(fresh), skipped
 
@@ -225,7 +220,7 @@ class GroupConsumer(Worker):
     def _failed(self, entry: Entry, exc: Exception) -> int:
         """Count a failed attempt at ``entry``; dead-letter it after ``max_deliveries``. Returns 1 if dead-lettered."""
         self.links.discard_failed_transaction()
-        attempts = (self.links.redis()).attempt(self.stream, self.config.group, entry[0])
+        attempts = self.links.redis().attempt(self.stream, self.config.group, entry[0])
         if attempts < self.config.max_deliveries:
             log.warning(
                 "record failed; it stays pending and is retried after claim_idle_ms",
@@ -246,7 +241,7 @@ class GroupConsumer(Worker):
         acknowledgement stand or fall together in a failover, and a lost pair leaves the record pending, delivered
         again."""
         entry_id, fields = entry
-        written = (self.links.redis()).dead_letter(
+        written = self.links.redis().dead_letter(
             self.stream,
             self.config.group,
             entry_id,

@@ -1,8 +1,8 @@
 """What every concern of the Redis adapter holds: the client it sends its commands on, refusals turned into one-line
 errors, and closing the client.
 
-One source, two faces: written here for redis-py's asyncio client, and generated for its threaded one (see
-:mod:`unilog.engine`).
+One source, two faces: written once for redis-py's asyncio client under ``_async/``, and generated for its threaded
+one under ``_sync/`` (see :mod:`unilog.engine`).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 """What every concern of the Redis adapter holds: the client it sends its commands on, refusals turned into one-line
 errors, and closing the client.
 
-One source, two faces: written here for redis-py's asyncio client, and generated for its threaded one (see
-:mod:`unilog.engine`).
+One source, two faces: written once for redis-py's asyncio client under ``_async/``, and generated for its threaded
+one under ``_sync/`` (see :mod:`unilog.engine`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from ..refusals import refusal, type_checked
 
 class Adapter:
     """A concern of the adapter (publishing, reading, groups, ...) over one client: every concern of a face is one
-    class over the same client (:class:`~unilog.engine.RedisStreams`, :class:`~unilog.engine.aio.AsyncRedisStreams`).
+    class over the same client (:class:`~unilog.engine.RedisStreams`, :class:`~unilog.engine.aio.RedisStreams`).
     """
 
     def __init__(self, client: Client) -> None:

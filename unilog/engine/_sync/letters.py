@@ -44,7 +44,7 @@ class LettersCore(Adapter):
             pipe.xadd(dlq_key(stream), letter)  # type: ignore[arg-type]
             pipe.xack(stream, group, entry_id)
             pipe.hdel(attempts_key(stream, group), to_str(entry_id))
-            return Written(to_str((pipe.execute())[0]))
+            return Written(to_str(pipe.execute()[0]))
         commands = [
             ("MULTI",),
             ("XADD", dlq_key(stream), "*", *_flat(letter)),

@@ -1,16 +1,20 @@
 # Generated from unilog/engine/_async/read.py by tools/faces.py: do not edit.
 """Reading a stream after a checkpoint: what a checkpoint consumer of either face asks of Redis. The rest of reading
-(ranges, waiting over partitions, a stream's ends) is threaded only: :class:`~unilog.engine.read.Reading`."""
+(ranges, a stream's ends) is threaded only: :class:`~unilog.engine.read.Reading`."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Mapping
 from typing import Any
 
 import redis
 
+from ..._acompat import sleep
 from ...wire import to_str
 from ..base import Entry
 from ..commands import issues
+from ..nodes import clustered
 from ..replies import last_generated, no_such_key, read_reply
 from .base import Adapter
 
@@ -47,3 +51,21 @@ class ReadingCore(Adapter):
                 return None
             raise
         return last_generated(info)
+
+    @issues("xread")
+    def wait_for_entries(self, after: Mapping[str, str], block_ms: int) -> bool:
+        """Block until any stream in ``after`` (stream -> last id read) has an entry after its id, or ``block_ms``
+        passed (one ``XREAD`` over all of them); return whether one arrived.
+
+        On a Redis Cluster the streams live in different slots and one ``XREAD`` cannot span them: each is polled
+        without blocking, every 50 ms, until ``block_ms`` passed."""
+        if not clustered(self.client) or len(after) <= 1:
+            return bool(self.client.xread(dict(after), count=1, block=block_ms))  # type: ignore[arg-type]
+        deadline = time.monotonic() + block_ms / 1000
+        while True:
+            for stream, last in after.items():
+                if self.client.xread({stream: last}, count=1):
+                    return True
+            if time.monotonic() >= deadline:
+                return False
+            sleep(min(0.05, max(0.0, deadline - time.monotonic())))

@@ -1,0 +1,128 @@
+"""The one failure policy of every worker loop, both faces: what a pass that raised leads to.
+
+:func:`decide` is pure: it classifies the exception and returns a :class:`Verdict` (stop, restart, reconnect or
+retry, and why); the loop (:func:`unilog.runtime.serve`) acts on it, and the loop's hooks
+(:mod:`unilog.runtime.hooks`) log it, count it and report it to ``/readyz``. No worker decides this for itself:
+a worker only says, through ``on_handler_error``, whether an exception was its handler's rolled-back failure.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import psycopg
+import structlog
+
+from .. import engine, metrics, store
+from ..errors import (
+    ConfigurationError,
+    DataLoss,
+    InjectedCrash,
+    NotReplicated,
+    PolicyStop,
+    ServerUnreachable,
+    UnilogError,
+)
+
+log = structlog.get_logger("unilog.runtime")
+
+# Failures of the infrastructure rather than of a record: retried after reconnecting, never held against a record.
+# (A deadline's TimeoutError is an OSError: it is one of them, in both faces.)
+TRANSIENT: tuple[type[BaseException], ...] = (psycopg.OperationalError, engine.RedisError, OSError, ServerUnreachable)
+# Failures of the set-up no retry can fix (a Redis replica, a refused privilege): the process stops with one line.
+FATAL: tuple[type[Exception], ...] = (*engine.FATAL, *store.FATAL)
+
+Action = Literal["stop", "restart", "reconnect", "retry"]
+
+
+def fatal(exc: BaseException) -> UnilogError | None:
+    """The one-line error for a server's refusal no retry can fix (a replica, a missing privilege), or None."""
+    return engine.fatal(exc) or store.fatal(exc)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the loop does after a failed pass: ``action``, because of ``cause`` (a word for logs and metrics:
+    ``crash``, ``connection``, ``replicas``, ``handler``; for a stop, what stopped it), raising ``error`` on a
+    stop."""
+
+    action: Action
+    cause: str
+    error: BaseException
+
+
+def decide(worker: Any, exc: BaseException, *, drain: bool = False) -> Verdict:
+    """The failure policy, for a pass of ``worker`` that raised ``exc``.
+
+    * Stop (raise): data loss (:class:`~unilog.errors.DataLoss`), a configuration no retry can fix, a worker's
+      policy to stop (:class:`~unilog.errors.PolicyStop`), a server's refusal no retry can fix (raised as its one
+      line), anything that is not an ``Exception`` (``KeyboardInterrupt``, a cancelled task), and any other
+      exception the worker does not call its handler's failure.
+    * Restart in-process from committed state: an injected crash (:class:`~unilog.errors.InjectedCrash`), unless
+      the worker was built with ``restart_after_crash=False``.
+    * Reconnect, then retry after a back-off: a connection failure (``worker.retryable``).
+    * Retry on the same connections after a back-off: a dead letter too few replicas acknowledged
+      (:class:`~unilog.errors.NotReplicated`), and a handler's failure that was rolled back
+      (``worker.on_handler_error(exc)`` returns True).
+
+    ``drain`` (burst mode) retries only what ``retry`` covers; a crash or a lost connection ends the drain, raised.
+    """
+    verdict = _classify(worker, exc)
+    if drain and verdict.action in ("restart", "reconnect"):
+        return Verdict("stop", verdict.cause, exc)
+    return verdict
+
+
+def _classify(worker: Any, exc: BaseException) -> Verdict:
+    if not isinstance(exc, Exception) and not isinstance(exc, InjectedCrash):
+        return Verdict("stop", "interrupted", exc)
+    if isinstance(exc, DataLoss | ConfigurationError | PolicyStop):
+        return Verdict("stop", type(exc).__name__, exc)
+    if isinstance(exc, FATAL):
+        return Verdict("stop", "refused", fatal(exc) or exc)
+    if isinstance(exc, InjectedCrash):
+        return Verdict("restart" if worker.restart_after_crash else "stop", "crash", exc)
+    if isinstance(exc, NotReplicated):  # rolled back before the checkpoint passed the record; connections are fine
+        return Verdict("retry", "replicas", exc)
+    if isinstance(exc, worker.retryable):
+        return Verdict("reconnect", "connection", exc)
+    if isinstance(exc, Exception) and worker.on_handler_error(exc):
+        return Verdict("retry", "handler", exc)
+    return Verdict("stop", "error", exc)
+
+
+class Backoff:
+    """Exponential back-off between failed passes: 0.1 s, doubling up to ``maximum``; reset by a success."""
+
+    def __init__(self, maximum: float) -> None:
+        self.maximum = maximum
+        self.delay = 0.1
+
+    def grow(self) -> None:
+        self.delay = min(self.delay * 2, self.maximum)
+
+    def reset(self) -> None:
+        self.delay = 0.1
+
+
+def health_name(worker: Any) -> str:
+    """How ``/healthz`` and ``/readyz`` name a worker's loop: its kind and label (``streamer streamer=a``)."""
+    return " ".join([worker.kind, *(f"{k}={v}" for k, v in worker.label.items())])
+
+
+def account_batch(
+    owner: Any, kind: str, name: str, entries: list[engine.Entry], handled: int, started: float, **fields: Any
+) -> int:
+    """Count a committed batch of ``owner``, a consumer (``kind``: checkpoint, group, partition): its totals, the
+    metrics and the ``batch consumed`` log line (with ``fields``); return the entries skipped."""
+    skipped = len(entries) - handled
+    owner.handled_total += handled
+    owner.skipped_total += skipped
+    seconds = time.perf_counter() - started
+    metrics.batch_consumed(
+        kind, owner.stream, name, handled=handled, skipped=skipped, seconds=seconds, first_id=entries[0][0]
+    )
+    log.info("batch consumed", records=handled, skipped=skipped, ms=round(seconds * 1000, 2), **fields)
+    return skipped
