@@ -4,6 +4,7 @@ the suite; the API reference documents every public name and the CLI reference e
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import re
 import subprocess
@@ -73,3 +74,47 @@ def test_the_readmes_relative_links_point_at_files_that_exist() -> None:
     links = [target for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", readme) if "://" not in target]
     assert any(link.startswith("docs/") for link in links)
     assert [link for link in links if not (ROOT / link).exists()] == []
+
+
+def _modules() -> dict[str, str]:
+    """docs/gen_pages.py's MODULES, the one list of the module reference's pages, as the nav hook reads it."""
+    spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "docs" / "hooks.py")
+    assert spec is not None and spec.loader is not None
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    return hooks.modules()
+
+
+def test_every_module_of_the_module_reference_is_rendered_and_in_the_nav(site: Path) -> None:
+    modules = _modules()
+    assert {"unilog.admin", "unilog.status", "unilog.dlq", "unilog.cli"} <= set(modules.values())
+    home = (site / "index.html").read_text()
+    for page, module in modules.items():
+        html = (site / "reference" / "modules" / page / "index.html").read_text()
+        assert f'id="{module}.' in html, f"{module}: no member rendered on its page"
+        assert f'href="reference/modules/{page}/"' in home, f"{module}: not in the navigation"
+
+
+def test_the_diataxis_pages_are_built(site: Path) -> None:
+    for page in ("tutorial", "concepts", "glossary", "changelog", "guides/monitoring", "guides/migrations"):
+        assert (site / page / "index.html").is_file(), page
+    assert "Keep a Changelog" in (site / "changelog" / "index.html").read_text()
+
+
+def test_the_record_table_lists_every_public_attribute_of_record() -> None:
+    from unilog import Record
+
+    page = (ROOT / "docs" / "reference" / "api.md").read_text()
+    table = page.split("### Record attributes\n", 1)[1].split("\n## ", 1)[0]
+    listed = set(re.findall(r"^\| `([a-z_]+)` \|", table, re.MULTILINE))
+    public = {name for name in dir(Record) if not name.startswith("_") and not callable(getattr(Record, name))}
+    public |= {name for name in Record.__slots__ if not name.startswith("_")}
+    assert sorted(public - listed) == []
+    assert sorted(listed - public) == []
+
+
+def test_the_tutorial_includes_its_code_from_the_files_the_suite_runs() -> None:
+    page = (ROOT / "docs" / "tutorial.md").read_text()
+    included = re.findall(r'--8<-- "([^"]+)"', page)
+    assert "examples/tutorial/test_shop.py" in included and "examples/tutorial/shop/api.py" in included
+    assert all((ROOT / path).is_file() for path in included)
