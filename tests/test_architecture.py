@@ -25,6 +25,7 @@ import pytest
 from architecture import REDIS_HOME, ROOT, Violation, library_modules, redis_in, sql_in, violations
 
 from unilog import Consumer, GroupConsumer, PartitionedConsumer, Streamer
+from unilog.backfill import Backfill
 from unilog.runtime import Worker
 
 LINT_IMPORTS = str(Path(sys.executable).parent / "lint-imports")
@@ -143,21 +144,37 @@ def test_the_adapters_generated_face_and_its_source_are_the_adapter() -> None:
     assert not any(REDIS_HOME in v.path.parents for v in violations())
 
 
-@pytest.mark.parametrize("worker", [Streamer, Consumer, GroupConsumer, PartitionedConsumer])
+@pytest.mark.parametrize("worker", [Streamer, Consumer, GroupConsumer, PartitionedConsumer, Backfill])
 def test_every_worker_implements_the_contract_and_shares_the_loop(worker: type) -> None:
     assert issubclass(worker, Worker)
     assert "run" not in vars(worker), f"{worker.__name__} has a loop of its own"
+    assert "drain_pass" in vars(worker), f"{worker.__name__} drains in a loop of its own"
     assert not getattr(worker, "__abstractmethods__", None)
 
 
 def test_the_asyncio_workers_implement_the_awaited_contract_and_share_its_loop() -> None:
-    from unilog import AsyncConsumer, AsyncGroupConsumer
-    from unilog.runtime_async import AsyncWorker
+    from unilog import AsyncConsumer, AsyncGroupConsumer, AsyncPartitionedConsumer
+    from unilog.runtime import AsyncWorker
 
-    for worker in (AsyncConsumer, AsyncGroupConsumer):
+    for worker in (AsyncConsumer, AsyncGroupConsumer, AsyncPartitionedConsumer):
         assert issubclass(worker, AsyncWorker)
-        assert "run" not in vars(worker), f"{worker.__name__} has a loop of its own"
+        assert "run" not in vars(worker) and "drain" not in vars(worker), f"{worker.__name__} has a loop of its own"
         assert not getattr(worker, "__abstractmethods__", None)
+
+
+def test_the_failure_policy_is_applied_in_one_place_per_face() -> None:
+    """Only the loop (``unilog/runtime/``: its asyncio source and the generated threaded face) decides what a failed
+    pass leads to and backs off; no worker retries on its own."""
+    users = []
+    for path in library_modules():
+        if path.is_relative_to(ROOT / "unilog" / "runtime"):
+            continue
+        tree = ast.parse(path.read_text())
+        names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        names |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        if names & {"decide", "Backoff", "_settle", "serve_async"}:
+            users.append(path.relative_to(ROOT).as_posix())
+    assert users == []
 
 
 def _sources() -> list[Path]:

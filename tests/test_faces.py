@@ -31,11 +31,11 @@ def test_every_generated_face_matches_its_source() -> None:
     assert tool.stale() == [], "run `python tools/faces.py`"
 
 
-@pytest.mark.parametrize("pair", [0, 1, 2], ids=["runtime", "consume", "engine"])
+@pytest.mark.parametrize("pair", [0, 1, 2, 3], ids=["runtime", "consume", "engine", "produce"])
 def test_the_check_catches_an_edited_source_and_a_face_left_behind(pair: int, tmp_path: Path) -> None:
     tool = faces()
     source_dir = tool.PAIRS[pair][0]
-    assert len(tool.PAIRS) == 3
+    assert len(tool.PAIRS) == 4
     source = next(p for p in tool.sources() if p.parent == source_dir)
     tool.PAIRS = [(tmp_path / "_async", tmp_path / "_sync")]
     for directory in tool.PAIRS[0]:

@@ -38,6 +38,7 @@ PAIRS: list[tuple[Path, Path]] = [
     (ROOT / "unilog" / "runtime" / "_async", ROOT / "unilog" / "runtime" / "_sync"),
     (ROOT / "unilog" / "consume" / "_async", ROOT / "unilog" / "consume" / "_sync"),
     (ROOT / "unilog" / "engine" / "_async", ROOT / "unilog" / "engine" / "_sync"),
+    (ROOT / "unilog" / "produce" / "_async", ROOT / "unilog" / "produce" / "_sync"),
 ]
 RUFF = Path(sys.executable).parent / "ruff"
 HEADER = "# Generated from "
@@ -62,6 +63,10 @@ RENAMES = {
     "async_node_connection": "node_connection",  # unilog.engine.nodes: a key's node's connection, of each face
     "connect_async": "connect",  # unilog.store.aio / unilog.engine.aio -> unilog.store / unilog.engine
     "ping_async": "ping",
+    "emit_async": "emit",  # unilog.produce: emit_async(tx, ...) -> emit(tx, ...)
+    "emit_many_async": "emit_many",
+    "AsyncSession": "Session",  # SQLAlchemy's (unilog.produce.handles pairs them)
+    "adriver_of": "driver_of",
     # unilog._acompat's pairs
     "AEvent": "Event",
     "asleep": "sleep",

@@ -35,7 +35,9 @@ from ..consume.records import Handler
 from ..errors import ConfigurationError, NotInTransaction
 from ..faults import NO_FAULTS, Faults
 from ..produce.encoding import Encoder
-from ..produce.producer import Producer, RecordFields, _default, raise_if_schema_missing
+from ..produce.handles import raise_if_schema_missing
+from ..produce.producer import Producer
+from ..produce.records import DEFAULT_RULES, RecordFields
 from ..runtime import Links
 from ..store import INSERT_STAGED, INSERT_STAGED_MANY, check_schema, staged_columns
 
@@ -60,7 +62,7 @@ def emit(
     and ``BinaryField`` values included; ``default`` for other types) and errors are :func:`unilog.emit`'s: bad
     input raises before anything is sent, so the block stays usable."""
     connection = _atomic(using, "emit()")
-    settings = producer or _default
+    settings = producer or DEFAULT_RULES
     params = settings.prepare(action=action, object=object, data=data, stream=stream, key=key, default=default)
     rows = _run(connection, INSERT_STAGED, params)
     return None if rows[0][0] is None else int(rows[0][0])
@@ -77,7 +79,7 @@ def emit_many(
     in the order given; return their staged ids (None each in WAL capture mode). The records (mappings of
     :func:`emit`'s arguments), checks and errors are :func:`unilog.emit_many`'s; an empty list sends nothing."""
     connection = _atomic(using, "emit_many()")
-    params = (producer or _default).prepare_many(records, default=default)
+    params = (producer or DEFAULT_RULES).prepare_many(records, default=default)
     if not params:
         return []
     return [
