@@ -45,20 +45,19 @@ from ..wire import (  # noqa: F401 - the adapter's names, used as engine.X acros
 from ._sync.base import Adapter  # noqa: F401 - the adapter's names, used as engine.X across the library
 from .base import Entry, Fields  # noqa: F401 - the adapter's names, used as engine.X across the library
 from .bulk import no_gc, raw_pages  # noqa: F401 - the adapter's names, used as engine.X across the library
+from .connection import connect, ping  # noqa: F401 - every Redis client the library opens
 from .groups import Groups
 from .layout import Layout
 from .letters import Letters
 from .partitions import Partitions
 from .publish import PUBLISH_LUA, MemoryUse, Publishing, PublishResult  # noqa: F401 - the adapter's names
 from .read import PAGE, Reading, StreamInfo  # noqa: F401 - the adapter's names
-from .refusals import (  # noqa: F401 - connecting and classifying refusals
+from .refusals import (  # noqa: F401 - classifying refusals
     FATAL,
-    connect,
     fatal,
     hint,
     no_permission,
     out_of_memory,
-    ping,
     read_only,
     refusal,
     type_checked,
