@@ -37,7 +37,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from unilog.stream.capture import disable_wal, enable_wal
+from unilog.stream.modes import disable_wal, enable_wal
 
 from .core import Measurement, Profile, Results, log
 from .env import BenchEnv

@@ -30,7 +30,7 @@ from unilog.errors import BackfillRefused, InjectedCrash
 from unilog.faults import Faults
 from unilog.harness.embedded import EmbeddedPostgres
 from unilog.schema import migrate
-from unilog.stream.capture import enable_wal
+from unilog.stream.modes import enable_wal
 
 TABLE = """
 CREATE TABLE accounts (

@@ -35,7 +35,7 @@ from unilog import (
 )
 from unilog.harness.embedded import EmbeddedPostgres
 from unilog.schema import migrate
-from unilog.stream.capture import enable_wal
+from unilog.stream.modes import enable_wal
 
 LOG_SETTINGS = {
     "log_min_messages": "warning",

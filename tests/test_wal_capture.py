@@ -27,7 +27,7 @@ from unilog import Settings, Streamer, StreamerConfig
 from unilog.errors import CaptureLost, ConfigurationError, InjectedCrash
 from unilog.faults import Faults
 from unilog.harness.proxy import FaultProxy
-from unilog.stream.capture import WalCapture, capture_status, disable_wal, enable_wal
+from unilog.stream.modes import WalCapture, capture_status, disable_wal, enable_wal
 
 STREAM = "test-stream"
 

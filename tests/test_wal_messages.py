@@ -28,7 +28,7 @@ from unilog.errors import CaptureLost, ConfigurationError, InjectedCrash
 from unilog.faults import Faults
 from unilog.store.pgoutput import Decoder
 from unilog.store.wal import ReplicationStream, capture_slot
-from unilog.stream.capture import capture_status, disable_wal, enable_wal
+from unilog.stream.modes import capture_status, disable_wal, enable_wal
 
 STREAM = "test-stream"
 

@@ -58,9 +58,9 @@ def dead_letters(settings: Settings, stream: str, group: str | None = None) -> l
 
 
 def enable_wal_capture(settings: Settings) -> None:
-    """Switch the database to WAL capture mode, as ``unilog capture wal`` does (see :func:`unilog.stream.capture.
+    """Switch the database to WAL capture mode, as ``unilog capture wal`` does (see :func:`unilog.stream.modes.
     enable_wal`): no streamer may run meanwhile."""
-    from .stream.capture import enable_wal
+    from .stream.modes import enable_wal
 
     enable_wal(settings)
 

@@ -1,4 +1,4 @@
-"""Commit-order capture: switching a database between the streamer's table mode and its WAL mode, and reading the
+"""Capture modes: switching a database between the streamer's table mode and its WAL mode, and reading the
 mode's state. The WAL pass itself is :class:`unilog.stream.capture_wal.WalCapture` (re-exported here), table mode's
 :class:`unilog.stream.capture_table.TableCapture`.
 

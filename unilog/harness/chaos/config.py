@@ -60,7 +60,7 @@ class ChaosConfig:
     redis_cluster: bool = False
     api: str = "flask"  # or "fastapi": the app's ASGI API under uvicorn (App.api_argv)
     capture: str = (
-        "table"  # or "wal": the streamers read the staged records from a logical slot (unilog.stream.capture)
+        "table"  # or "wal": the streamers read the staged records from a logical slot (unilog.stream.modes)
     )
     backfill_rows: int = 0  # > 0: the backfill step (unilog.harness.chaos.mirror) over a table of that many rows
 
