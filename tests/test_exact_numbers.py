@@ -38,8 +38,8 @@ from unilog import (
     StreamerConfig,
     emit,
 )
-from unilog.backfill import Backfill, BackfillConfig, start
 from unilog.errors import InvalidSetting, PayloadNotSerializable
+from unilog.produce.backfill import Backfill, BackfillConfig, start
 from unilog.stream.modes import enable_wal
 
 EXAMPLES = int(os.environ.get("UNILOG_HYPOTHESIS_EXAMPLES") or 25)

@@ -34,7 +34,7 @@ from unilog import (
     emit,
 )
 from unilog.harness.embedded import EmbeddedPostgres
-from unilog.schema import migrate
+from unilog.ops.schema import migrate
 from unilog.stream.modes import enable_wal
 
 LOG_SETTINGS = {

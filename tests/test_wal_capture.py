@@ -396,7 +396,7 @@ def own_server() -> Iterator[Any]:
 @pytest.fixture
 def own(own_server: Any, settings: Settings, request: pytest.FixtureRequest) -> Iterator[Settings]:
     """A migrated database in WAL mode on the module's own server, with the suite's Redis."""
-    from unilog.schema import migrate
+    from unilog.ops.schema import migrate
 
     name = f"own_{request.node.name[:40]}"
     with psycopg.connect(own_server.url, autocommit=True) as admin:

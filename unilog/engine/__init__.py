@@ -10,7 +10,7 @@ high-water marks), :mod:`~unilog.engine.read` (reads, ranges, waiting, a stream'
 :mod:`~unilog.engine.letters` (dead letters), :mod:`~unilog.engine.partitions` (partition counts, heartbeats) and
 :mod:`~unilog.engine.layout` (the key layout's move); :class:`RedisStreams` is all of them. Each method declares the
 commands it issues (:mod:`~unilog.engine.commands`), which is where the ACL of each kind of process comes from
-(:mod:`unilog.acl`).
+(:mod:`unilog.ops.acl`).
 
 Two faces, one source: the methods the asyncio consumers need too (reads after a checkpoint, registration, dead
 letters, group work, the client and ``explained`` of :class:`~unilog.engine._sync.base.Adapter`) are written once,

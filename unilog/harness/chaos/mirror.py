@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING, Any, TextIO
 import psycopg
 
 from unilog import Record, emit
-from unilog.backfill import backfills
 from unilog.config import Settings
-from unilog.status import collect_status
+from unilog.ops.status import collect_status
+from unilog.produce.backfill import backfills
 
 from ..supervisor import ProcessSpec
 from . import tables

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 
 import structlog
 
-from unilog.admin import load_handler, load_object
 from unilog.errors import ConfigurationError, UnilogError
+from unilog.ops.admin import load_handler, load_object
 
 from ..app import App
 from .entry import stop_event, wrapper_args

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import urlsplit
 
-from unilog import admin
 from unilog.config import Settings
 from unilog.errors import ConfigurationError, UnilogError
-from unilog.status import collect_status
+from unilog.ops import admin
+from unilog.ops.status import collect_status
 
 from ..app import App
 from ..embedded import EmbeddedPostgres, EmbeddedRedis, EmbeddedRedisCluster, free_port
