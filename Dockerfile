@@ -40,8 +40,8 @@ print('\n'.join(d for d in deps if not d.startswith('unilog')))" \
 # unilog.migrations onto /app/migrations (the package-dir mapping), which a plain install would not.
 COPY . .
 RUN pip install --no-cache-dir --no-deps -e . \
-    && python -c "import unilog.schema, services.api, services.consumer, services.migrate, services.simulator; \
-print(unilog.schema.migrations_path())"
+    && python -c "import unilog.ops.schema, services.api, services.consumer, services.migrate, services.simulator; \
+print(unilog.ops.schema.migrations_path())"
 
 RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin app
 USER app

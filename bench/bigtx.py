@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from unilog.stream.capture import disable_wal, enable_wal
+from unilog.stream.modes import disable_wal, enable_wal
 
 from .core import Measurement, Profile, Results, log
 from .env import BenchEnv

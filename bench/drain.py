@@ -21,7 +21,7 @@ from typing import Any
 import redis
 
 from unilog import Streamer, StreamerConfig, engine
-from unilog.stream.capture import disable_wal, enable_wal
+from unilog.stream.modes import disable_wal, enable_wal
 
 from .core import SPAWN, Profile, Results, in_fresh_process, interleaved, log, worker_init
 from .env import BenchEnv, Urls, payload

@@ -11,7 +11,7 @@ import redis
 
 from unilog import Settings
 from unilog.harness.embedded import EmbeddedPostgres, EmbeddedRedis
-from unilog.schema import migrate
+from unilog.ops.schema import migrate
 
 DB_NAME = "bench"
 DEFAULT_STREAM = "rides"

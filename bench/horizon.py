@@ -16,7 +16,7 @@ from typing import Any
 
 import psycopg
 
-from unilog.stream.capture import disable_wal, enable_wal
+from unilog.stream.modes import disable_wal, enable_wal
 
 from .core import Profile, Results, interleaved, log
 from .env import BenchEnv

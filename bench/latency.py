@@ -30,7 +30,7 @@ from typing import Any
 import psycopg
 
 from unilog import Consumer, ConsumerConfig, Streamer, emit
-from unilog.stream.capture import disable_wal, enable_wal
+from unilog.stream.modes import disable_wal, enable_wal
 
 from .core import SPAWN, Profile, Results, interleaved, log, percentile, worker_init
 from .env import BenchEnv, Urls

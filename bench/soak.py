@@ -17,7 +17,7 @@ handler adds its batch's count to a state row in its own transaction, see :mod:`
 
 Sampled (:func:`bench.soakfleet.sample`): every process's RSS (``VmRSS``) and CPU time; each consumer's lag in
 entries and seconds and the group's pending entries, as ``unilog status --json`` reports them
-(:func:`unilog.status.collect_status`); Redis's ``used_memory`` and the stream's length; the staging table's total
+(:func:`unilog.ops.status.collect_status`); Redis's ``used_memory`` and the stream's length; the staging table's total
 size (``pg_total_relation_size``), its dead tuples and the records staged; the group's de-duplication table's size
 (``unilog_processed``); the checkpoint and state tables' size; in WAL mode, the slot's retained WAL. Every series is
 judged by :func:`bench.growth.judge` (a rise between the halves of the run, still climbing in the second half, past
@@ -37,7 +37,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from unilog.stream.capture import disable_wal, enable_wal
+from unilog.stream.modes import disable_wal, enable_wal
 
 from .core import Measurement, Profile, Results, log
 from .env import BenchEnv

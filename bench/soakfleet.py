@@ -23,7 +23,7 @@ from unilog import emit
 from unilog.harness.demo import DEFAULT_FAULTS
 from unilog.harness.embedded import free_port
 from unilog.harness.proxy import FaultProxy
-from unilog.status import collect_status
+from unilog.ops.status import collect_status
 
 from .core import SPAWN, log, worker_init
 from .env import BenchEnv

@@ -31,19 +31,21 @@ COPIES = {
 
 # page of the module reference -> the module it renders (a literal dict: docs/hooks.py reads it without running this)
 MODULES = {
-    "admin": "unilog.admin",
-    "archive": "unilog.archive",
-    "backfill": "unilog.backfill",
+    "admin": "unilog.ops.admin",
+    "archive": "unilog.spark.archive",
+    "backfill": "unilog.produce.backfill",
     "cli": "unilog.cli",
-    "dashboard": "unilog.dashboard",
-    "dlq": "unilog.dlq",
-    "exporter": "unilog.exporter",
+    "dashboard": "unilog.ops.dashboard",
+    "dlq": "unilog.ops.dlq",
+    "exporter": "unilog.ops.exporter",
     "log": "unilog.log",
     "metrics": "unilog.metrics",
-    "reconcile": "unilog.reconcile",
-    "schema": "unilog.schema",
+    "acl": "unilog.ops.acl",
+    "runtime": "unilog.runtime",
+    "reconcile": "unilog.spark.reconcile",
+    "schema": "unilog.ops.schema",
     "spark": "unilog.spark",
-    "status": "unilog.status",
+    "status": "unilog.ops.status",
     "tracing": "unilog.tracing",
 }
 

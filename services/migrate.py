@@ -24,8 +24,8 @@ from sqlalchemy import create_engine
 from unilog.cli import main as unilog_main
 from unilog.config import sqlalchemy_url
 from unilog.errors import UnilogError
-from unilog.schema import migrate
-from unilog.status import capture_health
+from unilog.ops.schema import migrate
+from unilog.ops.status import capture_health
 
 from .rides import Base
 

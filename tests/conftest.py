@@ -42,7 +42,7 @@ def pg(settings: Settings) -> Iterator[psycopg.Connection[Any]]:
 def wal(settings: Settings, pg: Any) -> Iterator[Settings]:
     """The test's database in WAL capture mode (producers' ``emit`` writes logical messages); skipped, saying why,
     on a server given by URL without wal_level=logical."""
-    from unilog.stream.capture import enable_wal  # here: most tests never switch modes
+    from unilog.stream.modes import enable_wal  # here: most tests never switch modes
 
     level = pg.execute("SHOW wal_level").fetchone()[0]
     if level != "logical":

@@ -22,12 +22,13 @@ import redis
 import structlog
 from acl_users import acl_users
 
-from unilog import Settings, Streamer, StreamerConfig, acl, admin, emit
+from unilog import Settings, Streamer, StreamerConfig, emit
 from unilog.cli import main
 from unilog.engine import RedisStreams, connect, ping, raw_pages
 from unilog.engine.aio import AsyncRedisStreams, connect_async
 from unilog.engine.commands import commands_of, declared, issues, methods_of
 from unilog.errors import WrongKeyType
+from unilog.ops import acl, admin
 from unilog.wire import dlq_key
 
 PASSWORD = "cmds-" + uuid.uuid4().hex[:8]

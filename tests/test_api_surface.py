@@ -51,7 +51,7 @@ def test_every_metric_is_listed_in_the_readme() -> None:
     from prometheus_client import REGISTRY
 
     import unilog.metrics
-    from unilog import exporter
+    from unilog.ops import exporter
 
     section = _section("guides/operations.md", "Metrics")
     ours = {m.name for m in REGISTRY.collect() if m.name.startswith("unilog_")}

@@ -23,14 +23,14 @@ import pytest
 from cli import TESTS, one_line, unilog
 
 from unilog import Consumer, ConsumerConfig, Record, Settings, Streamer, StreamerConfig, emit
-from unilog.backfill import Backfill, BackfillConfig, backfills, cancel, start
 from unilog.cli import ExitCode
-from unilog.dashboard import History, create_app
 from unilog.errors import BackfillRefused, InjectedCrash
 from unilog.faults import Faults
 from unilog.harness.embedded import EmbeddedPostgres
-from unilog.schema import migrate
-from unilog.stream.capture import enable_wal
+from unilog.ops.dashboard import History, create_app
+from unilog.ops.schema import migrate
+from unilog.produce.backfill import Backfill, BackfillConfig, backfills, cancel, start
+from unilog.stream.modes import enable_wal
 
 TABLE = """
 CREATE TABLE accounts (

@@ -28,7 +28,7 @@ import redis
 from cli import TESTS, one_line, unilog
 
 from unilog import Settings, Streamer, StreamerConfig, emit
-from unilog.stream.capture import capture_status, disable_wal, enable_wal
+from unilog.stream.modes import capture_status, disable_wal, enable_wal
 
 BACKLOG = 200_000
 INDEX = "staged_log_records_stream_xid_id"

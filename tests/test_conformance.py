@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 from handlers import APPLIED_INSERT
+from unilog.dlq import list_letters, replay
 
 from unilog import (
     AsyncConsumer,
@@ -33,7 +34,6 @@ from unilog import (
     StreamRewound,
     emit,
 )
-from unilog.dlq import list_letters, replay
 from unilog.engine import RedisStreams, connect
 from unilog.errors import WrongKeyType
 

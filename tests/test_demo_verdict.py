@@ -19,10 +19,10 @@ from unilog_demo.consumer import handle
 from unilog_demo.fleet import APP, stage_ride
 
 import unilog
-from unilog import admin
 from unilog.cli import ExitCode
 from unilog.harness import demo
 from unilog.harness.pytest_plugin import running
+from unilog.ops import admin
 
 RIDES = 4
 

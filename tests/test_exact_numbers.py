@@ -38,9 +38,9 @@ from unilog import (
     StreamerConfig,
     emit,
 )
-from unilog.backfill import Backfill, BackfillConfig, start
 from unilog.errors import InvalidSetting, PayloadNotSerializable
-from unilog.stream.capture import enable_wal
+from unilog.produce.backfill import Backfill, BackfillConfig, start
+from unilog.stream.modes import enable_wal
 
 EXAMPLES = int(os.environ.get("UNILOG_HYPOTHESIS_EXAMPLES") or 25)
 DOC = '{"third": 0.33333333333333333333, "three_quarters": 0.75000000000000000000, "big": 123456789012345678901234567890, "tiny": 1e-30}'

@@ -30,8 +30,8 @@ from unilog import (
     emit,
 )
 from unilog.cli import ExitCode
-from unilog.dlq import list_letters
 from unilog.engine import RedisStreams, connect
+from unilog.ops.dlq import list_letters
 
 TESTS = Path(__file__).parent
 
@@ -155,13 +155,13 @@ def test_group_workers_dead_letter_malformed_entries_at_once(settings: Settings,
 
 def test_the_spark_source_reads_junk_entries_without_crashing() -> None:
     pytest.importorskip("pyarrow")
-    from unilog.spark import _record_batch
+    from unilog.spark.columns import record_batch
 
     chunk = [
         [b"1-0", [b"data", b'{"n": 1}', b"producer", b"p", b"epoch", b"1", b"seq", b"1", b"action", b"create"]],
         [b"2-0", [b"data", b"{oops", b"producer", b"x", b"epoch", b"1", b"seq", b"many"]],
         [b"3-0", [b"data", b"\xff\xfe", b"action", b"\xff"]],
     ]
-    batch = _record_batch("s", chunk).to_pydict()
+    batch = record_batch("s", chunk).to_pydict()
     assert batch["seq"] == [1, None, None] and batch["epoch"] == [1, 1, None]
     assert batch["data"][0] == '{"n": 1}' and batch["data"][1] == "{oops" and batch["action"][2] == "\ufffd"

@@ -98,7 +98,7 @@ def test_spark_commands_without_pyspark_name_the_spark_extra(
 def test_a_missing_module_no_extra_installs_is_still_a_traceback(settings: Settings) -> None:
     """A module of unilog itself (a broken install), in a command that has optional packages: the traceback is the
     report, not a misleading extra."""
-    result = run_without(settings, "unilog.dashboard", "dashboard", "--port", "0")
+    result = run_without(settings, "unilog.ops.dashboard", "dashboard", "--port", "0")
     assert result.returncode == 1 and "Traceback" in result.stderr, result.stderr
     assert "pip install" not in result.stderr, result.stderr
 

@@ -16,7 +16,7 @@ import pytest
 
 from unilog import Settings, emit
 from unilog.cli import ExitCode
-from unilog.status import collect_status, format_status
+from unilog.ops.status import collect_status, format_status
 
 
 @pytest.fixture

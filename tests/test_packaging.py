@@ -69,6 +69,10 @@ def test_the_wheel_holds_the_library_the_harness_the_migrations_and_the_demo(whe
         assert required in names, required
     for package in (ROOT / "unilog").rglob("__init__.py"):  # a new subpackage missing from pyproject's list
         assert package.relative_to(ROOT).as_posix() in names, package
+    scripts = sorted((ROOT / "unilog").rglob("*.lua"))
+    assert scripts, "the Redis adapter's Lua scripts live in .lua files"
+    for script in scripts:  # package data missing from pyproject's list: the adapter cannot load its script
+        assert script.relative_to(ROOT).as_posix() in names, script
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert tops == {"unilog", "unilog_demo"}, tops  # no `services`, `tests` or `bench` to collide with an app's own
 

@@ -10,7 +10,7 @@ import redis
 
 from unilog import Settings, Streamer, StreamerConfig, emit, engine, store
 from unilog.harness.pytest_plugin import PostgresHandle, drop_database
-from unilog.schema import migrate
+from unilog.ops.schema import migrate
 
 TRICKY = [
     ({"text": "plain"}, None),

@@ -30,8 +30,8 @@ from unilog import (
 )
 from unilog.cli import ExitCode
 from unilog.consume.consumer import reset_checkpoint
-from unilog.dlq import drop, list_letters, replay
 from unilog.engine import RedisStreams, connect
+from unilog.ops.dlq import drop, list_letters, replay
 
 
 def produce(settings: Settings, ns: Sequence[int], poison: Sequence[int] = ()) -> None:

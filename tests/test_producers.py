@@ -14,7 +14,7 @@ from handlers import APPLIED_DDL, record_applied
 from unilog import Consumer, ConsumerConfig, Record, Settings, Streamer, StreamerConfig, emit
 from unilog.harness.embedded import EmbeddedPostgres
 from unilog.harness.pytest_plugin import PostgresHandle, create_database, drop_database
-from unilog.schema import migrate
+from unilog.ops.schema import migrate
 
 
 def stage(url: str, tag: str, n: int) -> None:

@@ -34,8 +34,8 @@ from unilog import (
     emit,
 )
 from unilog.harness.embedded import EmbeddedPostgres
-from unilog.schema import migrate
-from unilog.stream.capture import enable_wal
+from unilog.ops.schema import migrate
+from unilog.stream.modes import enable_wal
 
 LOG_SETTINGS = {
     "log_min_messages": "warning",

@@ -22,9 +22,9 @@ from cli import unilog
 from handlers import record_applied
 
 from unilog import Consumer, ConsumerConfig, Record, Settings, Streamer, emit
-from unilog.dashboard import History, create_app
-from unilog.exporter import SystemCollector
 from unilog.harness.embedded import free_port
+from unilog.ops.dashboard import History, create_app
+from unilog.ops.exporter import SystemCollector
 
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
 

@@ -238,7 +238,7 @@ def test_postgres_out_of_disk_keeps_records_staged_until_it_clears(settings: Set
     """Postgres's data directory on a small tmpfs, filled up: the streamer cannot delete (or Postgres stops), backs
     off, and once space is back and Postgres is up again every record is published exactly once."""
     from unilog.harness.embedded import EmbeddedPostgres
-    from unilog.schema import migrate
+    from unilog.ops.schema import migrate
 
     with tmpfs(tmp_path / "pgdisk", "200m") as disk:
         pg = EmbeddedPostgres(disk / "pg").start()

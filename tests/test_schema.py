@@ -73,7 +73,7 @@ def test_app_alembic_env_can_include_unilog_branch(unilog_postgres: PostgresHand
 
 
 def test_migrate_twice_is_idempotent(settings: Any) -> None:
-    from unilog.schema import migrate
+    from unilog.ops.schema import migrate
 
     migrate(settings.database_url)
     migrate(settings.database_url)
@@ -87,7 +87,7 @@ def test_unilog_0010_downgrades_to_0009s_unilog_stage_and_back(unilog_postgres: 
     from alembic import command
     from sqlalchemy import create_engine, pool
 
-    from unilog.schema import alembic_config, migrate
+    from unilog.ops.schema import alembic_config, migrate
 
     with psycopg.connect(unilog_postgres.admin_url, autocommit=True) as admin:
         level = admin.execute("SHOW wal_level").fetchone()[0]  # type: ignore[index]
@@ -132,7 +132,7 @@ def test_unilog_0011_downgrades_without_its_claims_and_index_and_back(unilog_pos
     from alembic import command
     from sqlalchemy import create_engine, pool
 
-    from unilog.schema import alembic_config, migrate
+    from unilog.ops.schema import alembic_config, migrate
 
     with psycopg.connect(unilog_postgres.admin_url, autocommit=True) as admin:
         admin.execute("DROP DATABASE IF EXISTS claims_down WITH (FORCE)")

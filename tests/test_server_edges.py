@@ -191,13 +191,13 @@ def test_a_server_older_than_supported_is_one_line_and_exit_code_3(
 ) -> None:
     """No older server is installable here, so the real one is made "too old" by raising the minimum in-process."""
     from unilog.cli import main
-    from unilog.engine import refusals
+    from unilog.engine import connection as redis_connection
     from unilog.store import connection
 
     if server == "postgres":
         monkeypatch.setattr(connection, "MIN_SERVER_VERSION", 990000)
     else:
-        monkeypatch.setattr(refusals, "MIN_SERVER_VERSION", (99, 0))
+        monkeypatch.setattr(redis_connection, "MIN_SERVER_VERSION", (99, 0))
     monkeypatch.setenv("DATABASE_URL", settings.database_url)
     monkeypatch.setenv("REDIS_URL", settings.redis_url)
     saved = structlog.get_config()  # main() configures logging onto this test's captured stdout: put it back

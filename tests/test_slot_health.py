@@ -20,9 +20,9 @@ from cli import TESTS, unilog
 from prometheus_client.parser import text_string_to_metric_families
 
 from unilog import Settings, Streamer, StreamerConfig, emit
-from unilog.dashboard import History, create_app
 from unilog.harness.embedded import free_port
-from unilog.stream.capture import enable_wal
+from unilog.ops.dashboard import History, create_app
+from unilog.stream.modes import enable_wal
 
 GAUGES = ("unilog_capture_slot_active", "unilog_capture_slot_retained_bytes", "unilog_capture_slot_confirmed_lag_bytes")
 NEAR = 64 * 1024  # "caught up": the confirmations within this many bytes of the current WAL position

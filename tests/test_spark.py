@@ -109,7 +109,7 @@ def test_the_data_column_reads_every_digit_with_a_decimal_schema(spark: Any, app
 
 
 def test_a_batch_is_cut_into_equal_ranges_a_multiple_of_min_partitions() -> None:
-    from unilog.spark import SourceOptions, _split
+    from unilog.spark.source import SourceOptions, _split
 
     ids = [f"1-{i}" for i in range(1, 50_001)]
     options = SourceOptions.parse(
@@ -316,7 +316,7 @@ def test_reconcile_detects_a_planted_discrepancy_and_repair_fixes_it(
     from unilog_demo.reconcile import model
 
     from unilog import Consumer, ConsumerConfig
-    from unilog.reconcile import reconcile
+    from unilog.spark.reconcile import reconcile
 
     app = on[0]
     rides(app, 120)
@@ -352,7 +352,7 @@ def test_archive_plus_live_stream_rebuilds_a_consumer_exactly(
     from unilog_demo.consumer import apply_rides
 
     from unilog import Consumer, ConsumerConfig
-    from unilog.archive import archive, archiver_name, read_archive, rebuild_from_archive
+    from unilog.spark.archive import archive, archiver_name, read_archive, rebuild_from_archive
 
     app, rds = on
     path = str(tmp_path / "archive")

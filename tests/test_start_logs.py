@@ -21,7 +21,7 @@ from unilog import (
     Streamer,
     StreamerConfig,
 )
-from unilog.backfill import Backfill, BackfillConfig, start
+from unilog.produce.backfill import Backfill, BackfillConfig, start
 
 OTHER = "customers"
 

@@ -27,7 +27,7 @@ from unilog import Settings, Streamer, StreamerConfig
 from unilog.errors import CaptureLost, ConfigurationError, InjectedCrash
 from unilog.faults import Faults
 from unilog.harness.proxy import FaultProxy
-from unilog.stream.capture import WalCapture, capture_status, disable_wal, enable_wal
+from unilog.stream.modes import WalCapture, capture_status, disable_wal, enable_wal
 
 STREAM = "test-stream"
 
@@ -396,7 +396,7 @@ def own_server() -> Iterator[Any]:
 @pytest.fixture
 def own(own_server: Any, settings: Settings, request: pytest.FixtureRequest) -> Iterator[Settings]:
     """A migrated database in WAL mode on the module's own server, with the suite's Redis."""
-    from unilog.schema import migrate
+    from unilog.ops.schema import migrate
 
     name = f"own_{request.node.name[:40]}"
     with psycopg.connect(own_server.url, autocommit=True) as admin:

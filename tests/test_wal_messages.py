@@ -28,7 +28,7 @@ from unilog.errors import CaptureLost, ConfigurationError, InjectedCrash
 from unilog.faults import Faults
 from unilog.store.pgoutput import Decoder
 from unilog.store.wal import ReplicationStream, capture_slot
-from unilog.stream.capture import capture_status, disable_wal, enable_wal
+from unilog.stream.modes import capture_status, disable_wal, enable_wal
 
 STREAM = "test-stream"
 
@@ -314,7 +314,7 @@ def own_server() -> Iterator[Any]:
 def test_postgres_restarts_and_streamer_kills_publish_each_message_once(
     own_server: Any, settings: Settings, rds: redis.Redis
 ) -> None:
-    from unilog.schema import migrate
+    from unilog.ops.schema import migrate
 
     with psycopg.connect(own_server.url, autocommit=True) as admin:
         admin.execute('CREATE DATABASE "messages_restart"')

@@ -1,13 +1,13 @@
 """Liveness and readiness of this process, for a container orchestrator and the compose file's health checks.
 
-Every worker loop (:func:`unilog.runtime.serve`, :meth:`unilog.runtime_async.AsyncWorker.run`) reports each turn
-here: ``/healthz`` answers 200 while every loop of the process turned within ``max_silence`` seconds (a loop stuck
-in a handler, a hung call or a dead thread stops turning), else 503 naming the silent loop. ``/readyz`` answers 200
-while every loop's last pass reached its servers: a pass that failed to reach Postgres or Redis makes it 503 with
-the error until a pass succeeds again. A standby streamer waiting for the stream's lock, or an idle consumer, is
-ready: that is what it should be doing. Both are served beside ``/metrics`` on the process's ``--metrics-port``
-(:func:`unilog.metrics.serve`). A process with no loop (``unilog metrics``, the exporter) is alive and ready while
-it serves.
+Every worker loop (:func:`unilog.runtime.serve`, both faces, through :class:`unilog.runtime.hooks.HealthHook`)
+reports each turn here: ``/healthz`` answers 200 while every loop of the process turned within ``max_silence``
+seconds (a loop stuck in a handler, a hung call or a dead thread stops turning), else 503 naming the silent loop.
+``/readyz`` answers 200 while every loop's last pass reached its servers: a pass that failed to reach Postgres or
+Redis makes it 503 with the error until a pass succeeds again. A standby streamer waiting for the stream's lock, or
+an idle consumer, is ready: that is what it should be doing. Both are served beside ``/metrics`` on the process's
+``--metrics-port`` (:func:`unilog.metrics.serve`). A process with no loop (``unilog metrics``, the exporter) is
+alive and ready while it serves.
 """
 
 from __future__ import annotations

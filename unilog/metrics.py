@@ -7,7 +7,7 @@ names, consumer and group names, process kinds, fault points, exception class na
 
 Counters are updated once per batch, never per record, so the cost stays a few microseconds per batch. The whole
 system's state (lag, backlog, open transactions that staged) is exported by ``unilog metrics``
-(:mod:`unilog.exporter`) instead, since no single process knows it.
+(:mod:`unilog.ops.exporter`) instead, since no single process knows it.
 """
 
 from __future__ import annotations

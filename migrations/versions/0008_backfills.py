@@ -14,7 +14,7 @@ depends_on = None
 
 # A backfill stages one record per row of a table, page by page in key order. Each page's transaction stages its
 # records and advances this row (last_key, rows_done) together, so a killed backfill resumes after its last committed
-# page: no row missing, none staged twice (unilog/backfill.py).
+# page: no row missing, none staged twice (unilog/produce/backfill.py).
 BACKFILLS = """
 CREATE TABLE IF NOT EXISTS unilog_backfills (
     name          TEXT PRIMARY KEY,

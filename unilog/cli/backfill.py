@@ -1,4 +1,4 @@
-"""``unilog backfill``: stage a record per existing row of a table (:mod:`unilog.backfill`), and its ``status``,
+"""``unilog backfill``: stage a record per existing row of a table (:mod:`unilog.produce.backfill`), and its ``status``,
 ``--resume`` and ``cancel``.
 
 ``unilog backfill TABLE --key COLUMN ...`` starts a backfill, or resumes the running one of the same name (by
@@ -46,8 +46,8 @@ def cmd_backfill(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from ..backfill import backfills
-    from ..status import format_backfills
+    from ..ops.status import format_backfills
+    from ..produce.backfill import backfills
 
     rows = backfills(_settings(args))
     if args.name:
@@ -57,7 +57,7 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _cancel(args: argparse.Namespace) -> int:
-    from ..backfill import cancel
+    from ..produce.backfill import cancel
 
     if not args.name:
         raise BackfillRefused("`unilog backfill cancel` needs a NAME (`unilog backfill status` lists them)")
@@ -68,7 +68,7 @@ def _cancel(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ..backfill import Backfill, BackfillConfig, backfills, start
+    from ..produce.backfill import Backfill, BackfillConfig, backfills, start
 
     settings = _settings(args)
     bar = sys.stderr.isatty() and not args.log_json

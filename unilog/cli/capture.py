@@ -10,7 +10,7 @@ from .common import ExitCode, connection_args, settings_from
 
 
 def cmd_capture_wal(args: argparse.Namespace) -> int:
-    from ..stream.capture import enable_wal
+    from ..stream.modes import enable_wal
 
     slot = enable_wal(settings_from(args), slot=args.slot, recreate=args.recreate)
     print(f"unilog: WAL capture on: slot {slot.slot}, publication {slot.publication}; running streamers follow")
@@ -18,7 +18,7 @@ def cmd_capture_wal(args: argparse.Namespace) -> int:
 
 
 def cmd_capture_table(args: argparse.Namespace) -> int:
-    from ..stream.capture import disable_wal
+    from ..stream.modes import disable_wal
 
     disable_wal(settings_from(args))
     print("unilog: table mode: the slot is dropped; running streamers follow and publish what is still staged")
@@ -26,7 +26,7 @@ def cmd_capture_table(args: argparse.Namespace) -> int:
 
 
 def cmd_capture_status(args: argparse.Namespace) -> int:
-    from ..stream.capture import capture_status
+    from ..stream.modes import capture_status
 
     report = capture_status(settings_from(args))
     if args.json:

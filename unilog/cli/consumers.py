@@ -75,7 +75,7 @@ def cmd_consumer_rebuild(args: argparse.Namespace) -> int:
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
-    from ..admin import delete_consumer, delete_group
+    from ..ops.admin import delete_consumer, delete_group
 
     settings = settings_from(args)
     if args.kind == "group":

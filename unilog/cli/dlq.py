@@ -11,7 +11,8 @@ from .common import ExitCode, connection_args, redis_api, settings_from
 
 
 def cmd_dlq(args: argparse.Namespace) -> int:
-    from .. import dlq, store
+    from .. import store
+    from ..ops import dlq
 
     settings = settings_from(args)
     stream = args.stream or settings.stream
@@ -43,7 +44,7 @@ def cmd_dlq(args: argparse.Namespace) -> int:
 
 
 def _letters_table(letters: list[dict[str, Any]]) -> str:
-    from ..status import table
+    from ..ops.status import table
 
     rows = [[d["id"], d["original_id"], d["owner"], d["position"], d["attempts"], d["error"][:60]] for d in letters]
     return "\n".join(table(["id", "original id", "owner", "position", "attempts", "error"], rows or [["(none)"] * 6]))

@@ -13,7 +13,7 @@ from .common import ExitCode
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    from ..schema import migrate
+    from ..ops.schema import migrate
 
     url = args.database_url or os.environ.get("DATABASE_URL", "")
     from ..config import postgres_conninfo
@@ -22,7 +22,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     migrate(url, producer_id=args.producer_id)
     print("unilog: database migrated")
     from ..errors import UnilogError
-    from ..status import capture_mode_line
+    from ..ops.status import capture_mode_line
 
     # the mode is news, not the command's result: migrated is what counts
     with contextlib.suppress(UnilogError, psycopg.Error):

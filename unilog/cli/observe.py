@@ -1,5 +1,5 @@
-"""``unilog metrics`` (the whole system's state as Prometheus metrics, :mod:`unilog.exporter`) and ``unilog dashboard``
-(the web page, :mod:`unilog.dashboard`)."""
+"""``unilog metrics`` (the whole system's state as Prometheus metrics, :mod:`unilog.ops.exporter`) and
+``unilog dashboard`` (the web page, :mod:`unilog.ops.dashboard`)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ def cmd_metrics(args: argparse.Namespace) -> int:
 
     from .. import metrics
     from ..errors import ConfigurationError
-    from ..exporter import SystemCollector
+    from ..ops.exporter import SystemCollector
 
     settings = settings_from(args)
     REGISTRY.register(SystemCollector(settings))
@@ -29,8 +29,8 @@ def cmd_metrics(args: argparse.Namespace) -> int:
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
-    from ..dashboard import History, Server, create_app
     from ..errors import ConfigurationError
+    from ..ops.dashboard import History, Server, create_app
 
     settings = settings_from(args)
     history = History(settings, interval=args.interval)

@@ -20,7 +20,7 @@ def _spark(args: argparse.Namespace, app: str) -> Any:
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
     from ..consume.records import load_object
-    from ..reconcile import reconcile
+    from ..spark.reconcile import reconcile
 
     settings = settings_from(args)
     if not args.model:
@@ -48,7 +48,7 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
 def cmd_archive(args: argparse.Namespace) -> int:
     import time
 
-    from ..archive import archive
+    from ..spark.archive import archive
 
     settings = settings_from(args)
     spark = _spark(args, "unilog-archive")
@@ -69,7 +69,7 @@ def add(sub: Any) -> None:
     p.add_argument(
         "--model",
         default=os.environ.get("UNILOG_RECONCILE_MODEL"),
-        help="package.module:object, what to aggregate (see unilog.reconcile; default: $UNILOG_RECONCILE_MODEL)",
+        help="package.module:object, what to aggregate (see unilog.spark.reconcile; default: $UNILOG_RECONCILE_MODEL)",
     )
     p.add_argument("--stream", help="default: $UNILOG_STREAM")
     p.add_argument("--repair", action="store_true", help="reset each diverged consumer's state and checkpoint")

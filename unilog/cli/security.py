@@ -36,8 +36,8 @@ def cmd_grant(args: argparse.Namespace) -> int:
 
 
 def cmd_acl(args: argparse.Namespace) -> int:
-    from .. import acl
     from ..config import validate_stream_name
+    from ..ops import acl
 
     streams = [validate_stream_name(s) for s in args.streams.split(",")] if args.streams else []
     if not streams:

@@ -40,7 +40,7 @@ def cmd_stream_relayout(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from ..status import collect_status, format_status
+    from ..ops.status import collect_status, format_status
 
     report = collect_status(settings_from(args))
     print(json.dumps(report, indent=2) if args.json else format_status(report))

@@ -111,7 +111,7 @@ def _run(connection: Any, statement: str, params: tuple[Any, ...]) -> list[Any]:
 def migrate_schema(apps: Any, schema_editor: Any) -> None:
     """What each of this app's Django migrations runs: unilog's own migrations up to the installed head, on a
     connection of their own (idempotent, so a failure before Django records the migration is repaired by re-running)."""
-    from ..schema import migrate
+    from ..ops.schema import migrate
 
     migrate(database_url(schema_editor.connection.alias))
 

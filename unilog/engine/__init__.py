@@ -10,7 +10,7 @@ high-water marks), :mod:`~unilog.engine.read` (reads, ranges, waiting, a stream'
 :mod:`~unilog.engine.letters` (dead letters), :mod:`~unilog.engine.partitions` (partition counts, heartbeats) and
 :mod:`~unilog.engine.layout` (the key layout's move); :class:`RedisStreams` is all of them. Each method declares the
 commands it issues (:mod:`~unilog.engine.commands`), which is where the ACL of each kind of process comes from
-(:mod:`unilog.acl`).
+(:mod:`unilog.ops.acl`).
 
 Two faces, one source: the methods the asyncio consumers need too (reads after a checkpoint, registration, dead
 letters, group work, the client and ``explained`` of :class:`~unilog.engine._sync.base.Adapter`) are written once,
@@ -46,15 +46,15 @@ from ._sync.base import Adapter  # noqa: F401 - the adapter's names, used as eng
 from ._sync.server import ping  # noqa: F401 - the adapter's names, used as engine.X across the library
 from .base import Entry, Fields  # noqa: F401 - the adapter's names, used as engine.X across the library
 from .bulk import no_gc, raw_pages  # noqa: F401 - the adapter's names, used as engine.X across the library
+from .connection import connect  # noqa: F401 - every Redis client the library opens
 from .groups import Groups
 from .layout import Layout
 from .letters import Letters
 from .partitions import Partitions
 from .publish import PUBLISH_LUA, MemoryUse, Publishing, PublishResult  # noqa: F401 - the adapter's names
 from .read import PAGE, Reading, StreamInfo  # noqa: F401 - the adapter's names
-from .refusals import (  # noqa: F401 - connecting and classifying refusals
+from .refusals import (  # noqa: F401 - classifying refusals
     FATAL,
-    connect,
     fatal,
     hint,
     no_permission,

@@ -24,7 +24,7 @@ from ._async.read import AsyncReadingCore
 from ._async.retention import AsyncRetentionCore
 from ._async.server import ping
 from .base import Entry
-from .refusals import CLUSTER_SCHEMES, QUIET, cluster_options
+from .connection import CLUSTER_SCHEMES, QUIET, cluster_options
 
 __all__ = ["AsyncRedisStreams", "Entry", "connect_async", "ping"]
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..wire import to_str
 from .commands import issues
-from .refusals import connect
+from .connection import connect
 
 
 @contextmanager

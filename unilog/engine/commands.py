@@ -1,4 +1,4 @@
-"""Which Redis commands each adapter method issues: declared once, beside the method, and read by :mod:`unilog.acl`.
+"""Which Redis commands each adapter method issues: declared once, beside the method, and read by :mod:`unilog.ops.acl`.
 
 ``@issues("xadd", "xack", via=("explained",))`` on a method names the commands it sends itself, as ACL rules name
 them (lower case; a subcommand as ``xinfo|stream``), counting those of its pipelines, of MULTI/EXEC and of its Lua

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from importlib import resources
 from typing import Any
 
 import redis
@@ -14,66 +15,14 @@ from ._sync.base import Adapter
 from .commands import issues, script_commands
 from .nodes import node_pool
 
-# Appends a batch only past this producer's high-water mark on the stream, so a batch re-sent after a crash, a
-# timeout with unknown outcome or a retry is not appended twice. Positions are (epoch, seq); seq is computed here as
+# publish.lua (package data beside this module, shipped in the wheel) appends a batch only past this producer's
+# high-water mark on the stream, so a batch re-sent after a crash, a timeout with unknown outcome or a retry is not
+# appended twice. Positions are (epoch, seq); seq is computed here as
 # first_seq + i, so each entry costs five arguments (and no per-entry Lua table: Redis CPU is the drain's limit; a
 # batch that carries trace context has seven, traceparent and tracestate, and builds its fields in a table). The
 # mark lives in a hash beside the stream; if the stream key is gone (deleted, flushed) the mark is ignored, so a
 # missing stream can never swallow records as "duplicates".
-PUBLISH_LUA = """
-local producer, epoch, first, stride = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[5])
-local n = (#ARGV - 5) / stride
-local skip, gap = 0, -1
-if ARGV[4] == '1' and redis.call('EXISTS', KEYS[1]) == 1 then
-  local mark = redis.call('HGET', KEYS[2], producer)
-  if mark then
-    local sep = string.find(mark, ':', 1, true)
-    local me, ms = tonumber(string.sub(mark, 1, sep - 1)), tonumber(string.sub(mark, sep + 1))
-    if me > epoch then
-      return redis.error_reply('UNILOG_STALE_EPOCH producer ' .. producer .. ' is at epoch ' .. me .. ', not ' .. epoch)
-    elseif me == epoch then
-      skip = ms - first + 1
-      if skip < 0 then gap = ms; skip = 0 end
-      if skip > n then skip = n end
-    end
-  end
-end
-local first_id, last_id = false, false
-for i = skip, n - 1 do
-  local b = 5 + i * stride
-  if stride == 7 then
-    local key, tp, ts = ARGV[b + 5], ARGV[b + 6], ARGV[b + 7]
-    if key == '' and ts == '' and tp ~= '' then
-      last_id = redis.call('XADD', KEYS[1], '*', 'data', ARGV[b + 1], 'action', ARGV[b + 2], 'object', ARGV[b + 3],
-                           'producer', producer, 'epoch', ARGV[2], 'seq', first + i, 'created', ARGV[b + 4],
-                           'traceparent', tp)
-    elseif ts == '' and tp ~= '' then
-      last_id = redis.call('XADD', KEYS[1], '*', 'data', ARGV[b + 1], 'action', ARGV[b + 2], 'object', ARGV[b + 3],
-                           'producer', producer, 'epoch', ARGV[2], 'seq', first + i, 'created', ARGV[b + 4],
-                           'key', key, 'traceparent', tp)
-    else  -- the rare ones (a tracestate, a record without a traceparent in a traced batch): fields in a table
-      local f = {'data', ARGV[b + 1], 'action', ARGV[b + 2], 'object', ARGV[b + 3], 'producer', producer,
-                 'epoch', ARGV[2], 'seq', first + i, 'created', ARGV[b + 4]}
-      if key ~= '' then f[#f + 1] = 'key'; f[#f + 1] = key end
-      if tp ~= '' then f[#f + 1] = 'traceparent'; f[#f + 1] = tp end
-      if ts ~= '' then f[#f + 1] = 'tracestate'; f[#f + 1] = ts end
-      last_id = redis.call('XADD', KEYS[1], '*', unpack(f))
-    end
-  elseif ARGV[b + 5] == '' then
-    last_id = redis.call('XADD', KEYS[1], '*', 'data', ARGV[b + 1], 'action', ARGV[b + 2], 'object', ARGV[b + 3],
-                         'producer', producer, 'epoch', ARGV[2], 'seq', first + i, 'created', ARGV[b + 4])
-  else
-    last_id = redis.call('XADD', KEYS[1], '*', 'data', ARGV[b + 1], 'action', ARGV[b + 2], 'object', ARGV[b + 3],
-                         'producer', producer, 'epoch', ARGV[2], 'seq', first + i, 'created', ARGV[b + 4],
-                         'key', ARGV[b + 5])
-  end
-  if not first_id then first_id = last_id end
-end
-if n > skip then
-  redis.call('HSET', KEYS[2], producer, ARGV[2] .. ':' .. tostring(first + n - 1))
-end
-return {n - skip, skip, gap, first_id, last_id}
-"""
+PUBLISH_LUA = (resources.files(__package__) / "publish.lua").read_text(encoding="utf-8")
 
 
 @dataclass(frozen=True)

@@ -31,9 +31,9 @@ from typing import Any, TextIO
 
 import psycopg
 
-from unilog import admin
 from unilog.config import Settings
-from unilog.status import collect_status
+from unilog.ops import admin
+from unilog.ops.status import collect_status
 
 from .app import App, spark_available
 from .chaos.runner import wait_for_api

@@ -41,7 +41,7 @@ import pytest
 import redis
 
 from unilog.config import Settings
-from unilog.schema import migrate, set_producer_id
+from unilog.ops.schema import migrate, set_producer_id
 
 from .embedded import EmbeddedPostgres, EmbeddedRedis
 

@@ -1,7 +1,7 @@
 """Backfills' SQL: checking a table, its key and a ``--where`` before anything is staged, reading one page of rows
 under row locks, and the cursor table ``unilog_backfills`` (migration unilog_0008).
 
-The page statement and the cursor's update run in the caller's transaction (:mod:`unilog.backfill` stages the
+The page statement and the cursor's update run in the caller's transaction (:mod:`unilog.produce.backfill` stages the
 page's records in the same one); nothing here commits.
 """
 

@@ -31,7 +31,8 @@ import structlog
 from .. import engine, routing, store, tracing
 from ..errors import ClaimIncomplete, PublishError
 from ..store.claims import Claim, Cursor
-from .publisher import BatchResult, Publisher
+from .capture import BatchResult
+from .publisher import Publisher
 
 log = structlog.get_logger(__name__)
 
@@ -60,7 +61,7 @@ class _Sent:
 
 
 class TableCapture:
-    """Table mode's passes for one streamer (a :class:`~unilog.stream.publisher.Capture`): at most one batch per owned
+    """Table mode's passes for one streamer (a :class:`~unilog.stream.capture.Capture`): at most one batch per owned
     source per pass, up to ``pipeline_batches`` of them back to back on a backlog. ``streams`` limits it to these
     target streams (None: every stream with staged records); ``before`` to rows of transaction ids below it (WAL
     mode publishes the rows that may predate its slot with one). Not thread-safe: it uses one helper thread of its

@@ -4,7 +4,7 @@
 Producers' ``emit`` writes each record as a transactional logical message (``unilog_stage``: nothing to delete or
 vacuum); rows that other producers insert into ``staged_log_records`` are read from the same slot, and deleted by id
 once published. An open or idle transaction delays only its own records. Guarantees, as in table mode (the mode
-switches are :mod:`unilog.stream.capture`'s):
+switches are :mod:`unilog.stream.modes`'s):
 
 * **Dense positions in commit order.** Each target stream's records get ``seq`` 1, 2, 3, ... in the order their
   transactions committed.
@@ -40,7 +40,8 @@ from .. import routing, store
 from ..errors import CaptureLost, ConfigurationError, PublishError
 from ..store.pgoutput import Decoder, WalRow, WalTransaction
 from ..store.wal import CaptureSlot, ReplicationStream, SlotBusy
-from .publisher import BatchResult, Capture, Publisher
+from .capture import BatchResult, Capture
+from .publisher import Publisher
 
 log = structlog.get_logger(__name__)
 
@@ -68,7 +69,7 @@ class _Batch:
 
 
 class WalCapture:
-    """WAL mode's passes for one streamer over its database's slot (a :class:`~unilog.stream.publisher.Capture`).
+    """WAL mode's passes for one streamer over its database's slot (a :class:`~unilog.stream.capture.Capture`).
     ``predrain`` is the table-mode capture that publishes the rows staged before the slot existed; ``conninfo``
     and ``timeout`` open the slot's replication session. Not thread-safe."""
 

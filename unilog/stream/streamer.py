@@ -1,9 +1,9 @@
 """The streamer: moves committed staged records from Postgres into Redis Streams, in batches.
 
-The streamer is the process around a capture (:class:`unilog.stream.publisher.Capture`), which reads and publishes the
+The streamer is the process around a capture (:class:`unilog.stream.capture.Capture`), which reads and publishes the
 records: it manages the connections, reads the database's capture mode when a Postgres session opens and picks the
 capture (table mode, :class:`~unilog.stream.capture_table.TableCapture`; WAL mode,
-:class:`~unilog.stream.capture_wal.WalCapture`: see :mod:`unilog.stream.capture`), runs retention, waits between
+:class:`~unilog.stream.capture_wal.WalCapture`: see :mod:`unilog.stream.modes`), runs retention, waits between
 passes and drains.
 Its :class:`~unilog.stream.publisher.Publisher`, made once and handed to each capture, holds what every capture shares.
 
@@ -41,9 +41,10 @@ from ..routing import partition_stream
 from ..runtime import TRANSIENT, Links, Worker
 from . import retention
 from .backpressure import MemoryWatch
+from .capture import BatchResult, Capture
 from .capture_table import TableCapture
 from .capture_wal import WalCapture
-from .publisher import BatchResult, Capture, Publisher
+from .publisher import Publisher
 from .waiting import CommitListener
 
 log = structlog.get_logger(__name__)
@@ -254,7 +255,7 @@ class Streamer(Worker):
     def _capture_mode(self, conn: psycopg.Connection[Any]) -> Capture:
         """The capture of the database's mode: WAL mode's if the database has a capture slot, else table mode's;
         read when a Postgres session opens (`unilog capture wal|table` switch only while no streamer runs, see
-        :mod:`unilog.stream.capture`)."""
+        :mod:`unilog.stream.modes`)."""
         if self._mode_known:
             return self._capture
         self._mode_known = True

@@ -41,12 +41,13 @@ consumer's state equals the canonical one. Unknown outcomes may be applied once 
 from __future__ import annotations
 
 from .checker import Verdict, Violation, check
+from .config import ChaosConfig
 from .history import OUTCOMES, HistorySummary, HistoryWriter, read_history, summarize_history
 from .injector import Executed, Injector
 from .observe import Observation, Progress, collect, progress
 from .producer import ChaosProducer
 from .report import format_summary, print_schedule
-from .runner import ChaosConfig, ChaosResult, run_chaos
+from .runner import ChaosResult, run_chaos
 from .schedule import FaultEvent, FaultRates, build_schedule
 from .specs import PRODUCERS, fleet_specs
 from .tracking import POISON_ACTION, POISON_OBJECT, PoisonRecord, cid_of, is_poison, record_cid, tracked

@@ -28,16 +28,17 @@ from typing import TYPE_CHECKING, Any, TextIO
 import psycopg
 
 from unilog import Record, emit
-from unilog.backfill import backfills
 from unilog.config import Settings
-from unilog.status import collect_status
+from unilog.ops.status import collect_status
+from unilog.produce.backfill import backfills
 
 from ..supervisor import ProcessSpec
 from . import tables
 from .checker import Violation
+from .entry import stop_event, wrapper_args
 
 if TYPE_CHECKING:
-    from .runner import ChaosConfig
+    from .config import ChaosConfig
 
 STREAM = "chaos-mirror"
 CONSUMER = "chaos-mirror"
@@ -80,13 +81,11 @@ def update_main(argv: Sequence[str] | None = None) -> int:
     """``python -m unilog.harness.chaos update --rows N``: until SIGTERM, :data:`UPDATERS` threads of transactions
     that each add 1 to two random rows' balances and emit their new balances (key: the row's id) on :data:`STREAM`;
     each reconnects after any failure (whatever committed is in the table, which the mirror is checked against)."""
-    from .processes import _stop_event
-
     parser = argparse.ArgumentParser(prog="python -m unilog.harness.chaos update")
     parser.add_argument("--rows", type=int, required=True)
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
-    stop, url = _stop_event(), Settings.from_env().database_url
+    stop, url = stop_event(), Settings.from_env().database_url
     threads = [
         threading.Thread(target=_updater, args=(url, args.rows, random.Random(args.seed * 10 + i), stop))
         for i in range(UPDATERS)
@@ -132,11 +131,9 @@ def backfill_main(argv: Sequence[str] | None = None) -> int:
     waits for SIGTERM (the supervisor restarts a process that exits: a finished backfill must not start over)."""
     from unilog.cli import main
 
-    from .processes import _stop_event, _wrapper_args
-
-    _args, rest = _wrapper_args("python -m unilog.harness.chaos backfill", argv)
+    _args, rest = wrapper_args("python -m unilog.harness.chaos backfill", argv)
     if _done(Settings.from_env()):
-        _stop_event().wait()
+        stop_event().wait()
         return 0
     command = ["backfill", "chaos_accounts", "--key", "id", "--stream", STREAM, "--object", OBJECT]
     return main(["--log-json", *command, "--name", BACKFILL, *rest])

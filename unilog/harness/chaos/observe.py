@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from unilog.admin import dead_letters
 from unilog.config import Settings
-from unilog.dlq import DeadLetter
-from unilog.status import collect_status
+from unilog.ops.admin import dead_letters
+from unilog.ops.dlq import DeadLetter
+from unilog.ops.status import collect_status
 
 from ..app import App
 from . import tables

@@ -5,49 +5,22 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
-import threading
 from collections.abc import Sequence
-from pathlib import Path
 
 import structlog
 
-from unilog.admin import load_handler, load_object
 from unilog.errors import ConfigurationError, UnilogError
+from unilog.ops.admin import load_handler, load_object
 
 from ..app import App
+from .entry import stop_event, wrapper_args
 from .history import HistoryWriter
+from .mirror import backfill_main, update_main
 from .producer import ChaosProducer
 from .tracking import tracked, tracked_spark_effect
 
 log = structlog.get_logger(__name__)
-
-
-def _next_incarnation(path: Path) -> int:
-    try:
-        n = int(path.read_text().strip() or 0)
-    except (FileNotFoundError, ValueError):
-        n = 0
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(str(n + 1))
-    tmp.replace(path)
-    return n
-
-
-def _seed_faults(seed_base: int | None, incarnations: str | None) -> None:
-    """A fault seed per incarnation: a process restarted after a crash must not replay the same crash."""
-    if seed_base is None:
-        return
-    n = _next_incarnation(Path(incarnations)) if incarnations else 0
-    os.environ["UNILOG_FAULT_SEED"] = str(seed_base * 1000 + n)
-
-
-def _stop_event() -> threading.Event:
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    return stop
 
 
 def produce_main(argv: Sequence[str] | None = None) -> int:
@@ -69,7 +42,7 @@ def produce_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--stream", help="default: the app's")
     args = parser.parse_args(argv)
     configure_logging(json=True)
-    stop = _stop_event()
+    stop = stop_event()
     history = HistoryWriter(args.history, args.name)
     producer = ChaosProducer(
         _load_app(args.app),
@@ -91,22 +64,11 @@ def produce_main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _wrapper_args(prog: str, argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(prog=prog, allow_abbrev=False, add_help=False)
-    parser.add_argument("--seed-base", type=int)
-    parser.add_argument("--incarnations")
-    parser.add_argument("--handler", help="module:function (consume: required)")
-    parser.add_argument("--fail-poison", action="store_true")
-    args, rest = parser.parse_known_args(argv)
-    _seed_faults(args.seed_base, args.incarnations)
-    return args, rest
-
-
 def streamer_main(argv: Sequence[str] | None = None) -> int:
     """``python -m unilog.harness.chaos streamer [--seed-base N --incarnations FILE] STREAMER-OPTIONS``."""
     from unilog.cli import main
 
-    _args, rest = _wrapper_args("python -m unilog.harness.chaos streamer", argv)
+    _args, rest = wrapper_args("python -m unilog.harness.chaos streamer", argv)
     return main(["--log-json", "streamer", *rest])
 
 
@@ -115,7 +77,7 @@ def consume_main(argv: Sequence[str] | None = None) -> int:
     with the handler wrapped by :func:`~unilog.harness.chaos.tracking.tracked`."""
     from unilog import cli
 
-    args, rest = _wrapper_args("python -m unilog.harness.chaos consume", argv)
+    args, rest = wrapper_args("python -m unilog.harness.chaos consume", argv)
     try:
         if not args.handler:
             raise ConfigurationError("give --handler module:function, the handler under test")
@@ -163,7 +125,7 @@ def spark_main(argv: Sequence[str] | None = None) -> int:
         .trigger(processingTime="200 milliseconds")
         .start()
     )
-    stop = _stop_event()
+    stop = stop_event()
     log.info("chaos spark consumer started", consumer=args.name)
     while query.isActive and not stop.wait(0.5):
         pass
@@ -181,8 +143,6 @@ def spark_main(argv: Sequence[str] | None = None) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    from .mirror import backfill_main, update_main
-
     commands = {"produce": produce_main, "streamer": streamer_main, "consume": consume_main, "spark": spark_main}
     commands |= {"update": update_main, "backfill": backfill_main}  # the backfill step (mirror.py)
     if not argv or argv[0] not in commands:

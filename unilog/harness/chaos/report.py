@@ -16,7 +16,7 @@ from .observe import Observation
 from .schedule import FaultEvent
 
 if TYPE_CHECKING:
-    from .runner import ChaosConfig
+    from .config import ChaosConfig
 
 
 LOG_EVENTS = {

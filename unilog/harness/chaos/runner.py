@@ -13,89 +13,28 @@ import time
 import urllib.request
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import urlsplit
 
-from unilog import admin
 from unilog.config import Settings
 from unilog.errors import ConfigurationError, UnilogError
-from unilog.status import collect_status
+from unilog.ops import admin
+from unilog.ops.status import collect_status
 
-from ..app import App, spark_available
+from ..app import App
 from ..embedded import EmbeddedPostgres, EmbeddedRedis, EmbeddedRedisCluster, free_port
 from ..proxy import FaultProxy
 from ..supervisor import Fleet, ProcessSpec
 from . import mirror, tables
 from .checker import Verdict
+from .config import ChaosConfig
 from .injector import Injector
 from .observe import collect, progress
 from .report import consumer_report, format_summary, print_header, recoveries
-from .schedule import FaultRates, build_schedule
+from .schedule import build_schedule
 from .specs import PRODUCERS, fleet_specs
-
-# rates from the issue; each process's fault seed is derived from the run's seed (and its incarnation)
-STREAMER_FAULTS = "streamer.double_send=0.05,streamer.crash_after_claim=0.01,streamer.crash_after_publish=0.02"
-CONSUMER_FAULTS = "consumer.crash_before_commit=0.05,consumer.crash_mid_batch=0.02"
-GROUP_FAULTS = "consumer.crash_before_commit=0.05,consumer.crash_mid_batch=0.02,group.crash_before_ack=0.02"
-
-
-@dataclass
-class ChaosConfig:
-    """A chaos run. Defaults are the ``unilog chaos`` command's.
-
-    ``handler``: the consumer handler under test (``module:function``; default the app's own). ``compare_states``:
-    compare the consumers' states with the app's canonical totals (default: only with the app's own handler).
-    ``database_url``/``redis_url``: throw-away servers to use instead of embedded ones (they must be empty of the
-    app's data; server restarts and pauses are then skipped). ``pythonpath``: extra import paths for the fleet
-    (where your handler lives). ``extra_processes``/``extra_consumers``: more fleet processes and the names they
-    record in ``chaos_applied`` (checked like checkpoint consumers). ``spark``: run the app's Spark consumer too
-    (default: when pyspark and Java are installed); it runs the app's Spark effect whatever ``handler`` is.
-    ``redis_cluster``: an embedded Redis Cluster (three masters, three replicas) instead of one Redis; the schedule
-    then kills masters (``faults.master_kill``) instead of restarting and pausing Redis, the streamers run with
-    ``--wait-replicas 1`` and the checkpoint consumers with ``--rewind-grace`` (see :class:`unilog.ConsumerConfig`).
-    """
-
-    duration: float = 60.0
-    seed: int = 1
-    database_url: str | None = None
-    redis_url: str | None = None
-    handler: str | None = None
-    compare_states: bool | None = None
-    rate: float = 20.0
-    producer_rate: float = 6.0
-    rollback: float = 0.15
-    poison: float = 0.01
-    faults: FaultRates = field(default_factory=FaultRates)
-    library_faults: bool = True
-    streamer_faults: str = STREAMER_FAULTS
-    consumer_faults: str = CONSUMER_FAULTS
-    group_faults: str = GROUP_FAULTS
-    quiesce_timeout: float = 180.0
-    log_dir: Path | None = None
-    keep_logs: bool | None = None  # None: keep them if log_dir was given or the verdict fails; False: on failure
-    report_path: Path | None = None
-    pythonpath: Sequence[str] = ()
-    extra_processes: Sequence[ProcessSpec] = ()
-    extra_consumers: Sequence[str] = ()
-    status_interval: float = 10.0
-    spark: bool | None = None  # None: when pyspark and Java are installed
-    redis_cluster: bool = False
-    api: str = "flask"  # or "fastapi": the app's ASGI API under uvicorn (App.api_argv)
-    capture: str = (
-        "table"  # or "wal": the streamers read the staged records from a logical slot (unilog.stream.capture)
-    )
-    backfill_rows: int = 0  # > 0: the backfill step (unilog.harness.chaos.mirror) over a table of that many rows
-
-    def use_spark(self, app: App) -> bool:
-        if app.spark_consumer is None:
-            return False
-        return spark_available() if self.spark is None else self.spark
-
-    def consumers(self, app: App) -> list[str]:
-        """The checkpoint consumers (the Spark one included) whose applications are checked."""
-        return [*app.consumers, *([app.spark_name] if self.use_spark(app) else []), *self.extra_consumers]
 
 
 @dataclass

@@ -11,7 +11,7 @@ from ..app import App
 from ..supervisor import ProcessSpec
 
 if TYPE_CHECKING:
-    from .runner import ChaosConfig
+    from .config import ChaosConfig
 
 PRODUCERS = ("producer0", "producer1")
 HARNESS = "unilog.harness.chaos"  # python -m HARNESS produce | streamer | consume | spark

@@ -25,9 +25,9 @@ from typing import Any, Protocol
 import psycopg
 import structlog
 
-from . import engine, store
-from .config import Settings
-from .errors import ConfigurationError
+from .. import engine, store
+from ..config import Settings
+from ..errors import ConfigurationError
 
 log = structlog.get_logger(__name__)
 

@@ -43,7 +43,7 @@ def _field_columns(chunk: list[Any]) -> list[Any]:
     return [list(column) for column in zip(*rows, strict=True)] if rows else [[] for _ in _FIELDS]
 
 
-def _record_batch(stream: str, chunk: list[Any]) -> Any:
+def record_batch(stream: str, chunk: list[Any]) -> Any:
     """An Arrow record batch of ``SCHEMA`` from raw ``XRANGE`` entries ``[id, [field, value, ...]]``."""
     import pyarrow as pa
 

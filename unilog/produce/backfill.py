@@ -34,14 +34,14 @@ from typing import Any
 import psycopg
 import structlog
 
-from . import metrics, store
-from .config import Settings, validate_stream_name
-from .errors import BackfillRefused, PayloadNotSerializable, PostgresPermissionDenied
-from .faults import NO_FAULTS, Faults
-from .produce import producer as produce
-from .produce.encoding import PostgresJSON
-from .runtime import Links, Worker
-from .store import backfills as sql
+from .. import metrics, store
+from ..config import Settings, validate_stream_name
+from ..errors import BackfillRefused, PayloadNotSerializable, PostgresPermissionDenied
+from ..faults import NO_FAULTS, Faults
+from ..runtime import Links, Worker
+from ..store import backfills as sql
+from . import producer as produce
+from .encoding import PostgresJSON
 
 __all__ = ["Backfill", "BackfillConfig", "backfills", "cancel", "default_name", "start"]
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from . import dlq, engine, store
-from .config import Settings
-from .consume.records import load_handler, load_object
-from .errors import ConfigurationError, ConsumerRunning
+from .. import engine, store
+from ..config import Settings
+from ..consume.records import load_handler, load_object
+from ..errors import ConfigurationError, ConsumerRunning
+from . import dlq
 
 __all__ = [
     "Deleted",
@@ -58,9 +59,9 @@ def dead_letters(settings: Settings, stream: str, group: str | None = None) -> l
 
 
 def enable_wal_capture(settings: Settings) -> None:
-    """Switch the database to WAL capture mode, as ``unilog capture wal`` does (see :func:`unilog.stream.capture.
+    """Switch the database to WAL capture mode, as ``unilog capture wal`` does (see :func:`unilog.stream.modes.
     enable_wal`): no streamer may run meanwhile."""
-    from .stream.capture import enable_wal
+    from ..stream.modes import enable_wal
 
     enable_wal(settings)
 

@@ -8,9 +8,10 @@ from typing import Any
 
 import structlog
 
-from .. import dlq, engine, store
-from ..config import Settings, validate_stream_name
-from ..errors import ConfigurationError, UnilogError
+from ... import engine, store
+from ...config import Settings, validate_stream_name
+from ...errors import ConfigurationError, UnilogError
+from .. import dlq
 from . import History
 from .page import PAGE
 

@@ -20,8 +20,8 @@ from typing import Any
 
 import structlog
 
-from ..config import Settings
-from ..errors import ConfigurationError, UnilogError
+from ...config import Settings
+from ...errors import ConfigurationError, UnilogError
 
 log = structlog.get_logger(__name__)
 
@@ -84,7 +84,7 @@ def create_app(settings: Settings, history: History, *, read_only: bool = False)
         raise ConfigurationError("the dashboard needs Flask: pip install 'unilog[dashboard]'") from None
     from .routes import register
 
-    app = Flask("unilog.dashboard")
+    app = Flask("unilog.ops.dashboard")
     register(app, settings, history, read_only=read_only, token=secrets.token_urlsafe(24))
     return app
 

@@ -18,9 +18,9 @@ from alembic.config import Config
 from sqlalchemy import create_engine, pool
 from sqlalchemy.exc import DBAPIError
 
-from . import store
-from .config import postgres_conninfo, redact_url, sqlalchemy_url
-from .errors import MigrationFailed
+from .. import store
+from ..config import postgres_conninfo, redact_url, sqlalchemy_url
+from ..errors import MigrationFailed
 
 log = structlog.get_logger(__name__)
 

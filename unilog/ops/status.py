@@ -2,7 +2,7 @@
 the slot's health), for people and scripts.
 
 The consumers are those with a checkpoint in Postgres and those registered for retention in Redis (``unilog consumer
-register``, :func:`unilog.admin.declare`), on the streams the report covers: a consumer registered ahead of its
+register``, :func:`unilog.ops.admin.declare`), on the streams the report covers: a consumer registered ahead of its
 first run ("registered, never ran") holds the stream's retention before it has a checkpoint. Each registered one
 shows how much of the stream it holds (:func:`unilog.stream.retention.held`)."""
 
@@ -11,10 +11,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from . import dlq, engine, store
-from .config import Settings, postgres_conninfo
-from .store.backfills import list_backfills
-from .stream import retention
+from .. import engine, store
+from ..config import Settings, postgres_conninfo
+from ..store.backfills import list_backfills
+from ..stream import retention
+from . import dlq
 
 
 def collect_status(settings: Settings) -> dict[str, Any]:

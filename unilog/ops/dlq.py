@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from . import engine, store
-from .consume.records import REPLAY_FOR, REPLAY_OF, replay_owner
-from .errors import ConfigurationError
+from .. import engine, store
+from ..consume.records import REPLAY_FOR, REPLAY_OF, replay_owner
+from ..errors import ConfigurationError
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """``unilog metrics``: the whole system's state as Prometheus metrics, read from Postgres and Redis at each scrape.
 
 No single process knows a consumer's lag or the staged backlog; this exporter reads them the way ``unilog status``
-does (:func:`unilog.status.collect_status`), once per scrape, so what it reports is always current and it keeps no
+does (:func:`unilog.ops.status.collect_status`), once per scrape, so what it reports is always current and it keeps no
 state. Run one per system, next to the processes' own ``--metrics-port`` metrics.
 """
 
@@ -15,8 +15,8 @@ import structlog
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .config import Settings
-from .errors import UnilogError
+from ..config import Settings
+from ..errors import UnilogError
 
 log = structlog.get_logger(__name__)
 

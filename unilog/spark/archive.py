@@ -18,9 +18,9 @@ from typing import Any
 
 import structlog
 
-from . import engine, store
-from .config import Settings
-from .spark import Effect, TransactionalSink, task_slots
+from .. import engine, store
+from ..config import Settings
+from . import Effect, TransactionalSink, task_slots
 
 log = structlog.get_logger(__name__)
 

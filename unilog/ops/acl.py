@@ -17,10 +17,10 @@ import hashlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .engine import RedisStreams as R
-from .engine import connect, ping, raw_pages
-from .engine.commands import commands_of
-from .wire import attempts_key, dlq_key, hwm_key, meta_key, registry_key, workers_key
+from ..engine import RedisStreams as R
+from ..engine import connect, ping, raw_pages
+from ..engine.commands import commands_of
+from ..wire import attempts_key, dlq_key, hwm_key, meta_key, registry_key, workers_key
 
 # Every process connects (redis-py's health checks: PING) and checks the server answers (INFO: version, loading).
 _CONNECTING: tuple[Callable[..., Any], ...] = (connect, ping)
@@ -76,7 +76,7 @@ USES: dict[str, tuple[Callable[..., Any], ...]] = {
     ),
     # `unilog status`, `metrics` and `dashboard` (with what each registration holds: groups' oldest pending entries);
     # dead letters (list, show, replay, drop); consumers (register, unregister, reset, rebuild, delete), groups
-    # (delete) and `unilog.admin.declare`; `unilog stream partition` and `relayout`
+    # (delete) and `unilog.ops.admin.declare`; `unilog stream partition` and `relayout`
     "operator": (
         R.partitions,
         R.info,
