@@ -222,3 +222,28 @@ async def test_the_plugins_async_fixture_and_runner_as_a_user_writes_them(
         await asyncio.sleep(0.3)  # a third record, had the rolled-back one been published, would arrive meanwhile
     cursor = await conn.execute("SELECT distance FROM totals")
     assert (await cursor.fetchone())[0] == 12
+
+
+def test_the_command_line_runs_an_async_handler_as_a_partitioned_consumer(settings: Settings, pg: Any) -> None:
+    """``--partitioned`` with an ``async def`` handler runs :class:`~unilog.AsyncPartitionedConsumer` (it was
+    refused before the partition worker came from the one source)."""
+    from unilog.engine import RedisStreams, connect
+
+    api = RedisStreams(connect(settings.redis_url))
+    api.set_partitions(settings.stream, 2)
+    api.close()
+    produce(settings, 12)
+    Streamer(settings).drain()
+    env = {**os.environ, "DATABASE_URL": settings.database_url, "REDIS_URL": settings.redis_url}
+    argv = [sys.executable, "-m", "unilog", "consume", "handlers:async_cli_handler", "--name", "parts"]
+    done = subprocess.run(
+        [*argv, "--partitioned", "--stream", "test-stream", "--once"],
+        cwd=TESTS,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "handled 12 records" in done.stdout
+    assert sorted(applied(pg, "cli")) == list(range(12))

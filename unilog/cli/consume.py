@@ -59,19 +59,19 @@ def run_consumer(args: argparse.Namespace, handler: Handler) -> int:
 
 
 def _run_async(args: argparse.Namespace, settings: Settings, handler: Any) -> int:
-    """An ``async def`` handler: an :class:`~unilog.AsyncConsumer` in its own event loop; SIGTERM and SIGINT set its
-    stop event, so the batch in progress finishes and commits."""
+    """An ``async def`` handler: an asyncio worker of the kind the flags pick (:class:`~unilog.AsyncConsumer`,
+    :class:`~unilog.AsyncGroupConsumer`, :class:`~unilog.AsyncPartitionedConsumer`) in its own event loop; SIGTERM
+    and SIGINT set its stop event, so the batch in progress finishes and commits."""
     import asyncio
 
     from ..consume.consumer import AsyncConsumer
 
     consumer: Any
     if args.partitioned:
-        raise ConfigurationError(
-            "an async handler runs as a checkpoint consumer (--name) or a group worker (--group); async partitioned "
-            "workers are not available yet: use a synchronous handler with --partitioned"
-        )
-    if args.group:
+        from ..consume.partitions import AsyncPartitionedConsumer
+
+        consumer = AsyncPartitionedConsumer(settings, _config(args), handler, faults=faults_from(args))
+    elif args.group:
         from ..consume.group import AsyncGroupConsumer
 
         consumer = AsyncGroupConsumer(
