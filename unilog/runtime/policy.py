@@ -67,10 +67,12 @@ def decide(worker: Any, exc: BaseException, *, drain: bool = False) -> Verdict:
       (:class:`~unilog.errors.NotReplicated`), and a handler's failure that was rolled back
       (``worker.on_handler_error(exc)`` returns True).
 
-    ``drain`` (burst mode) retries only what ``retry`` covers; a crash or a lost connection ends the drain, raised.
+    ``drain`` (burst mode) retries only a handler's failure (its poison policy bounds the retries); anything else ends
+    the drain, raised: a crash, a lost connection, a dead letter no replica acknowledged (a caller of burst mode wants
+    to know now, not wait for a server to come back).
     """
     verdict = _classify(worker, exc)
-    if drain and verdict.action in ("restart", "reconnect"):
+    if drain and verdict.cause != "handler" and verdict.action != "stop":
         return Verdict("stop", verdict.cause, exc)
     return verdict
 

@@ -132,7 +132,7 @@ class AsyncWorker(abc.ABC):
     * :meth:`run_once` does one pass (at most one batch per source) and returns what it did. A pass either commits
       its batch whole or raises with nothing committed; a record is never skipped because a pass failed.
     * :meth:`drain` is burst mode: passes (:meth:`drain_pass`) until nothing is left to do, then returns the
-      records processed; a handler's failure is retried as in :meth:`run`, a crash or a lost connection raises.
+      records processed; a handler's failure is retried as in :meth:`run`, any other failure raises.
     * :meth:`run` is the long-running mode: passes until ``stop_event`` is set (forever without one), always
       finishing the pass in progress (SIGTERM lets the current batch finish); it closes the connections when it
       returns, however it returns.
