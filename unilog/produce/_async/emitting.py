@@ -1,9 +1,8 @@
-"""Staging records in the caller's own transaction, through whatever handle it holds: a SQLAlchemy session or
-connection, or a psycopg connection.
+"""Staging records in the caller's own transaction, through whatever handle it holds: a SQLAlchemy ``AsyncSession``
+or ``AsyncConnection``, or a psycopg ``AsyncConnection``.
 
-One source, two faces: this module is written once, as asyncio code under ``_async/`` (``await emit_async(tx,
-...)`` on an ``AsyncSession``, a SQLAlchemy ``AsyncConnection`` or a psycopg ``AsyncConnection``), and generated for
-threads under ``_sync/`` (``emit(tx, ...)``), so both faces refuse, encode and stage alike. The guarantees: the
+One source, two faces: this module is written once, as asyncio code under ``_async/``, and generated for threads
+under ``_sync/``, so both faces refuse, encode and stage alike. The guarantees: the
 record is one row (or, in WAL mode, one logical message) in the caller's transaction; nothing commits; a handle
 with no open transaction is refused; bad input is refused before anything is sent (the transaction stays usable);
 and the active span's trace context is stored with the record.

@@ -1,10 +1,9 @@
 # Generated from unilog/produce/_async/emitting.py by tools/faces.py: do not edit.
-"""Staging records in the caller's own transaction, through whatever handle it holds: a SQLAlchemy session or
-connection, or a psycopg connection.
+"""Staging records in the caller's own transaction, through whatever handle it holds: a SQLAlchemy ``Session``
+or ``Connection``, or a psycopg ``Connection``.
 
-One source, two faces: this module is written once, as asyncio code under ``_async/`` (``await emit(tx,
-...)`` on an ``Session``, a SQLAlchemy ``Connection`` or a psycopg ``Connection``), and generated for
-threads under ``_sync/`` (``emit(tx, ...)``), so both faces refuse, encode and stage alike. The guarantees: the
+One source, two faces: this module is written once, as asyncio code under ``_async/``, and generated for threads
+under ``_sync/``, so both faces refuse, encode and stage alike. The guarantees: the
 record is one row (or, in WAL mode, one logical message) in the caller's transaction; nothing commits; a handle
 with no open transaction is refused; bad input is refused before anything is sent (the transaction stays usable);
 and the active span's trace context is stored with the record.
