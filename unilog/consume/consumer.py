@@ -8,11 +8,24 @@ psycopg ``AsyncConnection``; ``asyncio.create_task(consumer.run(stop))`` beside 
 
 from __future__ import annotations
 
-from ._async.checkpoint import AsyncConsumer
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from ._sync.checkpoint import Consumer
 from .base import POISON_POLICIES, ConsumerConfig, ConsumeResult
 from .records import AsyncHandler, Batch, Handler, Record, load_handler, load_object
 from .resets import positions_through, reset_checkpoint
+
+if TYPE_CHECKING:
+    from ._async.checkpoint import AsyncConsumer
+
+
+def __getattr__(name: str) -> Any:
+    """The asyncio face on first use: a threaded process does not import the asyncio clients (0.2 s of start-up)."""
+    if name in {"AsyncConsumer"}:
+        return getattr(importlib.import_module("._async.checkpoint", __package__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [  # Batch, Handler, Record and the loaders are re-exported: they lived here first
     "POISON_POLICIES",

@@ -20,9 +20,22 @@ when order per aggregate matters, groups when it does not.
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from ..routing import partition_of, partition_stream
-from ._async.partitions import AsyncPartitionedConsumer
 from ._sync.partitions import PartitionedConsumer
 from .settings import PartitionConfig
+
+if TYPE_CHECKING:
+    from ._async.partitions import AsyncPartitionedConsumer
+
+
+def __getattr__(name: str) -> Any:
+    """The asyncio face on first use: a threaded process does not import the asyncio clients (0.2 s of start-up)."""
+    if name in {"AsyncPartitionedConsumer"}:
+        return getattr(importlib.import_module("._async.partitions", __package__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["AsyncPartitionedConsumer", "PartitionConfig", "PartitionedConsumer", "partition_of", "partition_stream"]

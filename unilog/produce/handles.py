@@ -7,7 +7,7 @@ The asyncio names pair with the threaded ones for ``tools/faces.py``: ``AsyncSes
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg.pq import TransactionStatus
@@ -16,10 +16,21 @@ from sqlalchemy.orm import Session
 
 from ..errors import NotInTransaction, SchemaMissing
 
-try:  # SQLAlchemy's asyncio layer needs greenlet ("sqlalchemy[asyncio]"); without it only psycopg handles work
+if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
-except ImportError:  # pragma: no cover - depends on the installation
-    AsyncConnection = AsyncSession = None  # type: ignore[assignment,misc]
+
+
+def __getattr__(name: str) -> Any:
+    """SQLAlchemy's asyncio handles, imported on first use (by ``emit_async``): a web app that only calls ``emit``
+    does not load them. None each where SQLAlchemy's asyncio layer is not installed (it needs greenlet,
+    ``sqlalchemy[asyncio]``): then only psycopg's ``AsyncConnection`` works."""
+    if name not in ("AsyncConnection", "AsyncSession"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    try:
+        from sqlalchemy.ext import asyncio as sa_asyncio
+    except ImportError:  # pragma: no cover - depends on the installation
+        return None
+    return getattr(sa_asyncio, name)
 
 __all__ = [
     "AsyncConnection",

@@ -10,11 +10,27 @@ fault injection) are plain code both faces call.
 
 from __future__ import annotations
 
-from ._async.loop import AsyncLinks, AsyncWorker
-from ._async.loop import serve as serve_async
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from ._sync.loop import Links, Worker, serve
 from .hooks import DEFAULT_HOOKS, Hook
 from .policy import FATAL, TRANSIENT, Backoff, Verdict, account_batch, decide, fatal, health_name
+
+if TYPE_CHECKING:
+    from ._async.loop import AsyncLinks, AsyncWorker
+    from ._async.loop import serve as serve_async
+
+# The asyncio face is imported on first use: a threaded process (the streamer, a threaded consumer) does not pay for
+# redis-py's and psycopg's asyncio clients (0.2 s of its start-up here).
+_ASYNC = {"AsyncLinks": "AsyncLinks", "AsyncWorker": "AsyncWorker", "serve_async": "serve"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _ASYNC:
+        return getattr(importlib.import_module("._async.loop", __name__), _ASYNC[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "DEFAULT_HOOKS",
