@@ -98,6 +98,12 @@ class ServerUnreachable(UnilogError):
     """Postgres or Redis could not be reached; the message names the server (password redacted) and the cause."""
 
 
+class ReadOnlyServer(ServerUnreachable):
+    """The server reached is a read-only standby (in recovery): a worker waits for a primary as for an unreachable
+    server, retrying with back-off (a multi-host ``DATABASE_URL`` with ``target_session_attrs=read-write`` or a
+    virtual IP then reaches the promoted one); a command stops with this one line."""
+
+
 class SchemaMissing(UnilogError):
     """The database lacks unilog's tables or is behind the migrations; run ``unilog migrate``."""
 

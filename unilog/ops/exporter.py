@@ -11,10 +11,12 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import psycopg
 import structlog
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from .. import store
 from ..config import Settings
 from ..errors import UnilogError
 
@@ -31,6 +33,7 @@ class SystemCollector(Collector):
         from .status import collect_status
 
         started = time.perf_counter()
+        _guard(self.settings)
         try:
             report = collect_status(self.settings)
         except UnilogError as exc:
@@ -45,6 +48,18 @@ class SystemCollector(Collector):
             [],
             [([], time.perf_counter() - started)],
         )
+
+
+def _guard(settings: Settings) -> None:
+    """Each scrape checks the WAL capture slot as a streamer does (:mod:`unilog.stream.guard`): while no streamer
+    runs, the exporter is the process that holds producers to rows before the slot can be lost."""
+    from ..stream.guard import guard
+
+    try:
+        with store.connect(settings.conninfo, application_name="unilog-metrics") as conn:
+            guard(conn, streaming=False)
+    except (UnilogError, psycopg.Error) as exc:
+        log.warning("the capture slot's guard could not run", error=" ".join(str(exc).split()))
 
 
 def _gauge(name: str, doc: str, labels: list[str], samples: list[tuple[list[str], float]]) -> GaugeMetricFamily:
@@ -182,6 +197,17 @@ def _capture_families(capture: dict[str, Any]) -> Iterator[GaugeMetricFamily]:
     )
     for name, key, doc in (
         (
+            "unilog_capture_slot_failover",
+            "failover",
+            "1 if the WAL capture slot is a failover slot (Postgres 17+: standbys with sync_replication_slots copy it)",
+        ),
+        (
+            "unilog_capture_records_held",
+            "held_reason",
+            "1 while producers are held to rows because the slot is at risk (a standby without failover slots, or "
+            "max_slot_wal_keep_size near): nothing is lost, record messages resume when it has passed",
+        ),
+        (
             "unilog_capture_slot_retained_bytes",
             "retained_bytes",
             "WAL the server keeps for the slot: current WAL position - restart_lsn",
@@ -193,4 +219,6 @@ def _capture_families(capture: dict[str, Any]) -> Iterator[GaugeMetricFamily]:
         ),
     ):
         value = capture.get(key) if wal else None
+        if key in ("failover", "held_reason") and wal:
+            value = 1 if value else 0
         yield _gauge(name, doc, ["slot"], [] if value is None else [(labels, value)])

@@ -63,7 +63,8 @@ def capture_health(conn: Any) -> dict[str, Any]:
         return {"mode": "table", "slot": None, "wal_level": store.wal_level(conn)}
     state = store.slot_state(conn, current.slot)
     if state is None:
-        return {"mode": "wal", "slot": current.slot, "exists": False, "active": False, "active_pid": None}
+        missing = {"exists": False, "active": False, "active_pid": None, "failover": False, "held_reason": None}
+        return {"mode": "wal", "slot": current.slot, **missing}
     return {
         "mode": "wal",
         "slot": current.slot,
@@ -73,7 +74,15 @@ def capture_health(conn: Any) -> dict[str, Any]:
         "wal_status": state["wal_status"],
         "retained_bytes": state["retained_bytes"],
         "confirmed_lag_bytes": state["confirmed_lag_bytes"],
+        **_failover(conn, current.slot),
     }
+
+
+def _failover(conn: Any, slot: str) -> dict[str, Any]:
+    """Whether a failover keeps the slot, and whether producers are held to rows (and why)."""
+    safety = store.slot_safety(conn, slot)
+    reason, _saved, _lsn = store.rows_held(conn)
+    return {"failover": safety.failover, "protected": safety.protected, "risk": safety.risk, "held_reason": reason}
 
 
 def _partitions(api: engine.RedisStreams, stream: str) -> list[str]:
@@ -326,9 +335,11 @@ def format_capture(capture: dict[str, Any] | None) -> str:
     if not capture["exists"]:
         return f"capture: WAL, slot {slot} MISSING: run `unilog capture wal --recreate`"
     streamer = f"streamer pid {capture['active_pid']}" if capture["active"] else "NO ACTIVE STREAMER"
+    kind = "failover slot" if capture["failover"] else "slot"
+    held = f"; PRODUCERS HELD TO ROWS: {capture['held_reason']}" if capture["held_reason"] else ""
     return (
-        f"capture: WAL mode (commit order), slot {slot} ({capture['wal_status']}): {streamer}, WAL retained "
-        f"{_size(capture['retained_bytes'])}, confirmation lag {_size(capture['confirmed_lag_bytes'])}; "
+        f"capture: WAL mode (commit order), {kind} {slot} ({capture['wal_status']}): {streamer}, WAL retained "
+        f"{_size(capture['retained_bytes'])}, confirmation lag {_size(capture['confirmed_lag_bytes'])}{held}; "
         "`unilog capture table` switches back"
     )
 

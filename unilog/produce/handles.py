@@ -32,6 +32,7 @@ def __getattr__(name: str) -> Any:
         return None
     return getattr(sa_asyncio, name)
 
+
 __all__ = [
     "AsyncConnection",
     "AsyncSession",

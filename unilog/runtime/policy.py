@@ -30,7 +30,14 @@ log = structlog.get_logger("unilog.runtime")
 
 # Failures of the infrastructure rather than of a record: retried after reconnecting, never held against a record.
 # (A deadline's TimeoutError is an OSError: it is one of them, in both faces.)
-TRANSIENT: tuple[type[BaseException], ...] = (psycopg.OperationalError, engine.RedisError, OSError, ServerUnreachable)
+# A write refused by a read-only server is one too: the server is a standby, and a failover promotes one.
+TRANSIENT: tuple[type[BaseException], ...] = (
+    psycopg.OperationalError,
+    psycopg.errors.ReadOnlySqlTransaction,
+    engine.RedisError,
+    OSError,
+    ServerUnreachable,
+)
 # Failures of the set-up no retry can fix (a Redis replica, a refused privilege): the process stops with one line.
 FATAL: tuple[type[Exception], ...] = (*engine.FATAL, *store.FATAL)
 

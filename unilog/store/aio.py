@@ -32,6 +32,7 @@ from .connection import (
     VERSIONS,
     connect_options,
     schema_verdict,
+    standby_refusal,
     unreachable,
     version_refusal,
 )
@@ -49,9 +50,9 @@ async def connect_async(
         )
     except psycopg.OperationalError as exc:
         raise unreachable(conninfo, exc) from None
-    if (too_old := version_refusal(conn, conninfo)) is not None:
+    if (refused := version_refusal(conn, conninfo) or standby_refusal(conn, conninfo)) is not None:
         await conn.close()
-        raise too_old
+        raise refused
     return conn
 
 

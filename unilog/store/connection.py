@@ -18,6 +18,7 @@ from psycopg import sql
 from ..config import redact_url
 from ..errors import (
     PostgresPermissionDenied,
+    ReadOnlyServer,
     SchemaMissing,
     ServerUnreachable,
     UnilogError,
@@ -26,7 +27,7 @@ from ..errors import (
 
 log = structlog.get_logger(__name__)
 
-SCHEMA_HEAD = "unilog_0011"
+SCHEMA_HEAD = "unilog_0012"
 VERSION_TABLE = "unilog_alembic_version"
 _MIGRATE_LOCK = 0x756E696C6F67  # "unilog": serializes concurrent `unilog migrate` runs
 
@@ -57,21 +58,27 @@ def unreachable(conninfo: str, exc: Exception) -> ServerUnreachable:
 
 
 def connect(
-    conninfo: str, *, autocommit: bool = False, application_name: str = "unilog", timeout: float | None = None
+    conninfo: str,
+    *,
+    autocommit: bool = False,
+    application_name: str = "unilog",
+    timeout: float | None = None,
+    standby: bool = False,
 ) -> psycopg.Connection[Any]:
     """Open a psycopg connection, turning connection failures into :class:`ServerUnreachable`.
 
     The error names the server with its password redacted and says what to check. TCP keepalives and a user
     timeout make a silently dead peer (a network partition) an error within seconds instead of a hang; a peer that
-    still acknowledges packets but never answers is handled by :func:`deadline`.
+    still acknowledges packets but never answers is handled by :func:`deadline`. A standby is refused
+    (:class:`ReadOnlyServer`) unless ``standby`` (a read that wants one).
     """
     try:
         conn = psycopg.connect(conninfo, autocommit=autocommit, **connect_options(application_name, timeout))
     except psycopg.OperationalError as exc:
         raise unreachable(conninfo, exc) from None
-    if (too_old := version_refusal(conn, conninfo)) is not None:
+    if refused := version_refusal(conn, conninfo) or (None if standby else standby_refusal(conn, conninfo)):
         conn.close()
-        raise too_old
+        raise refused
     return conn
 
 
@@ -83,6 +90,18 @@ def version_refusal(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]
     return UnsupportedServer(
         f"Postgres at {redact_url(conninfo)} is version {version}; unilog needs Postgres 15 or later: upgrade the "
         "server (pg_upgrade) or point DATABASE_URL at a newer one"
+    )
+
+
+def standby_refusal(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], conninfo: str) -> Exception | None:
+    """:class:`ReadOnlyServer` if ``conn``'s server is a hot standby (its ``in_hot_standby``, which the server
+    reports at login: no query), else None (either face). No unilog session writes to a standby, and a failover
+    promotes one: a worker waits for that, retrying, and never exits or writes meanwhile."""
+    if conn.info.parameter_status("in_hot_standby") != "on":
+        return None
+    return ReadOnlyServer(
+        f"Postgres at {redact_url(conninfo)} is a read-only standby (in recovery): waiting for a primary (after a "
+        "failover, give DATABASE_URL every host with target_session_attrs=read-write, or a virtual IP)"
     )
 
 

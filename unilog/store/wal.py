@@ -22,7 +22,7 @@ from psycopg import pq, sql
 
 from ..config import redact_url
 from ..errors import CaptureLost, ConfigurationError
-from .connection import connect_options, unreachable
+from .connection import connect_options, standby_refusal, unreachable
 from .positions import save_positions
 
 PUBLICATION = "unilog_staged"
@@ -92,11 +92,6 @@ def ensure_publication(conn: psycopg.Connection[Any], publication: str) -> None:
                 sql.Identifier(publication)
             )
         )
-
-
-def create_slot(conn: psycopg.Connection[Any], slot: str) -> None:
-    """Create the logical slot (autocommit: Postgres refuses it in a transaction that wrote)."""
-    conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
 
 
 def drop_slot(conn: psycopg.Connection[Any], slot: str, timeout: float = 10.0) -> None:
@@ -383,6 +378,9 @@ class ReplicationStream:
             self.conn = psycopg.connect(conninfo, autocommit=True, replication="database", **options)
         except psycopg.OperationalError as exc:
             raise unreachable(conninfo, exc) from None
+        if (standby := standby_refusal(self.conn, conninfo)) is not None:
+            self.conn.close()  # a standby's copy of a failover slot is not to be read: wait for the promotion
+            raise standby
         self.conninfo, self.slot = conninfo, slot
         self.flushed = 0  # the last LSN confirmed to the server
         self._received_end = 0  # the server's WAL end as last reported

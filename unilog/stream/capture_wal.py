@@ -41,6 +41,7 @@ from ..errors import CaptureLost, ConfigurationError, PublishError
 from ..store.pgoutput import Decoder, WalRow, WalTransaction
 from ..store.wal import CaptureSlot, ReplicationStream, SlotBusy
 from .capture import BatchResult, Capture
+from .guard import GUARD_INTERVAL, guard
 from .publisher import Publisher
 
 log = structlog.get_logger(__name__)
@@ -107,6 +108,7 @@ class WalCapture:
         self._mark = (0, -1)  # the last record message published: (commit LSN, ordinal); ones at or before it skip
         self.markers: set[str] = set()  # switch markers whose transaction was confirmed to the slot
         self.held_peak = 0  # the most decoded rows held at once (pending, and the decoder's open part)
+        self._guard_at = 0.0  # when the slot's safety is checked next (unilog.stream.guard)
 
     @property
     def held_rows(self) -> int:
@@ -128,6 +130,9 @@ class WalCapture:
         except SlotBusy:
             conn.commit()
             return BatchResult(blocked=True)  # another streamer streams this database's slot
+        if time.monotonic() >= self._guard_at:
+            self._guard_at = time.monotonic() + GUARD_INTERVAL
+            guard(conn, streaming=True)
         self._receive(reader, wait=0)
         if not self._pending:
             self._confirm_idle(reader)
@@ -383,19 +388,29 @@ def _by_stream(publisher: Publisher, records: list[WalRow]) -> dict[str, list[Wa
 
 def _stop_messages_after_loss(conn: psycopg.Connection[Any]) -> str:
     """The slot is gone or lost: producers must stop writing record messages no slot will read. Switch them to rows
-    (which any capture finds again) at once; return what the loss cost, for the error's line."""
+    (which any capture finds again) at once; return what the loss cost, for the error's line: nothing, if they were
+    held to rows before it and every message before the hold was published or rescued, else the WAL range whose
+    record messages the slot had not delivered are gone."""
     kept = "records staged as rows are kept and will be published"
     try:
-        if not store.emit_messages(conn):
-            conn.commit()
-            return f"nothing is lost: {kept}"
-        store.set_emit_messages(conn, False, wait=False)
+        reason, saved, held_at = store.rows_held(conn)
+        mark, now = store.message_mark(conn), store.wal_insert_lsn(conn)
+        messages = store.emit_messages(conn)
+        if messages:
+            store.set_emit_messages(conn, False, wait=False)
         conn.commit()
-        switched = "producers now stage rows"
+        switched = "producers now stage rows" if messages else "producers stage rows"
     except (psycopg.Error, ConfigurationError) as exc:
         conn.rollback()
-        switched = f"producers could not be switched to rows ({exc}): `unilog capture table` does it"
+        return f"{kept}; producers could not be switched to rows ({exc}): `unilog capture table` does it"
+    if not messages and reason is not None and saved:
+        return f"nothing is lost: producers were held to rows before ({reason}), every record message before was " + (
+            f"published or rescued as a row, and {kept}"
+        )
+    upto = held_at if not messages and held_at is not None else now
     return (
-        f"{kept}, but records written as logical messages that the slot had not delivered are lost with it "
-        f"({switched}; docs/guides/wal-capture.md, 'a lost slot')"
+        f"{kept}, but records written as logical messages committed from {store.lsn_text(mark[0])} (the last one "
+        f"published) to "
+        f"{store.lsn_text(upto)} "
+        f"that the slot had not delivered are lost with it ({switched}; docs/guides/wal-capture.md, 'a lost slot')"
     )

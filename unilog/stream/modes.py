@@ -48,7 +48,7 @@ from ..store.wal import CaptureSlot
 from .capture_wal import WalCapture
 from .streamer import Streamer, StreamerConfig
 
-__all__ = ["WalCapture", "capture_status", "disable_wal", "enable_wal", "in_doubt", "settle"]
+__all__ = ["WalCapture", "capture_status", "disable_wal", "enable_wal", "in_doubt", "settle", "slot_report"]
 
 log = structlog.get_logger(__name__)
 
@@ -110,14 +110,26 @@ def _refuse_running(conn: psycopg.Connection[Any]) -> None:
         )
 
 
-def enable_wal(settings: Settings, *, slot: str | None = None, recreate: bool = False) -> CaptureSlot:
+def enable_wal(
+    settings: Settings, *, slot: str | None = None, recreate: bool = False, failover_slot: bool = True
+) -> CaptureSlot:
     """Put the database in WAL capture mode (idempotent): the publication, the slot (created, or re-created when
-    ``recreate`` or when it is missing or lost), the capture row, and the NOTIFY trigger off. Settles batches in
-    flight first; refuses while a streamer runs on the database."""
+    ``recreate`` or when it is missing or lost; a failover slot on Postgres 17+ unless ``failover_slot`` is False),
+    the capture row, and the NOTIFY trigger off. Settles batches in flight first; refuses while a streamer runs on
+    the database, and, where a standby is attached to a server without failover slots, unless ``failover_slot`` is
+    False (then producers stage rows while a standby is attached: :mod:`unilog.stream.guard`)."""
     with store.connect(settings.conninfo, autocommit=True, application_name="unilog-capture") as conn:
         level = store.wal_level(conn)
         if level != "logical":
             raise store.wal_capture_unavailable(level)
+        if failover_slot and not store.failover_slots(conn) and (attached := store.standbys(conn)):
+            raise ConfigurationError(
+                f"Postgres {conn.info.server_version // 10000} has no failover slots, and a standby is attached "
+                f"({', '.join(attached)}): a promotion would lose the slot and every record written as a logical "
+                "message it had not delivered; pass --no-failover-slot to capture from the WAL with producers "
+                "staging rows while a standby is attached (nothing is lost; after a failover run `unilog capture "
+                "wal --recreate`), or upgrade to Postgres 17+"
+            )
         current = store.capture_slot(conn)
         state = store.slot_state(conn, current.slot) if current else None
         healthy = state is not None and state["wal_status"] != "lost"
@@ -136,18 +148,32 @@ def enable_wal(settings: Settings, *, slot: str | None = None, recreate: bool = 
         if fresh:
             if state is not None:
                 store.drop_slot(conn, name)
-            store.create_slot(conn, name)
+            store.create_slot(conn, name, failover=failover_slot)
             store.record_capture(conn, name, publication)
         store.set_notify_trigger(conn, False)
         captured = store.capture_slot(conn)
         assert captured is not None
         _fit_read_index(conn, captured)
-        if store.packed_fetch_supported(conn):  # only now that the slot exists: it reads every message from here on
-            store.set_emit_messages(conn, True)
-        else:  # a message's RESP lengths are server-encoding bytes: right only in UTF8
-            log.warning("producers keep staging rows: record messages need a UTF8 database", encoding="not UTF8")
+        _turn_messages_on(conn, name)
         log.info("WAL capture on", slot=name, publication=publication, new_slot=fresh)
         return captured
+
+
+def _turn_messages_on(conn: psycopg.Connection[Any], slot: str) -> None:
+    """Producers to record messages, only now that the slot exists (it reads every message from here on), unless the
+    slot runs a risk now (then they are held to rows until it has passed) or the database is not UTF8 (a message's
+    RESP lengths are server-encoding bytes: right only in UTF8). ``conn``: autocommit."""
+    if not store.packed_fetch_supported(conn):
+        log.warning("producers keep staging rows: record messages need a UTF8 database", encoding="not UTF8")
+        return
+    risk = store.slot_safety(conn, slot).risk
+    if risk is None:
+        store.set_emit_messages(conn, True)
+        return
+    state = store.slot_state(conn, slot)
+    with conn.transaction():  # messages may be on already (a capture wal again): the hold rescues what they wrote
+        rescued = store.hold_rows(conn, slot, risk, rescue=state is not None and state["active_pid"] is None)
+    log.warning("producers stage rows while the slot is at risk", slot=slot, risk=risk, rescued=rescued)
 
 
 def _drain_messages(settings: Settings, conn: psycopg.Connection[Any], timeout: float = 120.0) -> None:
@@ -198,6 +224,7 @@ def disable_wal(settings: Settings) -> None:
     settle(settings)
     with store.connect(settings.conninfo, autocommit=True, application_name="unilog-capture") as conn:
         current = store.capture_slot(conn)
+        store.clear_rows_hold(conn)  # from here the switch owns the mode: the guard no longer turns messages back on
         # producers to rows first, and the slot's messages out: WAL mode captures rows too, so a switch that gives
         # up after this leaves WAL mode whole, as does one that gives up on the table (each change may, behind a
         # long transaction), rather than table mode with no wake-up and a slot retaining WAL for nobody
@@ -227,4 +254,22 @@ def capture_status(settings: Settings) -> dict[str, Any]:
         if current is not None:
             report |= {"slot": current.slot, "publication": current.publication, "from_xid": current.from_xid}
             report["slot_state"] = store.slot_state(conn, current.slot)
+            report["safety"] = slot_report(conn, settings.conninfo, current.slot)
         return report
+
+
+def slot_report(conn: psycopg.Connection[Any], conninfo: str, slot: str) -> dict[str, Any]:
+    """Whether a failover keeps the slot: a failover slot, protected by ``synchronized_standby_slots``, the standbys
+    attached, the slot's copies on the standbys among ``conninfo``'s hosts (Postgres 17+), and the hold to rows."""
+    safety = store.slot_safety(conn, slot)
+    reason, saved, _lsn = store.rows_held(conn)
+    copies = store.standby_copies(conninfo, slot) if store.failover_slots(conn) else []
+    return {
+        "failover": safety.failover,
+        "protected": safety.protected,
+        "standbys": list(safety.standbys),
+        "risk": safety.risk,
+        "copies": copies,
+        "held_reason": reason,
+        "held_saved": saved,
+    }

@@ -1,0 +1,230 @@
+"""WAL capture across failovers: failover slots, the risks a slot runs, and the hold that keeps producers on rows
+while it runs one.
+
+A logical slot lives on one server. Before Postgres 17 a promoted standby has no copy of it; from 17 a slot
+created with ``failover`` is copied to standbys that run ``sync_replication_slots``. A slot is also invalidated when
+it retains more WAL than ``max_slot_wal_keep_size``. Records written as logical messages that a lost slot had not
+delivered exist nowhere else, so while a slot runs either risk producers are *held* to rows (which any capture finds
+again), and the record messages the slot has not delivered yet are *rescued*: turned into rows, in one transaction
+that new emitters wait for (:func:`hold`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from ..errors import UnilogError
+from .connection import connect
+from .pgoutput import Decoder, WalRow
+
+FAILOVER_SLOTS_SINCE = 170000  # server_version_num of the first Postgres with failover slots
+EMIT_LOCK = "unilog.emit_mode"  # unilog_stage's advisory lock, shared by every emitting transaction
+
+
+def failover_slots(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the server can copy a logical slot to its standbys (Postgres 17+)."""
+    return conn.info.server_version >= FAILOVER_SLOTS_SINCE
+
+
+def create_slot(conn: psycopg.Connection[Any], slot: str, *, failover: bool) -> None:
+    """Create the logical slot, as a failover slot when ``failover`` and the server has them (autocommit: Postgres
+    refuses it in a transaction that wrote)."""
+    if failover and failover_slots(conn):
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput', false, false, true)", (slot,))
+    else:
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+
+
+def standbys(conn: psycopg.Connection[Any]) -> list[str]:
+    """Physical standbys of this server: each streaming one (by application name), and each physical slot no one
+    streams from now (a standby that is away keeps its slot, and may still be promoted)."""
+    rows = conn.execute(
+        """
+        SELECT coalesce(nullif(r.application_name, ''), 'pid ' || r.pid) FROM pg_stat_replication r
+        JOIN pg_stat_activity a ON a.pid = r.pid WHERE a.datid IS NULL
+        UNION ALL
+        SELECT 'slot ' || slot_name FROM pg_replication_slots WHERE slot_type = 'physical' AND NOT active
+        """
+    ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
+@dataclass(frozen=True)
+class SlotSafety:
+    """What a failover or the WAL limit could do to the capture slot now. ``risk``: why records written as
+    messages could be lost (None: they cannot); ``failover``: the slot is a failover slot; ``protected``:
+    ``synchronized_standby_slots`` is set, so the streamer never gets ahead of a standby; ``wal_status``: as
+    ``pg_replication_slots`` says (None: no such slot)."""
+
+    risk: str | None
+    failover: bool
+    protected: bool
+    standbys: tuple[str, ...]
+    wal_status: str | None
+
+
+def slot_safety(conn: psycopg.Connection[Any], slot: str) -> SlotSafety:
+    """The slot's :class:`SlotSafety`."""
+    newer = failover_slots(conn)
+    row = conn.execute(
+        sql.SQL("SELECT wal_status, safe_wal_size, {} FROM pg_replication_slots WHERE slot_name = %s").format(
+            sql.SQL("failover" if newer else "false")
+        ),
+        (slot,),
+    ).fetchone()
+    attached = tuple(standbys(conn))
+    protected = newer and bool(_setting(conn, "synchronized_standby_slots"))
+    if row is None:
+        return SlotSafety(f"slot {slot!r} does not exist", False, protected, attached, None)
+    status, safe, failover = row
+    risk = None
+    if status in ("lost", "unreserved") or (status == "extended" and safe is not None):
+        risk = f"slot {slot!r} is near max_slot_wal_keep_size (wal_status {status})"
+    elif attached and not failover:
+        why = f"Postgres {conn.info.server_version // 10000} has no failover slots" if not newer else "created so"
+        risk = f"a standby is attached ({', '.join(attached)}) and slot {slot!r} is not a failover slot ({why})"
+    return SlotSafety(risk, bool(failover), protected, attached, status)
+
+
+def _setting(conn: psycopg.Connection[Any], name: str) -> str:
+    row = conn.execute("SELECT current_setting(%s, true)", (name,)).fetchone()
+    return str(row[0] or "") if row else ""
+
+
+def rows_held(conn: psycopg.Connection[Any]) -> tuple[str | None, bool, int | None]:
+    """(why producers are held to rows, None if they are not; whether every message before the hold was delivered
+    or rescued; the WAL position when they were switched, None without a hold)."""
+    row = conn.execute("SELECT held_reason, held_saved, (held_lsn - '0/0')::bigint FROM unilog_capture").fetchone()
+    return (row[0], bool(row[1]), None if row[2] is None else int(row[2])) if row else (None, False, None)
+
+
+def hold_rows(conn: psycopg.Connection[Any], slot: str, reason: str, *, rescue: bool, lock_timeout: float = 2.0) -> int:
+    """Hold producers to rows, in the transaction ``conn`` is in (the caller commits), and return the messages
+    rescued.
+
+    The transaction takes the emit lock exclusively: it waits for every open transaction that may write a record
+    message, and each one that starts meanwhile waits for it (up to ``lock_timeout``; then
+    ``psycopg.errors.LockNotAvailable``, and nothing changed). With ``rescue`` (only while no session streams the
+    slot: a peek needs it), every record message the slot has not delivered and no streamer published (at or before
+    the saved mark) is staged again as a row, in commit order, and the mark moves past them, so a streamer that
+    reads them from the slot later skips them; the rows are captured in this transaction's commit, before any row
+    a held producer stages after it, so each key keeps its order. The mode is a sequence, which no rollback undoes:
+    a failure after the switch leaves producers on rows, which is safe."""
+    conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(f"{int(lock_timeout * 1000)}ms")))
+    conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (EMIT_LOCK,))
+    messages = _undelivered(conn, slot) if rescue else []
+    conn.execute("SELECT setval('unilog_emit_mode', 0)")
+    for stream, _row, _mark, body, trace in messages:
+        data, action, obj, created, key = _fields(body)
+        parent, state = _fields(trace) or ("", "")
+        conn.execute(_RESCUE, (stream, data, action, obj, created, key or None, parent or None, state or None))
+    if messages:
+        last = messages[-1][2]
+        assert last is not None
+        conn.execute("UPDATE unilog_capture SET message_lsn = '0/0'::pg_lsn + %s::numeric, message_ordinal = %s", last)
+    conn.execute(
+        "UPDATE unilog_capture SET held_reason = %s, held_lsn = pg_current_wal_insert_lsn(), held_saved = %s",
+        (reason, rescue),
+    )
+    return len(messages)
+
+
+def release_rows(conn: psycopg.Connection[Any]) -> bool:
+    """End a hold (producers back to messages), in one transaction of ``conn``; False if there was none (then the
+    mode is left alone: a mode switch may be turning messages off)."""
+    row = conn.execute(
+        "UPDATE unilog_capture SET held_reason = NULL, held_lsn = NULL, held_saved = false "
+        "WHERE held_reason IS NOT NULL RETURNING 1"
+    ).fetchone()
+    if row is not None:
+        conn.execute("SELECT setval('unilog_emit_mode', 1)")
+    conn.commit()
+    return row is not None
+
+
+def clear_rows_hold(conn: psycopg.Connection[Any]) -> None:
+    """Forget a hold without touching the mode (a mode switch owns the mode from here; it waits for a release in
+    flight through the row lock)."""
+    conn.execute("UPDATE unilog_capture SET held_reason = NULL, held_lsn = NULL, held_saved = false")
+
+
+def _undelivered(conn: psycopg.Connection[Any], slot: str) -> list[WalRow]:
+    """The record messages in the slot past the saved mark, in commit order (a peek: the slot does not move)."""
+    mark_row = conn.execute("SELECT (message_lsn - '0/0')::bigint, message_ordinal FROM unilog_capture").fetchone()
+    mark = (int(mark_row[0]), int(mark_row[1])) if mark_row else (0, -1)
+    publication = conn.execute("SELECT publication FROM unilog_capture").fetchone()
+    decoder = Decoder()
+    found: list[WalRow] = []
+    with conn.cursor(name="unilog_rescue") as changes:  # a server-side cursor: the backlog may be large
+        changes.execute(
+            "SELECT data FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL, 'proto_version', '1', "
+            "'publication_names', %s, 'messages', 'true')",
+            (slot, publication[0] if publication else "unilog_staged"),
+        )
+        for (data,) in changes:
+            done = decoder.feed(bytes(data))
+            if done is not None:
+                found.extend(r for r in done.rows if r[1] is None and r[2] is not None and r[2] > mark)
+    return found
+
+
+def _fields(resp: bytes) -> tuple[str, ...]:
+    """The bulk strings of ``resp`` (``$len CRLF bytes CRLF`` each), as text."""
+    out: list[str] = []
+    pos = 0
+    while pos < len(resp):
+        eol = resp.index(b"\r\n", pos)
+        size = int(resp[pos + 1 : eol])
+        value = resp[eol + 2 : eol + 2 + size]
+        out.append(value.decode())
+        pos = eol + 4 + size
+    return tuple(out)
+
+
+# A record message's five publish arguments (data, action, object, created in ms, key), then its trace context's two.
+_RESCUE = """
+    INSERT INTO staged_log_records (stream, data, action, object, created_at, key, traceparent, tracestate)
+    VALUES (%s, %s::jsonb, %s, %s, to_timestamp(%s::bigint / 1000.0), %s, %s, %s)
+"""
+
+
+def standby_copies(conninfo: str, slot: str, timeout: float = 3.0) -> list[dict[str, Any]]:
+    """The copies of ``slot`` on the standbys among ``conninfo``'s hosts (a multi-host URL names them): for each
+    host that is a standby now, whether its copy is synchronised (Postgres 17+'s ``synced``, and not invalidated)
+    and its confirmed position. Hosts that cannot be reached, and primaries, are left out."""
+    copies = []
+    for host, single in _hosts(conninfo):
+        try:
+            conn = connect(single, autocommit=True, application_name="unilog-status", timeout=timeout, standby=True)
+        except UnilogError:
+            continue
+        with conn:
+            if conn.info.parameter_status("in_hot_standby") != "on" or not failover_slots(conn):
+                continue
+            row = conn.execute(
+                "SELECT synced AND invalidation_reason IS NULL, confirmed_flush_lsn::text FROM pg_replication_slots "
+                "WHERE slot_name = %s",
+                (slot,),
+            ).fetchone()
+            copies.append(
+                {"host": host, "synced": bool(row and row[0]), "confirmed_flush_lsn": row[1] if row else None}
+            )
+    return copies
+
+
+def _hosts(conninfo: str) -> list[tuple[str, str]]:
+    """(``host:port``, a conninfo for that host alone) for each host of ``conninfo``."""
+    params = conninfo_to_dict(conninfo)
+    hosts = str(params.get("host") or params.get("hostaddr") or "localhost").split(",")
+    ports = str(params.get("port") or "5432").split(",")
+    ports = ports * len(hosts) if len(ports) == 1 else ports
+    key = "host" if params.get("host") else "hostaddr"
+    return [
+        (f"{h}:{p}", make_conninfo(conninfo, **{key: h}, port=p, target_session_attrs="any"))
+        for h, p in zip(hosts, ports, strict=False)
+    ]

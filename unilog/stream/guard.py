@@ -1,0 +1,65 @@
+"""The WAL capture's guard: producers write records as logical messages only while the capture slot cannot be lost.
+
+A record written as a logical message exists only in the WAL until a streamer publishes it, so a slot lost before
+then loses it: a promotion of a standby that has no copy of the slot (Postgres before 17, or a slot made without
+``failover``), or ``max_slot_wal_keep_size`` invalidating a slot that fell behind. The guard runs in every running
+streamer in WAL mode (each :data:`GUARD_INTERVAL`) and in each scrape of ``unilog metrics``; when the slot runs such
+a risk it holds producers to rows (:func:`unilog.store.hold_rows`), which any capture finds again, rescuing first,
+as rows, the messages no streamer has read when none streams from the slot, so the slot may then go at no cost.
+When the risk has passed (the slot reserved again, the standby gone or the slot a failover slot), it lets them write
+messages again. ``wal_status`` turns ``extended`` when a limit is set well before the slot is ``lost``: that margin
+is what the guard acts in.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import structlog
+
+from .. import store
+
+GUARD_INTERVAL = 2.0  # seconds between a streamer's checks of its slot
+
+log = structlog.get_logger(__name__)
+
+
+def guard(conn: psycopg.Connection[Any], *, streaming: bool) -> str | None:
+    """Hold producers to rows while the capture slot runs a risk, release them when it has passed; return why they
+    are held (None: they are not, or the database is in table mode). ``streaming``: the caller streams from the
+    slot itself (a streamer), so it reads the messages already written and no rescue is needed (nor possible: a
+    peek needs the slot free). ``conn``: not autocommit; each of its transactions is ended here. A hold that cannot
+    take the emit lock now (a long transaction) is logged and tried again at the next call."""
+    current = store.capture_slot(conn)
+    if current is None:
+        conn.commit()
+        return None
+    safety = store.slot_safety(conn, current.slot)
+    reason, _saved, _lsn = store.rows_held(conn)
+    messages = store.emit_messages(conn)
+    state = store.slot_state(conn, current.slot)
+    conn.commit()
+    if safety.risk is not None:
+        if messages:
+            _hold(conn, current.slot, safety.risk, rescue=_can_rescue(state, streaming))
+        return safety.risk
+    if reason is not None and safety.wal_status == "reserved" and store.release_rows(conn):
+        log.info("producers write record messages again", slot=current.slot, was=reason)
+        return None
+    return reason
+
+
+def _can_rescue(state: dict[str, Any] | None, streaming: bool) -> bool:
+    return not streaming and state is not None and state["active_pid"] is None and state["wal_status"] != "lost"
+
+
+def _hold(conn: psycopg.Connection[Any], slot: str, risk: str, *, rescue: bool) -> None:
+    try:
+        rescued = store.hold_rows(conn, slot, risk, rescue=rescue)
+        conn.commit()
+    except (psycopg.errors.LockNotAvailable, psycopg.errors.ObjectInUse) as exc:
+        conn.rollback()  # nothing changed (the switch comes after the lock and the peek): the next check tries again
+        log.warning("could not hold producers to rows yet", slot=slot, risk=risk, error=str(exc).strip())
+        return
+    log.warning("producers stage rows: the capture slot is at risk", slot=slot, risk=risk, rescued=rescued)
