@@ -9,6 +9,8 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine, pool
 
+from unilog.config import sqlalchemy_url
+
 VERSION_TABLE = "unilog_alembic_version"
 
 config = context.config
@@ -28,7 +30,8 @@ def run_migrations_online() -> None:
     url = config.get_main_option("sqlalchemy.url")
     if not url:
         raise RuntimeError("no connection and no sqlalchemy.url given to unilog's migrations")
-    engine = create_engine(url, poolclass=pool.NullPool)
+    # through sqlalchemy_url: a libpq URL with a host list (or key=value conninfo) becomes one SQLAlchemy can read
+    engine = create_engine(sqlalchemy_url(url), poolclass=pool.NullPool)
     with engine.connect() as conn:
         _run(conn)
 

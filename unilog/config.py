@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import quote, urlsplit
 
 from .errors import ConfigurationError, InvalidName, InvalidStreamName
 
@@ -61,35 +61,119 @@ def validate_name(kind: str, name: object) -> str:
     return name
 
 
+_KEYWORD_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'?|[^\s']\S*|)")
+_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*")
+
+
 def redact_url(url: str) -> str:
-    """Return ``url`` with any password replaced by ``***``, for logs and error messages."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparseable url>"
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+    """Return ``url`` with any password replaced by ``***``, for logs and error messages.
+
+    Covers every form a database URL takes: ``user:password@`` before one host or a list of them, a ``password=``
+    query parameter, and a libpq ``key=value`` conninfo's ``password``."""
+    if "://" not in url:  # libpq key=value conninfo (nothing else has a password in it without a scheme)
+        return _KEYWORD_PASSWORD.sub(r"\1***", url)
+    scheme, netloc, tail = _split(url)
+    userinfo, _, hosts = netloc.rpartition("@")
+    user, colon, _password = userinfo.partition(":")
+    if colon:
+        netloc = f"{user}:***@{hosts}"
+    return _QUERY_PASSWORD.sub(r"\1***", f"{scheme}://{netloc}{tail}")
+
+
+def _split(url: str) -> tuple[str, str, str]:
+    """``scheme://netloc/tail`` as its three parts, split by hand: ``urlsplit`` refuses some URLs libpq takes
+    (and those too need redacting in errors)."""
+    scheme, rest = url.split("://", 1)
+    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    return scheme, rest[:end], rest[end:]
 
 
 def postgres_conninfo(url: str) -> str:
-    """Validate a Postgres URL and return it in the form psycopg accepts (SQLAlchemy driver suffixes stripped)."""
+    """Validate a Postgres URL and return it in the form psycopg accepts (SQLAlchemy driver suffixes stripped).
+
+    Every form libpq takes is accepted: ``postgresql://`` URLs with one host or a list (``u@h1:p1,h2:p2/db``,
+    ``?host=h1,h2&port=p1,p2``, ``?host=/socket/dir``) and ``key=value`` conninfo. libpq parses it here, at the
+    entry point, so a URL it cannot use is a :class:`ConfigurationError` naming the problem (password redacted),
+    not a failure deep inside a command."""
     if not url:
         raise ConfigurationError("DATABASE_URL is not set: give a Postgres URL such as postgresql://user@host:5432/db")
-    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
-    if scheme not in _PG_SCHEMES:
+    if "://" in url:
+        scheme, rest = url.split("://", 1)
+        if scheme.lower() not in _PG_SCHEMES:
+            raise ConfigurationError(
+                f"DATABASE_URL {redact_url(url)!r} is not a Postgres URL: it must start with postgresql://"
+            )
+        conninfo = "postgresql://" + rest
+    elif "=" in url:
+        conninfo = url
+    else:
         raise ConfigurationError(
-            f"DATABASE_URL {redact_url(url)!r} is not a Postgres URL: it must start with postgresql://"
+            f"DATABASE_URL {redact_url(url)!r} is not a Postgres URL: it must start with postgresql:// "
+            "(or be libpq's key=value conninfo)"
         )
-    rest = url.split("://", 1)[1]
-    return "postgresql://" + rest
+    problem = _conninfo_problem(conninfo)
+    if problem is not None:
+        raise ConfigurationError(f"DATABASE_URL {redact_url(url)!r} is malformed: {_scrub(problem, url)}")
+    return conninfo
+
+
+# settings libpq only checks when it connects: checked here so that a typo is refused before anything runs
+_CHOICES = {
+    "target_session_attrs": ("any", "read-write", "read-only", "primary", "standby", "prefer-standby"),
+    "sslmode": ("disable", "allow", "prefer", "require", "verify-ca", "verify-full"),
+    "load_balance_hosts": ("disable", "random"),
+}
+
+
+def _conninfo_problem(conninfo: str) -> str | None:
+    """What libpq would refuse in ``conninfo`` (its syntax, parameters, ports, host and port counts), or None."""
+    from psycopg import ProgrammingError  # here: psycopg is loaded by whatever connects, not by reading settings
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        params = conninfo_to_dict(conninfo)
+    except ProgrammingError as exc:
+        return " ".join(str(exc).split()) or "libpq cannot parse it"
+    for port in str(params.get("port") or "").split(","):
+        if port and not (port.isdigit() and 1 <= int(port) <= 65535):
+            return f"port {port!r} is not a number from 1 to 65535"
+    hosts, ports, addrs = (len(str(params[k]).split(",")) if params.get(k) else 0 for k in ("host", "port", "hostaddr"))
+    if hosts and addrs and hosts != addrs:
+        return f"{addrs} hostaddr values for {hosts} hosts: give one for each host"
+    if ports > 1 and ports != max(hosts, addrs, 1):
+        return f"{ports} ports for {max(hosts, addrs, 1)} hosts: give one port, or one for each host"
+    for key, choices in _CHOICES.items():
+        if key in params and params[key] not in choices:
+            return f"{key}={params[key]!r} is not one of {', '.join(choices)}"
+    return None
+
+
+def _scrub(message: str, url: str) -> str:
+    """``message`` (libpq's, which may quote the URL or a piece of it) without the URL's password."""
+    message = message.replace(url, redact_url(url))
+    if "://" not in url:
+        return message
+    password = _split(url)[1].rpartition("@")[0].partition(":")[2]
+    return message.replace(password, "***") if password else message
 
 
 def sqlalchemy_url(url: str) -> str:
-    """Return the SQLAlchemy URL for ``url`` that uses the psycopg 3 driver."""
-    return "postgresql+psycopg://" + postgres_conninfo(url).split("://", 1)[1]
+    """Return the SQLAlchemy URL for ``url`` that uses the psycopg 3 driver.
+
+    A URL with one host keeps its form. A host list, or ``key=value`` conninfo, becomes the form SQLAlchemy takes
+    host lists in (``postgresql+psycopg://user:password@/db?host=h1,h2&port=p1,p2&...``): its netloc cannot hold
+    ``h1:p1,h2:p2`` (SQLAlchemy reads the port as one number), while libpq reads both forms the same, so the result
+    is still a libpq URL once the ``+psycopg`` is dropped."""
+    conninfo = postgres_conninfo(url)
+    if "://" in conninfo and "," not in _split(conninfo)[1].rpartition("@")[2]:
+        return "postgresql+psycopg://" + conninfo.split("://", 1)[1]
+    from psycopg.conninfo import conninfo_to_dict
+
+    params = {key: str(value) for key, value in conninfo_to_dict(conninfo).items()}
+    user, password, dbname = (quote(params.pop(key, ""), safe="") for key in ("user", "password", "dbname"))
+    auth = f"{user}:{password}@" if password else (f"{user}@" if user else "")
+    query = "&".join(f"{key}={quote(value, safe=',/')}" for key, value in params.items())
+    return f"postgresql+psycopg://{auth}/{dbname}" + (f"?{query}" if query else "")
 
 
 def validate_redis_url(url: str) -> str:

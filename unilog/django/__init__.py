@@ -117,16 +117,29 @@ def migrate_schema(apps: Any, schema_editor: Any) -> None:
 
 
 def database_url(using: str = DEFAULT_DB_ALIAS) -> str:
-    """A ``postgresql://`` URL for Django database ``using`` (for ``unilog`` commands and :class:`Settings`)."""
+    """A ``postgresql://`` URL for Django database ``using`` (for ``unilog`` commands and :class:`Settings`).
+
+    ``HOST`` and ``PORT`` may be lists (``"db1,db2"``, ``"5432,5433"``), as libpq takes them; the ``OPTIONS`` that
+    are libpq's (``target_session_attrs``, ``sslmode``, ...) come along, so unilog's own connections find the same
+    primary after a failover as Django's. Django's own options (``pool``, ``isolation_level``...) are left out."""
     params = connections[using].settings_dict
     user, password = quote(params.get("USER") or ""), quote(params.get("PASSWORD") or "")
     auth = f"{user}:{password}@" if password else (f"{user}@" if user else "")
+    libpq = _libpq_keywords()
+    options = [(k, v) for k, v in (params.get("OPTIONS") or {}).items() if k in libpq and v is not None]
     query = "&".join(
-        f"{name}={quote(str(value))}"
-        for name, value in (("host", params.get("HOST")), ("port", params.get("PORT")))
+        f"{name}={quote(str(value), safe=',/')}"
+        for name, value in (("host", params.get("HOST")), ("port", params.get("PORT")), *options)
         if value
     )
     return f"postgresql://{auth}/{quote(params['NAME'])}" + (f"?{query}" if query else "")
+
+
+def _libpq_keywords() -> set[str]:
+    """The connection parameters the installed libpq knows."""
+    from psycopg.pq import Conninfo
+
+    return {option.keyword.decode() for option in Conninfo.get_defaults()}
 
 
 class _DjangoLinks(Links):

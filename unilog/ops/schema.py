@@ -19,7 +19,7 @@ from sqlalchemy import create_engine, pool
 from sqlalchemy.exc import DBAPIError
 
 from .. import store
-from ..config import postgres_conninfo, redact_url, sqlalchemy_url
+from ..config import postgres_conninfo, redact_url
 from ..errors import MigrationFailed
 
 log = structlog.get_logger(__name__)
@@ -41,9 +41,10 @@ def migrate(database_url: str, *, revision: str = "heads", producer_id: str | No
     """Upgrade the database to ``revision``; optionally set this database's producer id. Idempotent."""
     conninfo = postgres_conninfo(database_url)
     # SQLAlchemy (for Alembic) gets its connection from the store: one place opens connections, with keepalives
-    # and a one-line ServerUnreachable when the server is not there
+    # and a one-line ServerUnreachable when the server is not there. The URL names only the dialect: libpq alone
+    # reads DATABASE_URL, so every form it takes works (host lists, key=value conninfo) and SQLAlchemy parses none
     engine = create_engine(
-        sqlalchemy_url(database_url),
+        "postgresql+psycopg://",
         poolclass=pool.NullPool,
         creator=lambda: store.connect(conninfo, application_name="unilog-migrate"),
     )

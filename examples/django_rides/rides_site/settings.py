@@ -2,7 +2,8 @@
 point), and ``unilog.django`` installed so ``manage.py migrate`` creates unilog's tables."""
 
 import os
-from urllib.parse import parse_qs, unquote, urlsplit
+
+from psycopg.conninfo import conninfo_to_dict
 
 SECRET_KEY = "example-only-not-secret"
 DEBUG = False
@@ -14,15 +15,17 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 
 def _database(url: str) -> dict:
-    parts = urlsplit(url)
-    query = parse_qs(parts.query)
+    """Django's settings for any URL libpq takes, host lists (``postgresql://u@db1:5432,db2:5432/rides``) and
+    ``target_session_attrs`` included: libpq parses it, the rest of its parameters go to ``OPTIONS``."""
+    params = conninfo_to_dict(url)
     return {
         "ENGINE": "django.db.backends.postgresql",
-        "NAME": unquote(parts.path.lstrip("/")) or "postgres",
-        "USER": unquote(parts.username or ""),
-        "PASSWORD": unquote(parts.password or ""),
-        "HOST": parts.hostname or query.get("host", [""])[0],
-        "PORT": str(parts.port or query.get("port", [""])[0]),
+        "NAME": params.pop("dbname", None) or "postgres",
+        "USER": params.pop("user", ""),
+        "PASSWORD": params.pop("password", ""),
+        "HOST": params.pop("host", ""),
+        "PORT": str(params.pop("port", "")),
+        "OPTIONS": params,
     }
 
 
