@@ -29,7 +29,11 @@ open or idle transaction delays only its own records. Guarantees, as in table mo
   end, commits a marker after them, and publishes through the marker before it drops the slot
   (:func:`_drain_messages`).
 * **A lost slot is never skipped silently**: :class:`~unilog.errors.CaptureLost` stops the streamer, naming the
-  recovery (``unilog capture wal --recreate``), and the unpublished records are still staged.
+  recovery (``unilog capture wal --recreate``) and what the loss cost: nothing where producers were held to rows
+  before it (:mod:`unilog.stream.guard`), else the WAL range whose record messages the slot had not delivered.
+* **Failover slots.** On Postgres 17+ the slot is created with ``failover``, so standbys that synchronise slots keep
+  a copy a promotion makes usable; before 17 a standby attached is refused unless ``--no-failover-slot``, and then
+  producers stage rows while one is.
 """
 
 from __future__ import annotations
