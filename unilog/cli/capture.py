@@ -63,6 +63,8 @@ def _describe_safety(safety: dict[str, Any]) -> str:
     copies = ", ".join(f"{c['host']}: {'synced' if c['synced'] else 'NOT synced'}" for c in safety["copies"])
     line = f"failover: {kind}; standbys: {', '.join(safety['standbys']) or 'none'}"
     line += f"; copies on standbys: {copies}" if copies else ""
+    if safety["streamer_is_sync_standby"]:
+        line += "; WARNING: the streamer is a synchronous standby (synchronous_standby_names '*'?): commits wait for it"
     if safety["held_reason"]:
         line += f"; producers held to rows: {safety['held_reason']}"
     return line

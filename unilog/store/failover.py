@@ -66,6 +66,7 @@ class SlotSafety:
     protected: bool
     standbys: tuple[str, ...]
     wal_status: str | None
+    streamer_is_sync_standby: bool = False  # synchronous_standby_names matched the streamer's walsender ('*')
 
 
 def slot_safety(conn: psycopg.Connection[Any], slot: str) -> SlotSafety:
@@ -82,13 +83,21 @@ def slot_safety(conn: psycopg.Connection[Any], slot: str) -> SlotSafety:
     if row is None:
         return SlotSafety(f"slot {slot!r} does not exist", False, protected, attached, None)
     status, safe, failover = row
+    sync = conn.execute(_SYNC_WALSENDER, (slot,)).fetchone() is not None
     risk = None
     if status in ("lost", "unreserved") or (status == "extended" and safe is not None):
         risk = f"slot {slot!r} is near max_slot_wal_keep_size (wal_status {status})"
     elif attached and not failover:
         why = f"Postgres {conn.info.server_version // 10000} has no failover slots" if not newer else "created so"
         risk = f"a standby is attached ({', '.join(attached)}) and slot {slot!r} is not a failover slot ({why})"
-    return SlotSafety(risk, bool(failover), protected, attached, status)
+    return SlotSafety(risk, bool(failover), protected, attached, status, sync)
+
+
+# The slot's walsender chosen as a synchronous standby: then every commit waits for the streamer's confirmation.
+_SYNC_WALSENDER = """
+    SELECT 1 FROM pg_stat_replication r JOIN pg_replication_slots s ON s.active_pid = r.pid
+    WHERE s.slot_name = %s AND r.sync_state IN ('sync', 'quorum')
+"""
 
 
 def _setting(conn: psycopg.Connection[Any], name: str) -> str:
@@ -195,8 +204,10 @@ _RESCUE = """
 
 def standby_copies(conninfo: str, slot: str, timeout: float = 3.0) -> list[dict[str, Any]]:
     """The copies of ``slot`` on the standbys among ``conninfo``'s hosts (a multi-host URL names them): for each
-    host that is a standby now, whether its copy is synchronised (Postgres 17+'s ``synced``, and not invalidated)
-    and its confirmed position. Hosts that cannot be reached, and primaries, are left out."""
+    host that is a standby now, whether its copy is ready to take over (Postgres 17+'s ``synced``, no longer
+    ``temporary``, not invalidated: a copy stays temporary until the primary's slot moves on after it was made, and a
+    promotion drops a temporary copy) and its confirmed position. Hosts that cannot be reached, and primaries, are
+    left out."""
     copies = []
     for host, single in _hosts(conninfo):
         try:
@@ -207,7 +218,8 @@ def standby_copies(conninfo: str, slot: str, timeout: float = 3.0) -> list[dict[
             if conn.info.parameter_status("in_hot_standby") != "on" or not failover_slots(conn):
                 continue
             row = conn.execute(
-                "SELECT synced AND invalidation_reason IS NULL, confirmed_flush_lsn::text FROM pg_replication_slots "
+                "SELECT synced AND NOT temporary AND invalidation_reason IS NULL, confirmed_flush_lsn::text "
+                "FROM pg_replication_slots "
                 "WHERE slot_name = %s",
                 (slot,),
             ).fetchone()

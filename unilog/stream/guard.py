@@ -40,6 +40,12 @@ def guard(conn: psycopg.Connection[Any], *, streaming: bool) -> str | None:
     messages = store.emit_messages(conn)
     state = store.slot_state(conn, current.slot)
     conn.commit()
+    if safety.streamer_is_sync_standby:
+        log.warning(
+            "the WAL streamer is a synchronous standby: every commit waits for it; name the standbys in "
+            "synchronous_standby_names instead of '*' (docs/guides/high-availability.md)",
+            slot=current.slot,
+        )
     if safety.risk is not None:
         if messages:
             _hold(conn, current.slot, safety.risk, rescue=_can_rescue(state, streaming))

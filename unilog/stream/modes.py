@@ -276,4 +276,5 @@ def slot_report(conn: psycopg.Connection[Any], conninfo: str, slot: str) -> dict
         "copies": copies,
         "held_reason": reason,
         "held_saved": saved,
+        "streamer_is_sync_standby": safety.streamer_is_sync_standby,
     }

@@ -300,7 +300,10 @@ class ReplicatedPostgres:
         the standby's slot before logical walsenders send changes (so a failover slot never runs ahead of it)."""
         from psycopg import sql
 
-        values = {"synchronous_standby_names": "*" if standby is not None and self.synchronous else ""}
+        # the standby by name, never '*': '*' also matches a logical walsender (unilog's WAL streamer), which Postgres
+        # may then pick as the synchronous standby, so that every commit waits for the streamer
+        named = f'"{self.slot_for(standby)}"' if standby is not None and self.synchronous else ""
+        values = {"synchronous_standby_names": named}
         if self.failover_slots:
             values["synchronized_standby_slots"] = self.slot_for(standby) if standby is not None else ""
         with _connect(node.url) as conn:
