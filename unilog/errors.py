@@ -165,6 +165,12 @@ class HorizonHeld(UnilogError):
     unilog_0011), so no record waits for another transaction. Kept so that code importing it keeps working."""
 
 
+class CaptureRecreated(UnilogError):
+    """The WAL capture slot was lost at no cost (producers had been held to rows, every record message before
+    published or rescued as a row) and the streamer replaced it; it reconnects, and publishes the rows staged
+    meanwhile from the table first. Retried, never an exit."""
+
+
 class CaptureLost(UnilogError):
     """WAL capture cannot go on: its replication slot was dropped, or invalidated because the WAL it needed was
     removed (``max_slot_wal_keep_size``). Nothing is lost (a staged row is deleted only after its record was

@@ -50,6 +50,8 @@ class LogHook(Hook):
             log.warning("crashed (injected); restarting in-process", point=getattr(exc, "point", None), **label)
         elif verdict.cause == "replicas":
             log.error("too few replicas acknowledged a dead letter; retrying", error=str(exc), retry_in=delay, **label)
+        elif verdict.cause == "recreated":
+            log.warning("WAL capture slot lost at no cost and re-created; reconnecting", detail=str(exc), **label)
         elif verdict.action == "reconnect":
             advice = {"hint": hint} if (hint := engine.hint(exc)) else {}
             log.error("connection failed; retrying", error=str(exc), retry_in=delay, **advice, **label)

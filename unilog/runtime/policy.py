@@ -17,6 +17,7 @@ import structlog
 
 from .. import engine, metrics, store
 from ..errors import (
+    CaptureRecreated,
     ConfigurationError,
     DataLoss,
     InjectedCrash,
@@ -74,12 +75,15 @@ def decide(worker: Any, exc: BaseException, *, drain: bool = False) -> Verdict:
       (:class:`~unilog.errors.NotReplicated`), and a handler's failure that was rolled back
       (``worker.on_handler_error(exc)`` returns True).
 
+    * Reconnect at once: a WAL capture slot lost at no cost and replaced (:class:`~unilog.errors.CaptureRecreated`;
+      the new session reads the new slot), in burst mode too (it happens once per loss).
+
     ``drain`` (burst mode) retries only a handler's failure (its poison policy bounds the retries); anything else ends
     the drain, raised: a crash, a lost connection, a dead letter no replica acknowledged (a caller of burst mode wants
     to know now, not wait for a server to come back).
     """
     verdict = _classify(worker, exc)
-    if drain and verdict.cause != "handler" and verdict.action != "stop":
+    if drain and verdict.cause not in ("handler", "recreated") and verdict.action != "stop":
         return Verdict("stop", verdict.cause, exc)
     return verdict
 
@@ -93,6 +97,8 @@ def _classify(worker: Any, exc: BaseException) -> Verdict:
         return Verdict("stop", "refused", fatal(exc) or exc)
     if isinstance(exc, InjectedCrash):
         return Verdict("restart" if worker.restart_after_crash else "stop", "crash", exc)
+    if isinstance(exc, CaptureRecreated):  # a lost slot replaced at no cost: a new session reads the new slot
+        return Verdict("reconnect", "recreated", exc)
     if isinstance(exc, NotReplicated):  # rolled back before the checkpoint passed the record; connections are fine
         return Verdict("retry", "replicas", exc)
     if isinstance(exc, worker.retryable):

@@ -21,6 +21,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from ..errors import UnilogError
 from .connection import connect
 from .pgoutput import Decoder, WalRow
+from .wal import CaptureSlot, drop_slot, record_capture
 
 FAILOVER_SLOTS_SINCE = 170000  # server_version_num of the first Postgres with failover slots
 EMIT_LOCK = "unilog.emit_mode"  # unilog_stage's advisory lock, shared by every emitting transaction
@@ -200,6 +201,18 @@ _RESCUE = """
     INSERT INTO staged_log_records (stream, data, action, object, created_at, key, traceparent, tracestate)
     VALUES (%s, %s::jsonb, %s, %s, to_timestamp(%s::bigint / 1000.0), %s, %s, %s)
 """
+
+
+def recreate_slot(conninfo: str, capture: CaptureSlot) -> None:
+    """Replace a lost capture slot by a new one of the same name (a failover slot where the server has them), and
+    take ``from_xid`` again: every row staged before it is then published by table-mode passes first, as after
+    ``unilog capture wal --recreate``. For a streamer that found its slot lost at no cost (producers were held to
+    rows, every record message before published or rescued) and no batch in doubt."""
+    with connect(conninfo, autocommit=True, application_name="unilog-capture") as conn:
+        if conn.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (capture.slot,)).fetchone():
+            drop_slot(conn, capture.slot)
+        create_slot(conn, capture.slot, failover=True)
+        record_capture(conn, capture.slot, capture.publication)
 
 
 def standby_copies(conninfo: str, slot: str, timeout: float = 3.0) -> list[dict[str, Any]]:

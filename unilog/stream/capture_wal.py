@@ -37,7 +37,7 @@ import psycopg
 import structlog
 
 from .. import routing, store
-from ..errors import CaptureLost, ConfigurationError, PublishError
+from ..errors import CaptureLost, CaptureRecreated, ConfigurationError, PublishError
 from ..store.pgoutput import Decoder, WalRow, WalTransaction
 from ..store.wal import CaptureSlot, ReplicationStream, SlotBusy
 from .capture import BatchResult, Capture
@@ -46,6 +46,7 @@ from .publisher import Publisher
 
 log = structlog.get_logger(__name__)
 
+NOTHING_LOST = "nothing is lost"  # how a lost slot's line begins when the loss cost nothing
 MAX_MESSAGES = 50_000  # messages taken from the socket per read (fewer when decoded rows would pass two batches)
 
 
@@ -153,6 +154,9 @@ class WalCapture:
                 )
             except CaptureLost as exc:
                 lost = _stop_messages_after_loss(conn)
+                if lost.startswith(NOTHING_LOST) and not self.publisher.in_doubt(conn):
+                    store.recreate_slot(self.conninfo, self.slot)  # what `capture wal --recreate` does, done here
+                    raise CaptureRecreated(f"{exc}; {lost}: the slot is re-created") from None
                 raise CaptureLost(f"{exc}; {lost}") from None
             log.info("streaming from the WAL", slot=self.slot.slot, streamer=name)
         return self._reader
@@ -404,7 +408,7 @@ def _stop_messages_after_loss(conn: psycopg.Connection[Any]) -> str:
         conn.rollback()
         return f"{kept}; producers could not be switched to rows ({exc}): `unilog capture table` does it"
     if not messages and reason is not None and saved:
-        return f"nothing is lost: producers were held to rows before ({reason}), every record message before was " + (
+        return f"{NOTHING_LOST}: producers were held to rows before ({reason}), every record message before was " + (
             f"published or rescued as a row, and {kept}"
         )
     upto = held_at if not messages and held_at is not None else now

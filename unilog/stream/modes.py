@@ -75,19 +75,9 @@ def settle(settings: Settings, timeout: float = 60.0) -> None:
 
 
 def in_doubt(streamer: Streamer, conn: psycopg.Connection[Any]) -> list[str]:
-    """Streams where Redis holds positions of this producer that Postgres has not committed (a batch in flight), or
-    with a table-mode claim saved and not yet deleted (its batch may be in Redis)."""
-    identity = streamer.identity()
-    positions = store.published_positions(conn)
-    claimed = [streamer.publisher.stream_of(source) for source in store.any_pending_claims(conn)]
-    conn.commit()
-    api = streamer.links.redis()
-    doubtful = []
-    for stream, epoch, last_seq in positions:
-        mark = api.high_water(stream, identity.producer_id)
-        if epoch == identity.epoch and mark is not None and mark > (epoch, last_seq):
-            doubtful.append(stream)
-    return sorted(set(doubtful) | set(claimed))
+    """:meth:`Publisher.in_doubt <unilog.stream.publisher.Publisher.in_doubt>` of ``streamer``."""
+    streamer.links.redis()  # connected and checked
+    return streamer.publisher.in_doubt(conn)
 
 
 def _refuse_unsettled(settings: Settings) -> None:

@@ -95,6 +95,22 @@ class Publisher:
         """The Redis client, connected and checked now, in the calling thread."""
         return self._redis()
 
+    def in_doubt(self, conn: psycopg.Connection[Any]) -> list[str]:
+        """Streams where Redis holds positions of this producer that Postgres has not committed (a batch in flight:
+        only the capture that sent it can re-send it under the same positions), or with a table-mode claim saved and
+        not yet deleted (its batch may be in Redis). Ends ``conn``'s transaction."""
+        identity = self.identity()
+        positions = store.published_positions(conn)
+        claimed = [self.stream_of(source) for source in store.any_pending_claims(conn)]
+        conn.commit()
+        api = self._redis()
+        doubtful = []
+        for stream, epoch, last_seq in positions:
+            mark = api.high_water(stream, identity.producer_id)
+            if epoch == identity.epoch and mark is not None and mark > (epoch, last_seq):
+                doubtful.append(stream)
+        return sorted(set(doubtful) | set(claimed))
+
     # -- stream locks and positions ----------------------------------------------------------------------------------
 
     def owns(self, conn: psycopg.Connection[Any], stream: str) -> bool:

@@ -389,7 +389,10 @@ class Streamer(Worker):
             self._wait_delay = min(self._wait_delay * 2, POLL_MAX)
 
     def recover(self) -> None:
-        """After a failed pass: roll back or drop the Postgres session, and drop the Redis client (it reconnects)."""
+        """After a failed pass: roll back or drop the Postgres session, and drop the Redis client (it reconnects);
+        the capture mode is read again (a slot lost at no cost was just replaced: its new ``from_xid`` makes a new
+        WAL capture, which publishes the rows staged before it first)."""
+        self._mode_known = False
         pg = self.links.pg_open
         if pg is not None and not pg.broken:
             with contextlib.suppress(psycopg.Error):

@@ -46,6 +46,7 @@ from .binaries import (
     find_redis,
     find_redis_servers,
     packaged_redis_servers,
+    postgres_by_major,
     probe_postgres,
     probe_redis,
 )
@@ -71,6 +72,7 @@ __all__ = [
     "find_redis_servers",
     "free_port",
     "packaged_redis_servers",
+    "postgres_by_major",
     "probe_postgres",
     "probe_redis",
 ]

