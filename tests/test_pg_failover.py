@@ -9,6 +9,7 @@ whose acknowledgement was lost with the primary is applied at most once.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -17,10 +18,12 @@ from typing import Any
 
 import psycopg
 import pytest
+import redis
+from cli import one_line, unilog
 from handlers import APPLIED_DDL, record_applied
 
 from unilog import Consumer, ConsumerConfig, GroupConfig, GroupConsumer, Record, Settings, Streamer, emit, store
-from unilog.harness.embedded import ReplicatedPostgres, embedded_postgres_bin_dir, probe_postgres
+from unilog.harness.embedded import ReplicatedPostgres, embedded_postgres_bin_dir, postgres_by_major, probe_postgres
 from unilog.ops.schema import migrate
 from unilog.stream.modes import capture_status, enable_wal
 
@@ -158,3 +161,62 @@ def test_a_primary_killed_mid_traffic_loses_no_record_and_applies_none_twice(
         f"{mode}: {len(acked)} acknowledged ({len(unknown)} unknown at the kill), failover {took:.2f} s, producers "
         f"back {resumed:.2f} s later, records applied again {caught_up:.2f} s after that; lost 0, duplicated 0"
     )
+
+
+def test_a_process_on_a_standby_waits_and_neither_exits_nor_writes_until_the_promotion(
+    pair: ReplicatedPostgres, unilog_redis_url: str
+) -> None:
+    """Pointed at the standby alone (a virtual IP that still names it), a command says so in one line and a
+    streamer waits; the promotion lets it publish what the old primary committed."""
+    migrate(pair.url)
+    on_standby = Settings(database_url=pair.standby.url, redis_url=unilog_redis_url, stream=STREAM)  # type: ignore[union-attr]
+    result = unilog(on_standby, "migrate")
+    assert result.returncode == 4 and "read-only standby" in one_line(result), result.stderr
+    with psycopg.connect(pair.url) as conn:
+        for n in range(5):
+            emit(conn, action="create", object="order", data={"n": n})
+    rds = redis.Redis.from_url(unilog_redis_url)
+    streamer = Worker(Streamer(on_standby))
+    time.sleep(3)
+    assert streamer.thread.is_alive() and streamer.error is None, f"a streamer on a standby waits: {streamer.error!r}"
+    assert rds.exists(STREAM) == 0, "nor does it write"
+    pair.failover()
+    wait_for(lambda: rds.xlen(STREAM) == 5, "the records, published once the standby is promoted", 60)
+    streamer.end()
+
+
+def test_postgres_15_with_a_standby_refuses_wal_capture_then_holds_to_rows_and_a_failover_loses_nothing(
+    tmp_path: Path, unilog_redis_url: str
+) -> None:
+    """Before Postgres 17 no slot survives a promotion: `capture wal` with a standby attached refuses in one line;
+    with --no-failover-slot producers stage rows while it is attached, so the promotion that loses the slot loses
+    no record, and the streamer replaces the slot itself."""
+    binaries = postgres_by_major().get(15) or postgres_by_major().get(16)
+    if binaries is None:
+        pytest.skip("no Postgres 15 or 16 binaries here")
+    with ReplicatedPostgres(tmp_path / "pair", binaries=binaries) as pair:  # started: a primary and its standby
+        migrate(pair.url)
+        settings = Settings(database_url=pair.url, redis_url=unilog_redis_url, stream=STREAM)
+        refused = unilog(settings, "capture", "wal")
+        assert refused.returncode == 3, refused.stderr
+        assert "no failover slots" in (line := one_line(refused)) and "--no-failover-slot" in line, line
+        assert unilog(settings, "capture", "wal", "--no-failover-slot").returncode == 0
+        assert capture_status(settings)["records_as"] == "rows", "held to rows while a standby is attached"
+        produce(pair.url, range(5))
+        assert unilog(settings, "streamer", "--once").returncode == 0
+        produce(pair.url, range(5, 10))  # staged, not yet published: the failover comes first
+        pair.failover()
+        produce(pair.url, range(10, 13))
+        result = unilog(settings, "streamer", "--once")
+        assert result.returncode == 0, result.stderr
+        assert "re-created" in result.stdout + result.stderr
+        rds = redis.Redis.from_url(unilog_redis_url, decode_responses=True)
+        got = [(int(f["seq"]), json.loads(f["data"])["n"]) for _id, f in rds.xrange(STREAM)]
+        assert got == [(i + 1, i) for i in range(13)], "every record once, in order, across the lost slot"
+
+
+def produce(url: str, ns: range) -> None:
+    with psycopg.connect(url) as conn:
+        for n in ns:
+            emit(conn, action="create", object="order", data={"n": n})
+            conn.commit()

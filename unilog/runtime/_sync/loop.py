@@ -23,6 +23,7 @@ import structlog
 from ... import engine, store
 from ..._acompat import Event, sleep_until
 from ...config import Settings
+from ...errors import ReadOnlyServer
 from ..hooks import DEFAULT_HOOKS, Hook
 from ..policy import TRANSIENT, Backoff, decide
 
@@ -177,14 +178,33 @@ class Worker(abc.ABC):
     def run(self, stop_event: Event | None = None) -> None:
         """Work until ``stop_event`` is set, finishing the pass in progress first (see :func:`serve`); the
         connections are closed when it returns."""
+        stop_event = stop_event if stop_event is not None else Event()
         try:
-            self.connect()
+            if not self._connect_to_primary(stop_event):
+                return
             log.info(f"{self.kind} started", **self.label, **self.describe())
             serve(self, stop_event)
         finally:
             self.stopped()
             self.close()
         log.info(f"{self.kind} stopped", **self.label, **self.totals())
+
+    def _connect_to_primary(self, stop_event: Event) -> bool:
+        """Connect (a server that cannot be reached or refuses raises: a process that cannot start says so at
+        once), waiting while the Postgres reached is a read-only standby, as a failover promotes one; False if
+        ``stop_event`` was set first."""
+        backoff = Backoff(self.max_backoff)
+        while True:
+            try:
+                self.connect()
+                return True
+            except ReadOnlyServer as exc:
+                log.warning("waiting for a primary", error=str(exc), retry_in=backoff.delay, **self.label)
+                self.close()
+            sleep_until(stop_event, backoff.delay)
+            backoff.grow()
+            if stop_event.is_set():
+                return False
 
     def close(self) -> None:
         """Close both connections; only committed state carries over."""
