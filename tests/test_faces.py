@@ -131,7 +131,7 @@ def test_the_store_and_the_adapter_offer_each_face_the_same_names() -> None:
 
     used = {n for n in dir(store_aio) if not n.startswith("_") and callable(getattr(store_aio, n))}
     used -= {"connect_options", "schema_verdict", "unreachable", "checkpoint_from_row", "save_params"}
-    used -= {"Checkpoint", "AsyncIterator", "Any", "version_refusal"}  # helpers
+    used -= {"Checkpoint", "AsyncIterator", "Any", "version_refusal", "standby_refusal"}  # helpers
     used = {"connect" if n == "connect_async" else n for n in used}
     assert used <= set(dir(store)), sorted(used - set(dir(store)))
     methods = {n for n in dir(engine_aio.AsyncRedisStreams) if not n.startswith("_") and n != "aclose"}
