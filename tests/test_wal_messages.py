@@ -152,6 +152,24 @@ def test_a_dropped_slot_says_what_is_lost_and_producers_fall_back_to_rows(
     assert capture_status(wal)["records_as"] == "messages"
 
 
+def test_a_dropped_slots_line_counts_the_messages_it_had_not_delivered(
+    wal: Settings, pg: Any, rds: redis.Redis
+) -> None:
+    """Exit 12 says how many record messages may be gone, where pg_walinspect can read that WAL."""
+    try:
+        pg.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+    except psycopg.Error as exc:
+        pytest.skip(f"pg_walinspect is not available on this server: {exc}")
+    emit_n(wal, 2)
+    with streamer(wal) as s:
+        s.drain(timeout=10)
+    emit_n(wal, 3, start=2)
+    pg.execute("SELECT pg_drop_replication_slot(%s)", (capture_status(wal)["slot"],))
+    result = unilog(wal, "streamer", "--once")
+    assert result.returncode == 12, result.stderr
+    assert "are lost with it (3 at most)" in one_line(result), one_line(result)
+
+
 def test_an_operator_recreating_a_healthy_slot_publishes_its_messages_first(
     wal: Settings, pg: Any, rds: redis.Redis
 ) -> None:

@@ -57,6 +57,7 @@ from .connection import (
 from .failover import (
     SlotSafety,
     clear_rows_hold,
+    count_record_messages,
     create_slot,
     failover_slots,
     hold_rows,
@@ -177,6 +178,7 @@ __all__ = [
     "claim_rows",
     "clear_rows_hold",
     "connect",
+    "count_record_messages",
     "create_slot",
     "deadline",
     "default_slot_name",

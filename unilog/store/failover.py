@@ -21,7 +21,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from ..errors import UnilogError
 from .connection import connect
 from .pgoutput import Decoder, WalRow
-from .wal import CaptureSlot, drop_slot, record_capture
+from .wal import CaptureSlot, drop_slot, lsn_text, record_capture
 
 FAILOVER_SLOTS_SINCE = 170000  # server_version_num of the first Postgres with failover slots
 EMIT_LOCK = "unilog.emit_mode"  # unilog_stage's advisory lock, shared by every emitting transaction
@@ -213,6 +213,25 @@ def recreate_slot(conninfo: str, capture: CaptureSlot) -> None:
             drop_slot(conn, capture.slot)
         create_slot(conn, capture.slot, failover=True)
         record_capture(conn, capture.slot, capture.publication)
+
+
+def count_record_messages(conn: psycopg.Connection[Any], start: int, end: int) -> int | None:
+    """How many logical messages other than switch markers the WAL holds between ``start`` and ``end`` (an upper
+    bound on the record messages of that range a lost slot had not delivered: some may belong to transactions that
+    rolled back), read with ``pg_walinspect`` where it is installed and the WAL is still on disk; None otherwise
+    (Postgres 15's description of a message does not name its prefix: markers are counted there too)."""
+    try:
+        with conn.transaction():
+            row = conn.execute(_MESSAGES_BETWEEN, (lsn_text(start), lsn_text(end))).fetchone()
+    except psycopg.Error:
+        return None
+    return int(row[0]) if row else None
+
+
+_MESSAGES_BETWEEN = """
+    SELECT count(*) FROM pg_get_wal_records_info(%s::pg_lsn, %s::pg_lsn)
+    WHERE resource_manager = 'LogicalMessage' AND description NOT LIKE '%%prefix "unilog-switch"%%'
+"""
 
 
 def standby_copies(conninfo: str, slot: str, timeout: float = 3.0) -> list[dict[str, Any]]:

@@ -412,9 +412,11 @@ def _stop_messages_after_loss(conn: psycopg.Connection[Any]) -> str:
             f"published or rescued as a row, and {kept}"
         )
     upto = held_at if not messages and held_at is not None else now
+    count = store.count_record_messages(conn, mark[0], upto)
+    conn.commit()
+    how_many = "(how many: unknown, pg_walinspect cannot read that WAL here)" if count is None else f"({count} at most)"
     return (
         f"{kept}, but records written as logical messages committed from {store.lsn_text(mark[0])} (the last one "
-        f"published) to "
-        f"{store.lsn_text(upto)} "
-        f"that the slot had not delivered are lost with it ({switched}; docs/guides/wal-capture.md, 'a lost slot')"
+        f"published) to {store.lsn_text(upto)} that the slot had not delivered are lost with it {how_many} "
+        f"({switched}; docs/guides/wal-capture.md, 'a lost slot')"
     )
