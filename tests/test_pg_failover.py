@@ -24,6 +24,7 @@ from handlers import APPLIED_DDL, record_applied
 
 from unilog import Consumer, ConsumerConfig, GroupConfig, GroupConsumer, Record, Settings, Streamer, emit, store
 from unilog.harness.embedded import ReplicatedPostgres, embedded_postgres_bin_dir, postgres_by_major, probe_postgres
+from unilog.ops.exporter import SystemCollector
 from unilog.ops.schema import migrate
 from unilog.stream.modes import capture_status, enable_wal
 
@@ -92,6 +93,12 @@ class Worker:
         assert self.error is None, f"{self.worker.kind} stopped: {self.error!r}"
 
 
+def scrape(settings: Settings) -> dict[str, float]:
+    """The capture gauges of one scrape of `unilog metrics`."""
+    families = SystemCollector(settings).collect()
+    return {f.name: f.samples[0].value for f in families if f.name.startswith("unilog_capture") and f.samples}
+
+
 def handler(name: str) -> Callable[[psycopg.Connection[Any], Sequence[Record]], None]:
     return lambda conn, records: record_applied(name, conn, records)
 
@@ -132,6 +139,8 @@ def test_a_primary_killed_mid_traffic_loses_no_record_and_applies_none_twice(
         if mode == "wal":  # the copy is ready once the primary's slot moved on after it was made: traffic does that
             ready = lambda: any(c["synced"] for c in store.standby_copies(url, slot))  # noqa: E731
             wait_for(ready, "the slot's copy on the standby", 60)
+            gauges = scrape(settings)
+            assert gauges["unilog_capture_slot_failover"] == 1 and gauges["unilog_capture_slot_copies_ready"] == 1
         took = pair.failover()
         before = len(producer.acked)
         resumed = wait_for(lambda: len(producer.acked) > before + 100, "producers on the new primary", 60)

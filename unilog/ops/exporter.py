@@ -202,6 +202,12 @@ def _capture_families(capture: dict[str, Any]) -> Iterator[GaugeMetricFamily]:
             "1 if the WAL capture slot is a failover slot (Postgres 17+: standbys with sync_replication_slots copy it)",
         ),
         (
+            "unilog_capture_slot_copies_ready",
+            "copies_ready",
+            "Standbys among DATABASE_URL's hosts whose copy of the failover slot is ready to take over (synced, not "
+            "temporary, not invalidated); no sample without a failover slot",
+        ),
+        (
             "unilog_capture_records_held",
             "held_reason",
             "1 while producers are held to rows because the slot is at risk (a standby without failover slots, or "

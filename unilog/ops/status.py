@@ -39,7 +39,7 @@ def collect_status(settings: Settings) -> dict[str, Any]:
         ]
         return {
             "staged": _staged(conn),
-            "capture": capture_health(conn),
+            "capture": capture_health(conn, settings.conninfo),
             "streams": streams,
             "consumers": _consumers(api, checkpoints, registrations, now_ms),
             "backfills": [b for b in list_backfills(conn) if b["status"] == "running"],
@@ -54,7 +54,7 @@ def _staged(conn: Any) -> dict[str, Any]:
     return {"records": records, "oldest_age_seconds": oldest, "open_stager": store.oldest_stager(conn)}
 
 
-def capture_health(conn: Any) -> dict[str, Any]:
+def capture_health(conn: Any, conninfo: str | None = None) -> dict[str, Any]:
     """The capture mode, and in WAL mode its slot's health: whether a streamer streams from it (``active``), the WAL
     the server keeps for it (``retained_bytes``: the current WAL position minus its ``restart_lsn``) and what its
     streamer has not confirmed (``confirmed_lag_bytes``: minus its ``confirmed_flush_lsn``). Table mode has no slot."""
@@ -74,15 +74,25 @@ def capture_health(conn: Any) -> dict[str, Any]:
         "wal_status": state["wal_status"],
         "retained_bytes": state["retained_bytes"],
         "confirmed_lag_bytes": state["confirmed_lag_bytes"],
-        **_failover(conn, current.slot),
+        **_failover(conn, current.slot, conninfo),
     }
 
 
-def _failover(conn: Any, slot: str) -> dict[str, Any]:
-    """Whether a failover keeps the slot, and whether producers are held to rows (and why)."""
+def _failover(conn: Any, slot: str, conninfo: str | None) -> dict[str, Any]:
+    """Whether a failover keeps the slot (and, given ``conninfo``, how many standbys among its hosts hold a copy
+    ready to take over), and whether producers are held to rows (and why)."""
     safety = store.slot_safety(conn, slot)
     reason, _saved, _lsn = store.rows_held(conn)
-    return {"failover": safety.failover, "protected": safety.protected, "risk": safety.risk, "held_reason": reason}
+    ready = None
+    if conninfo is not None and safety.failover:
+        ready = sum(1 for copy in store.standby_copies(conninfo, slot) if copy["synced"])
+    return {
+        "failover": safety.failover,
+        "protected": safety.protected,
+        "risk": safety.risk,
+        "held_reason": reason,
+        "copies_ready": ready,
+    }
 
 
 def _partitions(api: engine.RedisStreams, stream: str) -> list[str]:
