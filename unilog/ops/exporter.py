@@ -59,7 +59,13 @@ def _guard(settings: Settings) -> None:
         with store.connect(settings.conninfo, application_name="unilog-metrics") as conn:
             guard(conn, streaming=False)
     except (UnilogError, psycopg.Error) as exc:
-        log.warning("the capture slot's guard could not run", error=" ".join(str(exc).split()))
+        error = " ".join(str(exc).split())
+        if error not in _GUARD_ERRORS:  # once per cause: a scrape every 15 s would repeat it all day
+            _GUARD_ERRORS.add(error)
+            log.warning("the capture slot's guard could not run", error=error)
+
+
+_GUARD_ERRORS: set[str] = set()
 
 
 def _gauge(name: str, doc: str, labels: list[str], samples: list[tuple[list[str], float]]) -> GaugeMetricFamily:
