@@ -117,17 +117,19 @@ def hold_rows(conn: psycopg.Connection[Any], slot: str, reason: str, *, rescue: 
     """Hold producers to rows, in the transaction ``conn`` is in (the caller commits), and return the messages
     rescued.
 
-    The transaction takes the emit lock exclusively: it waits for every open transaction that may write a record
-    message, and each one that starts meanwhile waits for it (up to ``lock_timeout``; then
-    ``psycopg.errors.LockNotAvailable``, and nothing changed). With ``rescue`` (only while no session streams the
-    slot: a peek needs it), every record message the slot has not delivered and no streamer published (at or before
+    With ``rescue`` (only while no session streams the slot: a peek needs it), the transaction takes the emit lock
+    exclusively: it waits for every open transaction that may write a record message, and each one that starts
+    meanwhile waits for it (up to ``lock_timeout``; then ``psycopg.errors.LockNotAvailable``, and nothing changed).
+    Then every record message the slot has not delivered and no streamer published (at or before
     the saved mark) is staged again as a row, in commit order, and the mark moves past them, so a streamer that
     reads them from the slot later skips them; the rows are captured in this transaction's commit, before any row
     a held producer stages after it, so each key keeps its order. The mode is a sequence, which no rollback undoes:
     a failure after the switch leaves producers on rows, which is safe."""
-    conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(f"{int(lock_timeout * 1000)}ms")))
-    conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (EMIT_LOCK,))
-    messages = _undelivered(conn, slot) if rescue else []
+    messages: list[WalRow] = []
+    if rescue:  # without one, messages and rows go on through the slot in commit order: no producer need wait
+        conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(f"{int(lock_timeout * 1000)}ms")))
+        conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (EMIT_LOCK,))
+        messages = _undelivered(conn, slot)
     conn.execute("SELECT setval('unilog_emit_mode', 0)")
     for stream, _row, _mark, body, trace in messages:
         data, action, obj, created, key = _fields(body)
