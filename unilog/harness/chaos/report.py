@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from ..supervisor import Fleet, ProcessSpec
 from .checker import Verdict
 from .observe import Observation
+from .pgha import summary_lines as failover_lines
 from .schedule import FaultEvent
 
 if TYPE_CHECKING:
@@ -133,6 +134,7 @@ def format_summary(report: Mapping[str, Any], report_path: Path | None = None) -
         f"{counts.get('canonical', '?')} records in the database ({counts['poison']} poison)"
     )
     lines += _fault_lines(report)
+    lines += failover_lines(report)
     lines.append("consumers:")
     for name, row in report.get("consumers", {}).items():
         if name == "canonical":

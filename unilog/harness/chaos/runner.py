@@ -24,10 +24,10 @@ from unilog.ops import admin
 from unilog.ops.status import collect_status
 
 from ..app import App
-from ..embedded import EmbeddedPostgres, EmbeddedRedis, EmbeddedRedisCluster, free_port
+from ..embedded import EmbeddedPostgres, EmbeddedRedis, EmbeddedRedisCluster, ReplicatedPostgres, free_port
 from ..proxy import FaultProxy
 from ..supervisor import Fleet, ProcessSpec
-from . import mirror, tables
+from . import mirror, pgha, tables
 from .checker import Verdict
 from .config import ChaosConfig
 from .injector import Injector
@@ -57,10 +57,11 @@ class _Servers:
     proxies: dict[str, FaultProxy]
     notes: list[str]
     cluster: EmbeddedRedisCluster | None = None
+    pair: ReplicatedPostgres | None = None
 
     def kinds(self) -> list[str]:
-        """The servers the schedule may restart, pause or (a cluster's masters) kill."""
-        kinds = ["postgres"] if self.postgres is not None else []
+        """The servers the schedule may restart, pause, (a cluster's masters) kill or (a pair) fail over."""
+        kinds = ["postgres"] if self.postgres is not None else ["postgres_ha"] if self.pair is not None else []
         return kinds + (["redis"] if self.redis is not None else []) + (["redis_cluster"] if self.cluster else [])
 
     def describe(self) -> dict[str, str]:
@@ -69,7 +70,10 @@ class _Servers:
             redis = f"embedded {self.redis.version} (appendonly yes, appendfsync always)"
         elif self.cluster is not None:
             redis = f"embedded Redis Cluster {self.cluster.nodes[0].version}: 3 masters, 3 replicas"
-        return {"postgres": f"embedded {self.postgres.version}" if self.postgres else "given", "redis": redis}
+        postgres = f"embedded {self.postgres.version}" if self.postgres else "given"
+        if self.pair is not None:
+            postgres = f"embedded {self.pair.binaries.version}: a primary and a synchronous streaming standby"
+        return {"postgres": postgres, "redis": redis}
 
 
 def run_chaos(
@@ -99,10 +103,15 @@ def run_chaos(
 
 def _start_servers(stack: contextlib.ExitStack, config: ChaosConfig) -> _Servers:
     notes: list[str] = []
-    pg = rd = cluster = None
+    pg = rd = cluster = pair = None
+    if config.database_url and config.postgres_ha:
+        raise ConfigurationError("--pg-ha runs its own Postgres pair: leave out --database-url")
     if config.database_url:
         pg_url = config.database_url
         notes.append("Postgres given by URL: its restarts are skipped")
+    elif config.postgres_ha:
+        pair = pgha.start_pair(stack)
+        pg_url = pair.url
     else:
         pg = stack.enter_context(EmbeddedPostgres())
         pg_url = pg.url
@@ -118,7 +127,16 @@ def _start_servers(stack: contextlib.ExitStack, config: ChaosConfig) -> _Servers
         redis_url = rd.url
     proxies: dict[str, FaultProxy] = {}
     fleet_urls = {}
+    if pair is not None:
+        pair_proxies, fleet_urls["postgres"] = pgha.start_proxies(stack, pair)
+        proxies.update(pair_proxies)
+        notes.append(
+            "Postgres HA: a fault proxy in front of each node (postgres_a, postgres_b), the fleet on the multi-host "
+            "URL over them; the primary fails over (pg_failover) instead of restarting"
+        )
     for side, url in (("postgres", pg_url), ("redis", redis_url)):
+        if side in fleet_urls:
+            continue
         if side == "redis" and cluster is not None:
             fleet_urls[side] = url
             continue
@@ -129,7 +147,7 @@ def _start_servers(stack: contextlib.ExitStack, config: ChaosConfig) -> _Servers
             continue
         proxies[side] = stack.enter_context(proxy)
         fleet_urls[side] = proxy.url_for(url)
-    return _Servers(pg_url, redis_url, fleet_urls, pg, rd, proxies, notes, cluster)
+    return _Servers(pg_url, redis_url, fleet_urls, pg, rd, proxies, notes, cluster, pair)
 
 
 def _prepare(app: App, config: ChaosConfig, servers: _Servers) -> None:
@@ -188,9 +206,7 @@ def _run(
     )
     report.update(notes=servers.notes, schedule=[e.to_dict() for e in schedule], log_dir=str(log_dir))
     print_header(config, handler, report, specs, schedule, out)
-    injector = Injector(
-        fleet, servers.postgres, servers.redis, servers.proxies, cluster=servers.cluster, stream=app.stream
-    )
+    injector = _injector(app, config, servers, fleet)
     consumers = config.consumers(app)
     outcome: dict[str, Any] = {"quiesced": False, "quiesce_seconds": 0.0}
     try:
@@ -224,6 +240,20 @@ def _run(
     return verdict
 
 
+def _injector(app: App, config: ChaosConfig, servers: _Servers, fleet: Fleet) -> Injector:
+    return Injector(
+        fleet,
+        servers.postgres,
+        servers.redis,
+        servers.proxies,
+        cluster=servers.cluster,
+        stream=app.stream,
+        pair=servers.pair,
+        capture=config.capture,
+        redis_url=servers.redis_url,
+    )
+
+
 def _judge(
     app: App,
     servers: _Servers,
@@ -252,6 +282,8 @@ def _judge(
         consumers=consumer_report(observation, verdict),
         verdict=verdict.to_dict(),
     )
+    if injector.failovers is not None:
+        report["pg_failovers"] = pgha.figures(injector.failovers.done, servers.pg_url)
     return verdict
 
 

@@ -19,6 +19,9 @@ class FaultRates:
     redis_pause: float = 0.4
     network: float = 6.0  # proxy faults (reset, cut, blackhole, drop_replies) over both proxies
     master_kill: float = 2.0  # on a Redis Cluster: a master SIGKILLed, its replica promoted, the old one rejoining
+    # with a Postgres primary + standby (ChaosConfig.postgres_ha): the primary SIGKILLed, the standby promoted, the
+    # old primary rewound and rejoining as standby (``unilog chaos --pg-ha`` sets 1.5)
+    pg_failover: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,7 @@ def build_schedule(
         events.append(FaultEvent(round(at, 2), kind, side, length))
         free_at[side] = at + length
     events += _master_kills(rng, count(rates.master_kill) if "redis_cluster" in servers else 0, start, end)
+    events += _pg_failovers(rng, count(rates.pg_failover) if "postgres_ha" in servers else 0, start, end)
     events.sort(key=lambda e: (e.at, e.kind, e.target))
     return events
 
@@ -118,5 +122,24 @@ def _master_kills(rng: random.Random, n: int, start: float, end: float) -> list[
         down = round(rng.uniform(1.0, 4.0), 2)
         if at <= end:
             events.append(FaultEvent(round(at, 2), "master_kill", target, down))
+            last = at
+    return events
+
+
+PG_FAILOVER_WARMUP = 10.0  # the first failover waits for traffic (in WAL mode the slot's copy needs some to be ready)
+PG_FAILOVER_GAP = 20.0  # failover, rejoin (pg_rewind), and in WAL mode the new standby's copy ready again
+
+
+def _pg_failovers(rng: random.Random, n: int, start: float, end: float) -> list[FaultEvent]:
+    """Failovers of the Postgres primary (target ``postgres``), each followed by the old primary's rejoin
+    ``duration`` seconds after the promotion; at least :data:`PG_FAILOVER_GAP` seconds apart, none before
+    :data:`PG_FAILOVER_WARMUP` (when the run is long enough)."""
+    events, last = [], -1e9
+    start = min(max(start, PG_FAILOVER_WARMUP), end)
+    for at in sorted(round(rng.uniform(start, end), 2) for _ in range(n)):
+        at = max(at, last + PG_FAILOVER_GAP)
+        rejoin_after = round(rng.uniform(2.0, 5.0), 2)
+        if at <= end:
+            events.append(FaultEvent(round(at, 2), "pg_failover", "postgres", rejoin_after))
             last = at
     return events

@@ -159,3 +159,13 @@ def mirror_inversions(conn: psycopg.Connection[Any]) -> list[tuple[int, int, int
     """Every value the mirror received out of order: (id, the mirror's balance, the record's, its action)."""
     rows = conn.execute("SELECT id, before, got, action FROM chaos_mirror_inversions ORDER BY id").fetchall()
     return [(int(r[0]), int(r[1]), int(r[2]), str(r[3])) for r in rows]
+
+
+def first_applied_after(conn: psycopg.Connection[Any], since: float) -> dict[str, float]:
+    """Each consumer's first application after ``since`` (epoch seconds): its transaction's start, epoch seconds."""
+    rows = conn.execute(
+        "SELECT consumer, extract(epoch FROM min(applied_at))::float8 FROM chaos_applied "
+        "WHERE applied_at > to_timestamp(%s) GROUP BY consumer ORDER BY consumer",
+        (since,),
+    ).fetchall()
+    return {str(name): float(at) for name, at in rows}

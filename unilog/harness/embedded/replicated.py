@@ -238,16 +238,12 @@ class ReplicatedPostgres:
         if not self.failover_slots:
             raise EmbeddedServerError(f"Postgres {self.binaries.version} has no slot sync (17+)")
         standby = self._require_standby()
-        ready = (
-            "SELECT synced AND NOT temporary AND invalidation_reason IS NULL "
-            "FROM pg_replication_slots WHERE slot_name = %s"
-        )
 
         def synced() -> bool:
             _rows(self.primary.url, "SELECT pg_log_standby_snapshot()")
             if advance:
                 _rows(self.primary.url, "SELECT pg_replication_slot_advance(%s, pg_current_wal_lsn())", (name,))
-            if any(row[0] for row in _rows(standby.url, ready, (name,))):
+            if self.copy_ready(name):
                 return True
             time.sleep(0.2)  # each round writes WAL: a round per sync-worker nap (200 ms at its briskest) will do
             return False
@@ -255,6 +251,17 @@ class ReplicatedPostgres:
         if not _wait_until(synced, timeout):
             state = _rows(standby.url, "SELECT * FROM pg_replication_slots WHERE slot_name = %s", (name,))
             raise EmbeddedServerError(f"slot {name!r} not synced to the standby in {timeout}s: {state}")
+
+    def copy_ready(self, name: str) -> bool:
+        """Whether the standby (False without one) holds a copy of logical slot ``name`` that survives a promotion:
+        ``synced AND NOT temporary AND invalidation_reason IS NULL`` (see :meth:`wait_slot_synced`)."""
+        if self.standby is None or not self.failover_slots:
+            return False
+        ready = (
+            "SELECT synced AND NOT temporary AND invalidation_reason IS NULL "
+            "FROM pg_replication_slots WHERE slot_name = %s"
+        )
+        return any(row[0] for row in _rows(self.standby.url, ready, (name,)))
 
     # -- internals ----------------------------------------------------------- #
 
