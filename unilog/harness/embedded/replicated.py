@@ -59,7 +59,7 @@ class ReplicatedPostgres:
     :attr:`primary` is the node that is primary now and :attr:`standby` the one following it (None after
     :meth:`failover` until :meth:`rejoin`); :attr:`nodes` keeps the fixed order (node A, node B) that :attr:`url`
     lists. With ``synchronous=True`` the primary waits for the standby's flush on each commit
-    (``synchronous_standby_names = '*'``) while a standby is attached, so a failover loses no committed
+    (``synchronous_standby_names`` naming the standby) while a standby is attached, so a failover loses no committed
     transaction. ``settings`` are added to both nodes' (see :func:`replication_settings`).
     """
 
