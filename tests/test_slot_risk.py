@@ -138,6 +138,10 @@ def test_a_standby_on_a_server_without_failover_slots_is_refused_or_held(limited
         assert report["records_as"] == "rows" and "standby" in report["safety"]["held_reason"], report
         emit_n(limited, 2)
         admin.execute("SELECT pg_drop_replication_slot('away_standby')")
+        with psycopg.connect(limited.conninfo, autocommit=True) as switching:  # as a mode switch holds it
+            switching.execute("SELECT pg_advisory_lock(hashtextextended('unilog.capture_switch', 0))")
+            scrape(limited)
+            assert capture_status(limited)["records_as"] == "rows", "no release while a mode switch runs"
         scrape(limited)
         assert capture_status(limited)["records_as"] == "messages", "the risk has passed"
         emit_n(limited, 2, start=2)

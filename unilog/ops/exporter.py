@@ -16,7 +16,7 @@ import structlog
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .. import store
+from .. import engine, store
 from ..config import Settings
 from ..errors import UnilogError
 
@@ -57,7 +57,7 @@ def _guard(settings: Settings) -> None:
 
     try:
         with store.connect(settings.conninfo, application_name="unilog-metrics") as conn:
-            guard(conn, streaming=False)
+            guard(conn, streaming=False, in_doubt=lambda: _in_doubt(settings, conn))
     except (UnilogError, psycopg.Error) as exc:
         error = " ".join(str(exc).split())
         if error not in _GUARD_ERRORS:  # once per cause: a scrape every 15 s would repeat it all day
@@ -66,6 +66,21 @@ def _guard(settings: Settings) -> None:
 
 
 _GUARD_ERRORS: set[str] = set()
+
+
+def _in_doubt(settings: Settings, conn: Any) -> bool:
+    """Whether a batch was sent to Redis and not yet saved in Postgres, or a table-mode claim is pending (the
+    rescue would make a second record of it)."""
+    from ..stream.publisher import unsaved_batches
+
+    identity, positions = store.producer_identity(conn), store.published_positions(conn)
+    claimed = store.any_pending_claims(conn)
+    conn.commit()
+    client = engine.connect(settings.redis_url)
+    try:
+        return bool(claimed) or bool(unsaved_batches(engine.RedisStreams(client), identity, positions))
+    finally:
+        client.close()
 
 
 def _gauge(name: str, doc: str, labels: list[str], samples: list[tuple[list[str], float]]) -> GaugeMetricFamily:

@@ -6,11 +6,12 @@ created with ``failover`` is copied to standbys that run ``sync_replication_slot
 it retains more WAL than ``max_slot_wal_keep_size``. Records written as logical messages that a lost slot had not
 delivered exist nowhere else, so while a slot runs either risk producers are *held* to rows (which any capture finds
 again), and the record messages the slot has not delivered yet are *rescued*: turned into rows, in one transaction
-that new emitters wait for (:func:`hold`).
+that new emitters wait for (:func:`hold_rows`).
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,25 +114,41 @@ def rows_held(conn: psycopg.Connection[Any]) -> tuple[str | None, bool, int | No
     return (row[0], bool(row[1]), None if row[2] is None else int(row[2])) if row else (None, False, None)
 
 
-def hold_rows(conn: psycopg.Connection[Any], slot: str, reason: str, *, rescue: bool, lock_timeout: float = 2.0) -> int:
+def hold_rows(
+    conn: psycopg.Connection[Any],
+    slot: str,
+    reason: str,
+    *,
+    rescue: bool,
+    saved: bool = False,
+    lock_timeout: float = 2.0,
+) -> int | None:
     """Hold producers to rows, in the transaction ``conn`` is in (the caller commits), and return the messages
-    rescued.
+    rescued (None: no rescue was tried or it could not be made; then ``held_saved`` is ``saved``: true only where
+    the caller knows no record message can be waiting in the slot, as for a slot just created with messages off).
 
-    With ``rescue`` (only while no session streams the slot: a peek needs it), the transaction takes the emit lock
-    exclusively: it waits for every open transaction that may write a record message, and each one that starts
-    meanwhile waits for it (up to ``lock_timeout``; then ``psycopg.errors.LockNotAvailable``, and nothing changed).
-    Then every record message the slot has not delivered and no streamer published (at or before
-    the saved mark) is staged again as a row, in commit order, and the mark moves past them, so a streamer that
-    reads them from the slot later skips them; the rows are captured in this transaction's commit, before any row
-    a held producer stages after it, so each key keeps its order. The mode is a sequence, which no rollback undoes:
-    a failure after the switch leaves producers on rows, which is safe."""
-    messages: list[WalRow] = []
-    if rescue:  # without one, messages and rows go on through the slot in commit order: no producer need wait
-        conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(f"{int(lock_timeout * 1000)}ms")))
-        conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (EMIT_LOCK,))
-        messages = _undelivered(conn, slot)
+    The mode is a sequence, which no rollback undoes: a failure after the switch leaves producers on rows, which is
+    safe, and the caller's retry without a rescue (:func:`unilog.stream.guard.hold`) writes the hold.
+
+    With ``rescue``, the transaction takes the slot's streaming lock (the one a streamer takes before it reads the
+    saved mark and opens the slot: while the rescue holds it no streamer can start, and if a streamer holds it there
+    is no rescue) and the emit lock exclusively: it waits for every open transaction that may write a record
+    message (up to ``lock_timeout``; then ``psycopg.errors.LockNotAvailable``), each one that starts meanwhile waits
+    for it, and the whole rescue is bounded by ``statement_timeout`` (10 s, then an error: nothing rescued, the
+    caller holds without). Once the WAL written so far is flushed (an asynchronous commit's message must be in what
+    the peek reads), every record message the slot has not delivered and no streamer published (at or before the
+    saved mark) is staged again as a row, in commit order, and the mark moves past them, so a streamer that reads
+    them later skips them; the rows are captured in this transaction's commit, before any row a held producer
+    stages after it, so each key keeps its order. Run it only when no batch is in doubt (sent to Redis, not yet
+    saved): a rescued row would be a second record of it."""
+    # the rescue first: its flush check waits for the WAL written so far, which must not include this transaction's
+    messages = _rescue(conn, slot, lock_timeout) if rescue else None
+    conn.execute(
+        "UPDATE unilog_capture SET held_reason = %s, held_lsn = pg_current_wal_insert_lsn(), held_saved = %s",
+        (reason, saved),
+    )
     conn.execute("SELECT setval('unilog_emit_mode', 0)")
-    for stream, _row, _mark, body, trace in messages:
+    for stream, _row, _mark, body, trace in messages or []:
         data, action, obj, created, key = _fields(body)
         parent, state = _fields(trace) or ("", "")
         conn.execute(_RESCUE, (stream, data, action, obj, created, key or None, parent or None, state or None))
@@ -139,24 +156,67 @@ def hold_rows(conn: psycopg.Connection[Any], slot: str, reason: str, *, rescue: 
         last = messages[-1][2]
         assert last is not None
         conn.execute("UPDATE unilog_capture SET message_lsn = '0/0'::pg_lsn + %s::numeric, message_ordinal = %s", last)
-    conn.execute(
-        "UPDATE unilog_capture SET held_reason = %s, held_lsn = pg_current_wal_insert_lsn(), held_saved = %s",
-        (reason, rescue),
-    )
-    return len(messages)
+    if messages is not None:
+        conn.execute("UPDATE unilog_capture SET held_saved = true, held_lsn = pg_current_wal_insert_lsn()")
+    return None if messages is None else len(messages)
+
+
+def _rescue(conn: psycopg.Connection[Any], slot: str, lock_timeout: float) -> list[WalRow] | None:
+    """The locks and the flush :func:`hold_rows` needs, then the undelivered messages; None if a streamer holds
+    the slot or the WAL was not flushed within the time."""
+    if not conn.execute(_TRY_SLOT_LOCK, (f"unilog.slot:{slot}",)).fetchone()[0]:  # type: ignore[index]
+        return None
+    conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(f"{int(lock_timeout * 1000)}ms")))
+    conn.execute("SET LOCAL statement_timeout = '10s'")
+    conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (EMIT_LOCK,))
+    target = conn.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]  # type: ignore[index]
+    deadline = time.monotonic() + 2.0
+    while not conn.execute("SELECT pg_current_wal_flush_lsn() >= %s::pg_lsn", (target,)).fetchone()[0]:  # type: ignore[index]
+        if time.monotonic() > deadline:  # the WAL writer flushes asynchronous commits within 3 wal_writer_delay
+            return None
+        time.sleep(0.01)
+    return _undelivered(conn, slot)
+
+
+# The lock a streamer's replication session takes (unilog.store.wal.ReplicationStream._claim), here for the
+# rescue's transaction only.
+_TRY_SLOT_LOCK = "SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0))"
+SWITCH_LOCK = "unilog.capture_switch"  # held by a mode switch for its whole run: no hold is released meanwhile
 
 
 def release_rows(conn: psycopg.Connection[Any]) -> bool:
-    """End a hold (producers back to messages), in one transaction of ``conn``; False if there was none (then the
-    mode is left alone: a mode switch may be turning messages off)."""
+    """End a hold (producers back to messages), in one transaction of ``conn``; False if there was none, a mode
+    switch is running (it owns the mode), or the slot's WAL is at risk (``extended`` under a limit, or worse): all
+    re-checked under the
+    capture row's lock, which a lost slot's switch to rows (:func:`lock_capture`) takes too."""
+    free = conn.execute("SELECT pg_try_advisory_xact_lock_shared(hashtextextended(%s, 0))", (SWITCH_LOCK,)).fetchone()
+    if not (free and free[0]):
+        conn.commit()
+        return False
     row = conn.execute(
-        "UPDATE unilog_capture SET held_reason = NULL, held_lsn = NULL, held_saved = false "
-        "WHERE held_reason IS NOT NULL RETURNING 1"
+        """
+        SELECT 1 FROM unilog_capture c JOIN pg_replication_slots s ON s.slot_name = c.slot_name
+        WHERE c.held_reason IS NOT NULL
+          AND (s.wal_status = 'reserved' OR (s.wal_status = 'extended' AND s.safe_wal_size IS NULL))
+        FOR UPDATE OF c
+        """
     ).fetchone()
     if row is not None:
+        conn.execute("UPDATE unilog_capture SET held_reason = NULL, held_lsn = NULL, held_saved = false")
         conn.execute("SELECT setval('unilog_emit_mode', 1)")
     conn.commit()
     return row is not None
+
+
+def lock_capture(conn: psycopg.Connection[Any]) -> None:
+    """Lock the capture row in ``conn``'s transaction: a release in flight finishes first, and none starts."""
+    conn.execute("SELECT 1 FROM unilog_capture FOR UPDATE")
+
+
+def take_switch_lock(conn: psycopg.Connection[Any]) -> None:
+    """A mode switch's session lock (``conn``: the switch's own session, held until it closes): no hold is
+    released while a switch runs."""
+    conn.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (SWITCH_LOCK,))
 
 
 def clear_rows_hold(conn: psycopg.Connection[Any]) -> None:
@@ -231,7 +291,7 @@ def count_record_messages(conn: psycopg.Connection[Any], start: int, end: int) -
 
 
 _MESSAGES_BETWEEN = """
-    SELECT count(*) FROM pg_get_wal_records_info(%s::pg_lsn, %s::pg_lsn)
+    SELECT count(*) FROM pg_get_wal_records_info(%s::pg_lsn, least(%s::pg_lsn, pg_current_wal_flush_lsn()))
     WHERE resource_manager = 'LogicalMessage' AND description NOT LIKE '%%prefix "unilog-switch"%%'
 """
 

@@ -397,6 +397,7 @@ def _stop_messages_after_loss(conn: psycopg.Connection[Any]) -> str:
     record messages the slot had not delivered are gone."""
     kept = "records staged as rows are kept and will be published"
     try:
+        store.lock_capture(conn)  # a hold's release in flight ends first, and none starts until this commits
         reason, saved, held_at = store.rows_held(conn)
         mark, now = store.message_mark(conn), store.wal_insert_lsn(conn)
         messages = store.emit_messages(conn)

@@ -6,13 +6,14 @@ then loses it: a promotion of a standby that has no copy of the slot (Postgres b
 streamer in WAL mode (each :data:`GUARD_INTERVAL`) and in each scrape of ``unilog metrics``; when the slot runs such
 a risk it holds producers to rows (:func:`unilog.store.hold_rows`), which any capture finds again, rescuing first,
 as rows, the messages no streamer has read when none streams from the slot, so the slot may then go at no cost.
-When the risk has passed (the slot reserved again, the standby gone or the slot a failover slot), it lets them write
-messages again. ``wal_status`` turns ``extended`` when a limit is set well before the slot is ``lost``: that margin
-is what the guard acts in.
+When the risk has passed and the slot is ``reserved`` (the standby gone or the slot a failover slot, its WAL within
+``max_wal_size``), it lets them write messages again; never while a mode switch runs. ``wal_status`` turns
+``extended`` when a limit is set well before the slot is ``lost``: that margin is what the guard acts in.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -25,12 +26,13 @@ GUARD_INTERVAL = 2.0  # seconds between a streamer's checks of its slot
 log = structlog.get_logger(__name__)
 
 
-def guard(conn: psycopg.Connection[Any], *, streaming: bool) -> str | None:
+def guard(conn: psycopg.Connection[Any], *, streaming: bool, in_doubt: Callable[[], bool] | None = None) -> str | None:
     """Hold producers to rows while the capture slot runs a risk, release them when it has passed; return why they
     are held (None: they are not, or the database is in table mode). ``streaming``: the caller streams from the
     slot itself (a streamer), so it reads the messages already written and no rescue is needed (nor possible: a
-    peek needs the slot free). ``conn``: not autocommit; each of its transactions is ended here. A hold that cannot
-    take the emit lock now (a long transaction) is logged and tried again at the next call."""
+    peek needs the slot free). ``in_doubt``: whether a batch was sent to Redis and not yet saved (then no rescue: a
+    rescued row would be a second record of it); without it, no rescue either. ``conn``: not autocommit; each of its
+    transactions is ended here. A hold that cannot be made now is logged and tried again at the next call."""
     current = store.capture_slot(conn)
     if current is None:
         conn.commit()
@@ -48,9 +50,10 @@ def guard(conn: psycopg.Connection[Any], *, streaming: bool) -> str | None:
         )
     if safety.risk is not None:
         if messages:
-            _hold(conn, current.slot, safety.risk, rescue=_can_rescue(state, streaming))
+            rescue = _can_rescue(state, streaming) and in_doubt is not None and not in_doubt()
+            hold(conn, current.slot, safety.risk, rescue=rescue)
         return safety.risk
-    if reason is not None and safety.wal_status == "reserved" and store.release_rows(conn):
+    if reason is not None and store.release_rows(conn):
         log.info("producers write record messages again", slot=current.slot, was=reason)
         return None
     return reason
@@ -60,12 +63,19 @@ def _can_rescue(state: dict[str, Any] | None, streaming: bool) -> bool:
     return not streaming and state is not None and state["active_pid"] is None and state["wal_status"] != "lost"
 
 
-def _hold(conn: psycopg.Connection[Any], slot: str, risk: str, *, rescue: bool) -> None:
+def hold(conn: psycopg.Connection[Any], slot: str, risk: str, *, rescue: bool) -> None:
+    """:func:`unilog.store.hold_rows`, committed; a rescue that fails (a long transaction holds the emit lock, the
+    rescue's time ran out, a privilege or the slot's WAL missing) falls back to a hold without one, so producers
+    are on rows whatever happens. ``conn``: not autocommit."""
     try:
         rescued = store.hold_rows(conn, slot, risk, rescue=rescue)
         conn.commit()
-    except (psycopg.errors.LockNotAvailable, psycopg.errors.ObjectInUse) as exc:
-        conn.rollback()  # nothing changed (the switch comes after the lock and the peek): the next check tries again
-        log.warning("could not hold producers to rows yet", slot=slot, risk=risk, error=str(exc).strip())
+    except psycopg.Error as exc:
+        conn.rollback()
+        if not rescue:
+            log.warning("could not hold producers to rows yet", slot=slot, risk=risk, error=str(exc).strip())
+            return
+        log.warning("no rescue of the unread record messages", slot=slot, risk=risk, error=str(exc).strip())
+        hold(conn, slot, risk, rescue=False)
         return
     log.warning("producers stage rows: the capture slot is at risk", slot=slot, risk=risk, rescued=rescued)

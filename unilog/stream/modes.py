@@ -113,6 +113,7 @@ def enable_wal(
     the database, and, where a standby is attached to a server without failover slots, unless ``failover_slot`` is
     False (then producers stage rows while a standby is attached: :mod:`unilog.stream.guard`)."""
     with store.connect(settings.conninfo, autocommit=True, application_name="unilog-capture") as conn:
+        store.take_switch_lock(conn)  # no hold is released while the switch runs (its drain may turn them off)
         level = store.wal_level(conn)
         if level != "logical":
             raise store.wal_capture_unavailable(level)
@@ -148,12 +149,12 @@ def enable_wal(
         captured = store.capture_slot(conn)
         assert captured is not None
         _fit_read_index(conn, captured)
-        _turn_messages_on(conn, name)
+        _turn_messages_on(conn, name, fresh=fresh)
         log.info("WAL capture on", slot=name, publication=publication, new_slot=fresh)
         return captured
 
 
-def _turn_messages_on(conn: psycopg.Connection[Any], slot: str) -> None:
+def _turn_messages_on(conn: psycopg.Connection[Any], slot: str, *, fresh: bool) -> None:
     """Producers to record messages, only now that the slot exists (it reads every message from here on), unless the
     slot runs a risk now (then they are held to rows until it has passed) or the database is not UTF8 (a message's
     RESP lengths are server-encoding bytes: right only in UTF8). ``conn``: autocommit."""
@@ -162,12 +163,17 @@ def _turn_messages_on(conn: psycopg.Connection[Any], slot: str) -> None:
         return
     risk = store.slot_safety(conn, slot).risk
     if risk is None:
-        store.set_emit_messages(conn, True)
+        with conn.transaction():
+            store.clear_rows_hold(conn)
+            store.set_emit_messages(conn, True)
         return
-    state = store.slot_state(conn, slot)
-    with conn.transaction():  # messages may be on already (a capture wal again): the hold rescues what they wrote
-        rescued = store.hold_rows(conn, slot, risk, rescue=state is not None and state["active_pid"] is None)
-    log.warning("producers stage rows while the slot is at risk", slot=slot, risk=risk, rescued=rescued)
+    # a slot made now, with messages off, holds no record message: the hold is saved; on a kept slot messages may
+    # have been on (a capture wal again): the streamers read them from it, and a hold already there stays as it is
+    if not fresh and store.rows_held(conn)[0] is not None:
+        return
+    with conn.transaction():
+        store.hold_rows(conn, slot, risk, rescue=False, saved=fresh)
+    log.warning("producers stage rows while the slot is at risk", slot=slot, risk=risk)
 
 
 def _drain_messages(settings: Settings, conn: psycopg.Connection[Any], timeout: float = 120.0) -> None:
@@ -217,8 +223,9 @@ def disable_wal(settings: Settings) -> None:
     published by table-mode passes."""
     settle(settings)
     with store.connect(settings.conninfo, autocommit=True, application_name="unilog-capture") as conn:
+        store.take_switch_lock(conn)  # from here the switch owns the mode: no guard turns messages back on
         current = store.capture_slot(conn)
-        store.clear_rows_hold(conn)  # from here the switch owns the mode: the guard no longer turns messages back on
+        store.clear_rows_hold(conn)
         # producers to rows first, and the slot's messages out: WAL mode captures rows too, so a switch that gives
         # up after this leaves WAL mode whole, as does one that gives up on the table (each change may, behind a
         # long transaction), rather than table mode with no wake-up and a slot retaining WAL for nobody

@@ -103,13 +103,7 @@ class Publisher:
         positions = store.published_positions(conn)
         claimed = [self.stream_of(source) for source in store.any_pending_claims(conn)]
         conn.commit()
-        api = self._redis()
-        doubtful = []
-        for stream, epoch, last_seq in positions:
-            mark = api.high_water(stream, identity.producer_id)
-            if epoch == identity.epoch and mark is not None and mark > (epoch, last_seq):
-                doubtful.append(stream)
-        return sorted(set(doubtful) | set(claimed))
+        return sorted(set(unsaved_batches(self._redis(), identity, positions)) | set(claimed))
 
     # -- stream locks and positions ----------------------------------------------------------------------------------
 
@@ -186,3 +180,16 @@ class Publisher:
         (``time.perf_counter()``): the streamer's total and the publish metrics."""
         self.published_total += records
         metrics.batch_published(stream, records, time.perf_counter() - started, first_created_ms)
+
+
+def unsaved_batches(
+    api: engine.RedisStreams, identity: store.ProducerIdentity, positions: list[tuple[str, int, int]]
+) -> list[str]:
+    """Streams where Redis holds positions of ``identity`` past what Postgres saved (``positions``: stream, epoch,
+    last position, as :func:`unilog.store.published_positions` reads them): a batch sent and not yet saved."""
+    doubtful = []
+    for stream, epoch, last_seq in positions:
+        mark = api.high_water(stream, identity.producer_id)
+        if epoch == identity.epoch and mark is not None and mark > (epoch, last_seq):
+            doubtful.append(stream)
+    return doubtful
