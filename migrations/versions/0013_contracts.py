@@ -21,6 +21,9 @@ depends_on = None
 # default is a catalog change only: no rewrite of a backlog.
 COLUMN = "ALTER TABLE staged_log_records ADD COLUMN IF NOT EXISTS record_type TEXT"
 
+# A backfill that stages typed records names its type's class (``module:Class``), imported by whoever runs a page.
+BACKFILL = "ALTER TABLE unilog_backfills ADD COLUMN IF NOT EXISTS record_type TEXT"
+
 # The registry: each record type's JSON Schema per version, written by `unilog schema register` or a migration,
 # never by a producer at run time (producers check their records against their own classes). A stream's
 # compatibility mode (Confluent's names, lower case) lives beside it; a stream without a row is "backward".
@@ -168,6 +171,7 @@ END $$
 
 def upgrade() -> None:
     op.execute(COLUMN)
+    op.execute(BACKFILL)
     op.execute(REGISTRY)
     op.execute(STAGE)
     op.execute(EMIT)
@@ -188,3 +192,4 @@ def downgrade() -> None:
     op.execute(_previous("unilog_0009", "0009_messages.py").EMIT)
     op.execute("DROP TABLE IF EXISTS unilog_schema_modes, unilog_schemas")
     op.execute("ALTER TABLE staged_log_records DROP COLUMN IF EXISTS record_type")
+    op.execute("ALTER TABLE unilog_backfills DROP COLUMN IF EXISTS record_type")

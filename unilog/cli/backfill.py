@@ -94,6 +94,7 @@ def _run(args: argparse.Namespace) -> int:
             batch_size=_default_batch(args.rate) if args.batch_size is None else args.batch_size,
             rate=args.rate,
             name=args.name,
+            record_type=args.record_type,
         )
         cursor = start(settings, config)
     serve_metrics(args)
@@ -212,6 +213,13 @@ def add(sub: Any) -> None:
     p.add_argument("--stream", help="the stream (default: the streamer's default stream)")
     p.add_argument("--object", metavar="NAME", help="the records' object (default: the table's name)")
     p.add_argument("--action", metavar="NAME", default="backfill", help="the records' action (default: backfill)")
+    p.add_argument(
+        "--type",
+        dest="record_type",
+        metavar="MODULE:CLASS",
+        help="stage typed records of this record type (unilog.contracts): each row read as the type, which sets "
+        "the stream, object and action",
+    )
     p.add_argument(
         "--batch-size",
         type=int,

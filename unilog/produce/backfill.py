@@ -29,14 +29,21 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 import structlog
 
 from .. import metrics, store
 from ..config import Settings, validate_stream_name
-from ..errors import BackfillRefused, PayloadNotSerializable, PostgresPermissionDenied
+from ..errors import (
+    BackfillRefused,
+    HandlerNotFound,
+    PayloadNotSerializable,
+    PostgresPermissionDenied,
+    RecordContractViolation,
+    UnreadableRecord,
+)
 from ..faults import NO_FAULTS, Faults
 from ..runtime import Links, Worker
 from ..store import backfills as sql
@@ -57,7 +64,11 @@ class BackfillConfig:
     run with the role's privileges); ``stream`` None: the default stream; ``object`` None: the table's name;
     ``batch_size`` rows per page (one transaction, its rows locked until it commits: an application update of one
     waits up to a page); ``rate`` at most that many rows per second on average (None: no limit);
-    ``name`` None: :func:`default_name`."""
+    ``name`` None: :func:`default_name`. ``record_type``: ``module:Class`` of a record type
+    (:func:`unilog.contracts.record_type`) to stage typed records: each row's columns are read as that type (a
+    row it refuses stops the backfill with one line naming the key, the field and the rule; nothing of that page is
+    staged) and the type's stream, object and action are the records' (``stream``, ``object``, ``action`` must
+    then not be given)."""
 
     table: str
     key: str
@@ -68,6 +79,7 @@ class BackfillConfig:
     batch_size: int = 200
     rate: float | None = None
     name: str | None = None
+    record_type: str | None = None
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -79,10 +91,44 @@ class BackfillConfig:
         for what, value in (("--object", self.object), ("--action", self.action), ("--name", self.name)):
             if value is not None and not value.strip():
                 raise BackfillRefused(f"{what} must not be empty")
+        if self.record_type is not None:
+            given = [o for o, v in (("--stream", self.stream), ("--object", self.object)) if v is not None]
+            if self.action != "backfill":
+                given.append("--action")
+            if given:
+                raise BackfillRefused(f"--type sets the records' stream, object and action: drop {', '.join(given)}")
+            load_type(self.record_type)
 
     @property
     def backfill_name(self) -> str:
         return self.name or default_name(self.table, self.key, self.where)
+
+
+def load_type(reference: str) -> type:
+    """The record type class ``module:Class`` names, or one :class:`~unilog.errors.BackfillRefused` line."""
+    from ..consume.records import load_object
+
+    try:
+        cls = load_object(reference)
+    except HandlerNotFound as exc:
+        raise BackfillRefused(f"--type {reference}: {exc}") from None
+    if getattr(cls, "__unilog_contract__", None) is None:
+        raise BackfillRefused(f"--type {reference} is not a record type (declare it with unilog.contracts.record_type)")
+    return cast(type, cls)
+
+
+def typed_rows(cls: type, rows: list[tuple[Any, ...]]) -> list[Any]:
+    """A page's rows read as ``cls``'s records (keyed by the row's key unless the type has a key field), or one
+    :class:`~unilog.errors.BackfillRefused` line naming the first row the type refuses, its field and rule."""
+    contract = cast(Any, cls).__unilog_contract__
+    records = []
+    for key, data, _ in rows:
+        try:
+            record = contract.decode(data)
+        except UnreadableRecord as exc:
+            raise BackfillRefused(f"the row with key {key!r} is not a {contract.type_tag}: {exc.reason}") from None
+        records.append({"record": record, "key": None if contract.key_field else key})
+    return records
 
 
 def default_name(table: str, key: str, where: str | None) -> str:
@@ -196,7 +242,11 @@ def start(settings: Settings, config: BackfillConfig) -> dict[str, Any]:
             "batch_size": config.batch_size,
             "rate": config.rate,
             "rows_estimate": sql.estimate_rows(conn, plan.table, config.where, EXACT_COUNT_BELOW),
+            "record_type": config.record_type,
         }
+        if config.record_type is not None:  # what status shows: the type's own (it sets them on every record)
+            contract = cast(Any, load_type(config.record_type)).__unilog_contract__
+            spec.update(stream=contract.stream or "", object=contract.object, action=contract.action)
         sql.start_backfill(conn, spec)
         found = sql.get_backfill(conn, name)
         assert found is not None
@@ -254,6 +304,7 @@ class Backfill(Worker):
         )
         self.producer = produce.Producer()  # no stream given: the streamer's default stream, as `emit` does
         self.plan: Plan | None = None
+        self.typed: type | None = None  # the record type's class, for a typed backfill
         self.stream = settings.stream  # until connect() reads the cursor's
         self.outcome: str | None = None  # done or cancelled, once it ended
         self.staged_total = 0
@@ -278,6 +329,7 @@ class Backfill(Worker):
         if cursor is None:
             raise BackfillRefused(f"no backfill named {self.name!r} (`unilog backfill status` lists them)")
         self.plan = check(conn, cursor["table"], cursor["key"], cursor["where"])
+        self.typed = None if cursor["record_type"] is None else load_type(cursor["record_type"])
         self.stream = cursor["stream"] or self.links.settings.stream
         metrics.BACKFILL_ESTIMATE.labels(self.name).set(cursor["rows_estimate"] or 0)
         metrics.BACKFILL_RUNNING.labels(self.name).set(1)
@@ -316,13 +368,15 @@ class Backfill(Worker):
                 raise BackfillRefused(
                     f"the row with key {key!r} cannot be staged: {problem}: NaN and Infinity are not valid JSON"
                 )
-        records = [
-            {"action": action, "object": object_, "data": PostgresJSON(data), "stream": stream, "key": key}
-            for key, data, _ in rows
-        ]
+        records: list[Any] = (
+            [{"action": action, "object": object_, "data": PostgresJSON(data), "stream": stream, "key": key}
+             for key, data, _ in rows]
+            if self.typed is None
+            else typed_rows(self.typed, rows)
+        )  # fmt: skip
         try:
             self.producer.emit_many(conn, records)
-        except PayloadNotSerializable as exc:
+        except (PayloadNotSerializable, RecordContractViolation) as exc:
             if exc.index is None:
                 raise
             reason = str(exc).removeprefix(produce.record_prefix(exc.index, records[exc.index]))

@@ -44,6 +44,8 @@ class ProducerRules:
                 typed = typed_contract(record)
                 if typed is not None:
                     out.append(self.prepare_typed(record, typed))
+                elif isinstance(record, Mapping) and "record" in record:  # {"record": typed, "key": its key}
+                    out.append(self.prepare_typed(record["record"], _typed_of(record), record.get("key")))
                 else:
                     out.append(self.prepare(**_fields(record), default=default))
             except InvalidRecord as exc:
@@ -137,6 +139,15 @@ def record_prefix(index: int, record: Any) -> str:
     """How an error from :meth:`Producer.emit_many` names its record: ``records[i]``, with the record's key."""
     key = record.get("key") if isinstance(record, Mapping) else _typed_key(record)
     return f"records[{index}]{'' if key is None else f' (key {key!r})'}: "
+
+
+def _typed_of(fields: Mapping[str, Any]) -> Any:
+    """The contract of ``{"record": typed record, "key": ...}``, emit_many's form of a typed record with a key."""
+    unknown = sorted(str(name) for name in fields if name not in ("record", "key"))
+    contract = typed_contract(fields["record"])
+    if unknown or contract is None:
+        raise InvalidRecord("a typed record with a key is {'record': <typed record>, 'key': <str>}, nothing else")
+    return contract
 
 
 def _typed_key(record: Any) -> str | None:

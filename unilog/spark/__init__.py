@@ -4,7 +4,8 @@
 stream through a PySpark 4 Python data source. Offsets are stream ids (``{"id": "1700000000000-3"}``, exclusive
 start, inclusive end). Each micro-batch is split into partitions of ``entriesPerPartition`` entries (cut by count,
 not by time: pipelined ``XADD``s put thousands of entries in one millisecond), read in parallel by the executors;
-``maxEntriesPerBatch`` caps a batch. Columns: the same as a Python consumer sees (see :data:`SCHEMA`).
+``maxEntriesPerBatch`` caps a batch. Columns: the same as a Python consumer sees (see :data:`SCHEMA`); ``type`` is a
+typed record's ``name@version`` (null for an untyped one), and :func:`typed` reads a row as its record type's class.
 
 With ``consumer`` and ``databaseUrl`` options, a query without a Spark checkpoint starts after that consumer's
 checkpoint in Postgres: Spark's checkpoint folder is a cache, Postgres the truth.
@@ -28,8 +29,9 @@ import json
 import os
 import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar, cast
 
+from ..errors import UnreadableRecord
 from .columns import SCHEMA
 from .sink import Effect, TransactionalSink
 from .source import (
@@ -43,6 +45,8 @@ from .source import (
     read_range,
     register,
 )
+
+T = TypeVar("T")
 
 __all__ = [
     "SCHEMA",
@@ -60,6 +64,7 @@ __all__ = [
     "register",
     "spark_session",
     "task_slots",
+    "typed",
 ]
 
 REDACT_PASSWORDS = r"(?<=://)[^/@\s:]*:[^/@\s]*(?=@)"  # user:password of scheme://user:password@host
@@ -100,6 +105,22 @@ def task_slots(spark: Any) -> int:
         return max(1, int(spark.sparkContext.defaultParallelism))
     except Exception:  # pyspark raises its own not-supported error types on Connect sessions
         return 1
+
+
+def typed(cls: type[T], row: Any) -> T:
+    """A row of the source (anything with ``type`` and ``data``: a ``Row``, a pandas row, a dict) read as ``cls``,
+    a class declared with :func:`unilog.contracts.record_type`, as a Python consumer reads it
+    (:meth:`unilog.Record.typed`): validated, ``Decimal`` exact, older versions through the upcasters; a row of
+    another type or an unknown newer version raises :class:`~unilog.errors.UnreadableRecord`. Runs where it is
+    called: in a ``foreachBatch`` effect on the driver, or in ``mapInPandas``/``mapPartitions`` on the executors."""
+    contract = getattr(cls, "__unilog_contract__", None)
+    if contract is None:
+        raise TypeError(f"{cls!r} is not a record type: declare it with unilog.contracts.record_type")
+    tag, data = (row["type"], row["data"]) if isinstance(row, Mapping) else (row.type, row.data)
+    name, _, version = (tag or "").rpartition("@")
+    if tag and name != contract.name:
+        raise UnreadableRecord(f"it is {tag}, not {contract.name}")
+    return cast(T, contract.decode("null" if data is None else data, int(version) if tag else None))
 
 
 def options_json(**options: str) -> str:

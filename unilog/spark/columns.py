@@ -14,11 +14,11 @@ from typing import Any
 
 SCHEMA = (
     "stream string, id string, id_ms long, id_seq long, producer string, epoch long, seq long, action string, "
-    "object string, key string, data string, created_ms long, traceparent string"
+    "object string, key string, data string, created_ms long, traceparent string, type string"
 )
 
 
-_FIELDS = (b"producer", b"epoch", b"seq", b"action", b"object", b"key", b"data", b"created", b"traceparent")
+_FIELDS = (b"producer", b"epoch", b"seq", b"action", b"object", b"key", b"data", b"created", b"traceparent", b"type")
 
 
 def _positions(names: tuple[bytes, ...], size: int) -> list[int | None]:
@@ -47,7 +47,7 @@ def record_batch(stream: str, chunk: list[Any]) -> Any:
     """An Arrow record batch of ``SCHEMA`` from raw ``XRANGE`` entries ``[id, [field, value, ...]]``."""
     import pyarrow as pa
 
-    producer, epoch, seq, action, obj, key, data, created, trace = _field_columns(chunk)
+    producer, epoch, seq, action, obj, key, data, created, trace, typed = _field_columns(chunk)
     ids = [entry_id for entry_id, _ in chunk]
     parts = [entry_id.partition(b"-") for entry_id in ids]
     schema = _arrow_schema()
@@ -65,6 +65,7 @@ def record_batch(stream: str, chunk: list[Any]) -> Any:
         data,
         created,
         trace,
+        typed,
     ]
     arrays = [_ints(col) if f.type == pa.int64() else _texts(col) for col, f in zip(columns, schema, strict=True)]
     return pa.RecordBatch.from_arrays(arrays, schema=schema)

@@ -239,11 +239,11 @@ def read_page(
 CURSOR_COLUMNS = (
     "name, table_name, key_column, where_sql, stream, object, action, batch_size, rate, last_key, rows_done, "
     "rows_estimate, status, extract(epoch FROM started_at)::float8, extract(epoch FROM updated_at)::float8, "
-    "extract(epoch FROM finished_at)::float8"
+    "extract(epoch FROM finished_at)::float8, record_type"
 )
 _FIELDS = (
     "name", "table", "key", "where", "stream", "object", "action", "batch_size", "rate", "last_key", "rows_done",
-    "rows_estimate", "status", "started_at", "updated_at", "finished_at",
+    "rows_estimate", "status", "started_at", "updated_at", "finished_at", "record_type",
 )  # fmt: skip
 
 
@@ -256,12 +256,13 @@ def start_backfill(conn: psycopg.Connection[Any], spec: dict[str, Any]) -> None:
     conn.execute(
         """
         INSERT INTO unilog_backfills (name, table_name, key_column, where_sql, stream, object, action, batch_size, rate,
-                                      rows_estimate)
+                                      rows_estimate, record_type)
         VALUES (%(name)s, %(table)s, %(key)s, %(where)s, %(stream)s, %(object)s, %(action)s, %(batch_size)s, %(rate)s,
-                %(rows_estimate)s)
+                %(rows_estimate)s, %(record_type)s)
         ON CONFLICT (name) DO UPDATE SET
             table_name = EXCLUDED.table_name, key_column = EXCLUDED.key_column, where_sql = EXCLUDED.where_sql,
             stream = EXCLUDED.stream, object = EXCLUDED.object, action = EXCLUDED.action,
+            record_type = EXCLUDED.record_type,
             batch_size = EXCLUDED.batch_size, rate = EXCLUDED.rate, rows_estimate = EXCLUDED.rows_estimate,
             last_key = NULL, rows_done = 0, status = 'running', started_at = now(), updated_at = now(),
             finished_at = NULL
