@@ -301,7 +301,7 @@ def test_a_backfill_stages_typed_records_and_refuses_a_row_the_type_refuses(sett
     pg.execute("UPDATE ride_rows SET rider = NULL WHERE fare > 3")
     with pytest.raises(BackfillRefused, match=r"not a RideCreated@2: .*rider"):
         start(settings, BackfillConfig(table="ride_rows", key="ride_id", record_type="typed_records:RideCreated",
-                                       name="again"))  # fmt: skip
+                                       name="again", batch_size=2))  # fmt: skip
         with Backfill(settings, "again") as backfill:
             backfill.drain()
     assert len(staged(pg)) == 2, "the pages before the refused row committed; nothing of its page did"

@@ -67,9 +67,10 @@ def sort_batch(
         if owner is not None and owner != rules.owner:
             continue  # another consumer's (or group's) replay: we applied the original, or will
         try:
-            if entry_id in malformed:
-                raise MalformedEntry(rules.stream, engine.to_str(entry_id), malformed[entry_id])
             record = Record(rules.stream, entry_id, fields, rules.numbers)
+            if entry_id in malformed:
+                _past(positions, record)  # a record a handler could not read (UnreadableRecord) has its position
+                raise MalformedEntry(rules.stream, engine.to_str(entry_id), malformed[entry_id])
         except MalformedEntry as exc:
             if rules.on_malformed == "stop":
                 raise
@@ -87,6 +88,13 @@ def sort_batch(
         out.fresh.append(record)
     checkpoint.last_id = engine.to_str(entries[-1][0])
     return out
+
+
+def _past(positions: dict[str, tuple[int, int]], record: Record) -> None:
+    """Move ``positions`` past a record that is dead-lettered rather than applied, so the next one is no gap."""
+    pos = record.position
+    if pos is not None and (record.producer not in positions or positions[record.producer] < pos):
+        positions[record.producer] = pos
 
 
 def keep_held(fresh: list[Record], replays: list[Record], held: set[str]) -> list[Record]:
