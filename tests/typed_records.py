@@ -9,6 +9,7 @@ import uuid
 from decimal import Decimal
 
 from pydantic import BaseModel
+
 from unilog.contracts import record_type, upcaster
 
 STREAM = "typed-rides"
