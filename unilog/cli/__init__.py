@@ -44,6 +44,7 @@ from ..errors import (
 from ..log import configure_logging
 from ..runtime import FATAL, fatal
 from . import (
+    asyncapi,
     backfill,
     capture,
     consume,
@@ -62,7 +63,20 @@ from .common import ExitCode, common_args
 __all__ = ["ExitCode", "consume_main", "main"]
 
 PLUGIN_GROUP = "unilog.commands"
-_COMMANDS = (migrate, streamer, capture, consumers, consume, dlq, streams, pipeline, observe, security, backfill)
+_COMMANDS = (
+    migrate,
+    streamer,
+    capture,
+    consumers,
+    consume,
+    dlq,
+    streams,
+    pipeline,
+    observe,
+    security,
+    backfill,
+    asyncapi,
+)
 
 # the extras a command's optional imports come from, where a package is in several (flask: demo and dashboard)
 _COMMAND_EXTRAS = {
