@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -115,3 +116,82 @@ def _parent(name: str, partitions: dict[str, int]) -> str | None:
     if match and partitions.get(match[1], 1) > int(match[2]):
         return match[1]
     return None
+
+
+def markdown(doc: dict[str, Any], raw_link: str | None = None) -> str:
+    """``doc`` (an AsyncAPI document :func:`document` built) as a Markdown page: its channels, its messages with
+    their payloads' fields, its operations and the named schemas; ``raw_link``: where the JSON is, linked."""
+    info = doc["info"]
+    lines = [f"# {info['title']} {info['version']}", "", info.get("description", ""), ""]
+    if raw_link:
+        lines += [f"The document itself, AsyncAPI {doc['asyncapi']}: [{raw_link.rsplit('/', 1)[-1]}]({raw_link}).", ""]
+    lines += ["## Channels", "", "| channel | address | messages | description |", "|---|---|---|---|"]
+    for key, channel in doc["channels"].items():
+        names = ", ".join(_message_title(doc, m["$ref"]) for m in channel["messages"].values()) or "-"
+        lines.append(f"| `{key}` | `{channel['address']}` | {_cell(names)} | {_cell(channel['description'])} |")
+    lines += ["", "## Operations", "", "| operation | action | channel | summary |", "|---|---|---|---|"]
+    for key, op in doc["operations"].items():
+        channel = op["channel"]["$ref"].rsplit("/", 1)[-1]
+        lines.append(f"| `{key}` | {op['action']} | `{channel}` | {_cell(op.get('summary', ''))} |")
+    lines += ["", "## Messages", ""]
+    for message in doc["components"]["messages"].values():
+        lines += _message_section(message)
+    lines += ["## Schemas", "", "The named schemas the messages' payloads and headers refer to.", ""]
+    for name, schema in doc["components"]["schemas"].items():
+        lines += [f"### `{name}`", "", *_fields(schema), ""]
+    return "\n".join(lines)
+
+
+def _message_title(doc: dict[str, Any], ref: str) -> str:
+    return str(doc["components"]["messages"][ref.rsplit("/", 1)[-1]]["title"])
+
+
+def _message_section(message: dict[str, Any]) -> list[str]:
+    facts = [f"type `{message['x-unilog-type']}`", f"object `{message['x-unilog-object']}`"]
+    facts.append(f"action `{message['x-unilog-action']}`")
+    if message.get("x-unilog-fingerprint"):
+        facts.append(f"fingerprint `{message['x-unilog-fingerprint'][:19]}`")
+    if message.get("x-unilog-retired"):
+        facts.append("**retired**")
+    if not message.get("x-unilog-registered", True):
+        facts.append("not registered yet")
+    return [f"### {message['title']}", "", ", ".join(facts) + ".", "", *_fields(message["payload"]), ""]
+
+
+def _fields(schema: dict[str, Any]) -> list[str]:
+    """A table of an object schema's properties: name, type, whether required, description."""
+    props = schema.get("properties", {})
+    if not props:
+        return [f"A value of type {_cell(type_text(schema))}."]
+    required = set(schema.get("required", []))
+    rows = ["| field | type | required | description |", "|---|---|---|---|"]
+    for name, prop in props.items():
+        text = prop.get("description") or prop.get("title") or ""
+        rows.append(f"| `{name}` | {_cell(type_text(prop))} | {'yes' if name in required else 'no'} | {_cell(text)} |")
+    return rows
+
+
+def type_text(node: Any) -> str:
+    """A JSON Schema node's type in a few words: ``string (uuid)``, ``array of Place``, ``number or string``."""
+    if not isinstance(node, dict):
+        return "any"
+    if "$ref" in node:
+        return str(node["$ref"]).rsplit("/", 1)[-1]
+    if "const" in node:
+        return json.dumps(node["const"])
+    if "enum" in node:
+        return "one of " + ", ".join(json.dumps(v) for v in node["enum"])
+    for combined, word in (("anyOf", " or "), ("oneOf", " or "), ("allOf", " and ")):
+        if combined in node:
+            return word.join(dict.fromkeys(type_text(n) for n in node[combined]))
+    kind = node.get("type", "any")
+    if isinstance(kind, list):
+        return " or ".join(str(k) for k in kind)
+    if kind == "array":
+        return f"array of {type_text(node.get('items'))}"
+    return f"{kind} ({node['format']})" if "format" in node else str(kind)
+
+
+def _cell(text: str) -> str:
+    """Text for a Markdown table's cell: one line, its pipes escaped."""
+    return " ".join(str(text).split()).replace("|", "\\|")

@@ -1,4 +1,5 @@
-"""The dashboard's routes: the page, the status with the lag history, and dead letters (show, replay, drop)."""
+"""The dashboard's routes: the page, the status with the lag history, each stream's record types, and dead letters
+(show, replay, drop)."""
 
 from __future__ import annotations
 
@@ -47,6 +48,13 @@ def register(app: Any, settings: Settings, history: History, *, read_only: bool,
     def status() -> Any:
         return jsonify(history.snapshot())
 
+    @app.get("/api/types")
+    def types() -> Any:
+        try:
+            return jsonify({"types": record_types(settings), "error": None})
+        except UnilogError as exc:
+            return jsonify({"types": {}, "error": str(exc)}), 503
+
     @app.get("/api/dlq/<stream>")
     def letters(stream: str) -> Any:
         _valid_stream(stream, abort)
@@ -76,6 +84,29 @@ def register(app: Any, settings: Settings, history: History, *, read_only: bool,
         )
         history.sample()
         return jsonify({"ok": True, "action": action, "result": result})
+
+
+def record_types(settings: Settings) -> dict[str, list[dict[str, Any]]]:
+    """Each stream's registered record types (``unilog_schemas``), a row per version by name and version: the
+    default stream's under its name."""
+    from ...store import schemas
+
+    with store.connect(settings.conninfo, autocommit=True, application_name="unilog-dashboard") as conn:
+        store.check_schema(conn)
+        rows = schemas.registered(conn)
+    found: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        found.setdefault(r.stream or settings.stream, []).append(
+            {
+                "name": r.name,
+                "version": r.version,
+                "object": r.object,
+                "action": r.action,
+                "fingerprint": r.fingerprint,
+                "retired": r.retired_at is not None,
+            }
+        )
+    return dict(sorted(found.items()))
 
 
 def _letter(api: engine.RedisStreams, stream: str, letter_id: str, abort: Any) -> dlq.DeadLetter:
