@@ -70,6 +70,8 @@ def registered_types(conn: Any) -> list[MessageType]:
 
 def module_types(modules: Iterable[str], known: set[tuple[str, int]]) -> list[MessageType]:
     """The contracts declared in ``modules`` whose name and version are not in ``known`` (the registered ones)."""
+    if not modules:
+        return []  # unilog.contracts imports pydantic: only when asked
     from ..contracts import contracts_in
 
     found = []
