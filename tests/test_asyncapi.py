@@ -84,9 +84,10 @@ PAID = {  # another "Place": not the same schema, so they cannot share the name
     "type": "object",
     "properties": {
         "where": {"$ref": "#/$defs/Place"},
-        "method": {"discriminator": {"propertyName": "kind", "mapping": {"card": "#/$defs/Card"}}, "oneOf": [
-            {"$ref": "#/$defs/Card"}
-        ]},
+        "method": {
+            "discriminator": {"propertyName": "kind", "mapping": {"card": "#/$defs/Card"}},
+            "oneOf": [{"$ref": "#/$defs/Card"}],
+        },
     },
     "$defs": {
         "Place": {"type": "string"},
@@ -207,7 +208,9 @@ def pydantic_schemas() -> dict[str, dict[str, Any]]:
     return {name: TypeAdapter(cls).json_schema() for name, cls in (("RideCreated", RideCreated), ("Paid", Paid))}
 
 
-def register(conn: psycopg.Connection[Any], name: str, version: int, stream: str, obj: str, act: str, schema: Any) -> None:
+def register(
+    conn: psycopg.Connection[Any], name: str, version: int, stream: str, obj: str, act: str, schema: Any
+) -> None:
     from unilog.store import schemas
 
     text = json.dumps(schema, sort_keys=True, separators=(",", ":"))
@@ -247,7 +250,14 @@ CREATE TABLE IF NOT EXISTS unilog_schemas (name TEXT NOT NULL, version INTEGER N
 
 
 def urls(settings: Settings) -> list[str]:
-    return ["--database-url", settings.database_url, "--redis-url", settings.redis_url, "--default-stream", settings.stream]
+    return [
+        "--database-url",
+        settings.database_url,
+        "--redis-url",
+        settings.redis_url,
+        "--default-stream",
+        settings.stream,
+    ]
 
 
 def test_the_logs_document_is_valid_under_the_official_parser(log: Settings, parser_dir: Path, tmp_path: Path) -> None:

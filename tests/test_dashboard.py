@@ -151,17 +151,18 @@ def test_the_page_shows_each_streams_record_types_and_versions(
     """The registry's types (unilog_schemas), by stream: the default stream's under its name, a retired version
     marked."""
     from selenium.webdriver.common.by import By
+    from test_asyncapi import TEMPORARY_REGISTRY  # TODO(merge): drop once migration unilog_0013 is on this branch
 
     from unilog.store import schemas
-
-    from test_asyncapi import TEMPORARY_REGISTRY  # TODO(merge): drop once migration unilog_0013 is on this branch
 
     pg.execute(TEMPORARY_REGISTRY)
     rows = [("RideCreated", 1, "rides", "created"), ("RideCreated", 2, "rides", "created"), ("Paid", 1, "", "paid")]
     with psycopg.connect(settings.conninfo) as conn:
         for name, version, stream, action in rows:
             schema = {"type": "object", "properties": {"v": {"const": version}}}
-            schemas.register(conn, schemas.SchemaRow(name, version, stream, "ride", action, schema, f"sha256:{version}"))
+            schemas.register(
+                conn, schemas.SchemaRow(name, version, stream, "ride", action, schema, f"sha256:{version}")
+            )
         schemas.retire(conn, "RideCreated", 1)
     browser.get(dashboard)
 

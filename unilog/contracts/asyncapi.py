@@ -252,7 +252,7 @@ def _rewritten(node: Any, names: Mapping[str, str]) -> Any:
         return [_rewritten(item, names) for item in node]
     if not isinstance(node, dict):
         return node
-    out = {}
+    out: dict[str, Any] = {}
     for key, value in node.items():
         if key == "$ref" and isinstance(value, str):
             out[key] = _ref(value, names)

@@ -68,8 +68,9 @@ def registered_types(conn: Any) -> list[MessageType]:
     ]
 
 
-def module_types(modules: Iterable[str], known: set[tuple[str, int]]) -> list[MessageType]:
-    """The contracts declared in ``modules`` whose name and version are not in ``known`` (the registered ones)."""
+def module_types(modules: Iterable[str], known: set[tuple[str, int]], *, registered: bool = False) -> list[MessageType]:
+    """The contracts declared in ``modules`` whose name and version are not in ``known`` (the registered ones),
+    marked not ``registered`` (the docs site's, built from code alone, are not marked)."""
     if not modules:
         return []  # unilog.contracts imports pydantic: only when asked
     from ..contracts import contracts_in
@@ -80,11 +81,10 @@ def module_types(modules: Iterable[str], known: set[tuple[str, int]]) -> list[Me
             if (c.name, c.version) in known:
                 continue
             known.add((c.name, c.version))
-            schema = c.json_schema()
+            schema, fingerprint = c.json_schema(), c.fingerprint()
+            stream = c.stream or ""
             found.append(
-                MessageType(
-                    c.name, c.version, c.stream or "", c.object, c.action, schema, c.fingerprint(), registered=False
-                )
+                MessageType(c.name, c.version, stream, c.object, c.action, schema, fingerprint, registered=registered)
             )
     return found
 
@@ -157,7 +157,9 @@ def _message_section(message: dict[str, Any]) -> list[str]:
         facts.append("**retired**")
     if not message.get("x-unilog-registered", True):
         facts.append("not registered yet")
-    return [f"### {message['title']}", "", ", ".join(facts) + ".", "", *_fields(message["payload"]), ""]
+    about = message["payload"].get("description")
+    head = [f"### {message['title']}", "", *([_cell(about), ""] if about else []), ", ".join(facts) + ".", ""]
+    return [*head, *_fields(message["payload"]), ""]
 
 
 def _fields(schema: dict[str, Any]) -> list[str]:
@@ -168,7 +170,7 @@ def _fields(schema: dict[str, Any]) -> list[str]:
     required = set(schema.get("required", []))
     rows = ["| field | type | required | description |", "|---|---|---|---|"]
     for name, prop in props.items():
-        text = prop.get("description") or prop.get("title") or ""
+        text = prop.get("description") or ""  # not pydantic's title: the field's name again
         rows.append(f"| `{name}` | {_cell(type_text(prop))} | {'yes' if name in required else 'no'} | {_cell(text)} |")
     return rows
 
