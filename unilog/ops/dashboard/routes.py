@@ -44,16 +44,11 @@ def register(app: Any, settings: Settings, history: History, *, read_only: bool,
         body = PAGE.replace("{{TOKEN}}", token).replace("{{READ_ONLY}}", "true" if read_only else "false")
         return Response(body, mimetype="text/html", headers={"Cache-Control": "no-store"})
 
+    register_types(app, settings)
+
     @app.get("/api/status")
     def status() -> Any:
         return jsonify(history.snapshot())
-
-    @app.get("/api/types")
-    def types() -> Any:
-        try:
-            return jsonify({"types": record_types(settings), "error": None})
-        except UnilogError as exc:
-            return jsonify({"types": {}, "error": str(exc)}), 503
 
     @app.get("/api/dlq/<stream>")
     def letters(stream: str) -> Any:
@@ -84,6 +79,18 @@ def register(app: Any, settings: Settings, history: History, *, read_only: bool,
         )
         history.sample()
         return jsonify({"ok": True, "action": action, "result": result})
+
+
+def register_types(app: Any, settings: Settings) -> None:
+    """Add ``/api/types``: :func:`record_types`, or why they cannot be read (503)."""
+    from flask import jsonify
+
+    @app.get("/api/types")
+    def types() -> Any:
+        try:
+            return jsonify({"types": record_types(settings), "error": None})
+        except UnilogError as exc:
+            return jsonify({"types": {}, "error": str(exc)}), 503
 
 
 def record_types(settings: Settings) -> dict[str, list[dict[str, Any]]]:
