@@ -143,3 +143,31 @@ def test_actions_need_the_pages_token_and_read_only_refuses_them(settings: Setti
     assert refused.value.code == 403
     page = urllib.request.urlopen(dashboard, timeout=5).read().decode()
     assert settings.redis_url not in page and settings.database_url not in page, "no secrets on the page"
+
+
+def test_the_page_shows_each_streams_record_types_and_versions(
+    settings: Settings, pg: Any, dashboard: str, browser: Any
+) -> None:
+    """The registry's types (unilog_schemas), by stream: the default stream's under its name, a retired version
+    marked."""
+    from selenium.webdriver.common.by import By
+    from test_asyncapi import TEMPORARY_REGISTRY  # TODO(merge): drop once migration unilog_0013 is on this branch
+
+    from unilog.store import schemas
+
+    pg.execute(TEMPORARY_REGISTRY)
+    rows = [("RideCreated", 1, "rides", "created"), ("RideCreated", 2, "rides", "created"), ("Paid", 1, "", "paid")]
+    with psycopg.connect(settings.conninfo) as conn:
+        for name, version, stream, action in rows:
+            schema = {"type": "object", "properties": {"v": {"const": version}}}
+            schemas.register(
+                conn, schemas.SchemaRow(name, version, stream, "ride", action, schema, f"sha256:{version}")
+            )
+        schemas.retire(conn, "RideCreated", 1)
+    browser.get(dashboard)
+
+    def versions(key: str) -> str:
+        return str(browser.find_element(By.CSS_SELECTOR, f'#types tr[data-type="{key}"] .versions').text)
+
+    assert wait_for(lambda: versions("rides/RideCreated") == "v1 (retired), v2", 20, "RideCreated's versions")
+    assert versions(f"{settings.stream}/Paid") == "v1"

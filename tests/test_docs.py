@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -118,3 +119,18 @@ def test_the_tutorial_includes_its_code_from_the_files_the_suite_runs() -> None:
     included = re.findall(r'--8<-- "([^"]+)"', page)
     assert "examples/tutorial/test_shop.py" in included and "examples/tutorial/shop/api.py" in included
     assert all((ROOT / path).is_file() for path in included)
+
+
+def test_the_asyncapi_page_renders_the_example_logs_document(site: Path) -> None:
+    """docs/gen_asyncapi.py: the document of docs/contracts_example.py's types, as tables and as the raw JSON."""
+    page = (site / "reference" / "asyncapi" / "index.html").read_text()
+    for text in ("RideRequested v1", "RideRequested v2", "RideCompleted v1", "rides.group.payouts", "quoted fare"):
+        assert text in page, text
+    assert 'href="../asyncapi.json"' in page
+    document = json.loads((site / "reference" / "asyncapi.json").read_text())
+    assert document["asyncapi"] == "3.0.0"
+    assert set(document["channels"]["rides"]["messages"]) == {
+        "RideRequested_v1",
+        "RideRequested_v2",
+        "RideCompleted_v1",
+    }

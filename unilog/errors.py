@@ -130,6 +130,12 @@ class IncompatibleTable(MigrationFailed):
     """An existing ``staged_log_records`` cannot be adopted; the message names the column and the fix."""
 
 
+class SchemaIncompatible(UnilogError):
+    """A record type's schema cannot be registered: it breaks the registered versions under its stream's
+    compatibility mode, or it differs from the schema already registered under the same name and version (bump the
+    version). Nothing was registered; the message names the type and the change."""
+
+
 # -- runtime -----------------------------------------------------------------------------------------------------------
 
 

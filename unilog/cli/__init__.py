@@ -37,6 +37,7 @@ from ..errors import (
     MigrationFailed,
     PoisonRecord,
     RedisOutOfMemory,
+    SchemaIncompatible,
     SchemaMissing,
     ServerUnreachable,
     UnilogError,
@@ -44,6 +45,7 @@ from ..errors import (
 from ..log import configure_logging
 from ..runtime import FATAL, fatal
 from . import (
+    asyncapi,
     backfill,
     capture,
     consume,
@@ -53,6 +55,7 @@ from . import (
     migrate,
     observe,
     pipeline,
+    schema,
     security,
     streamer,
     streams,
@@ -62,11 +65,27 @@ from .common import ExitCode, common_args
 __all__ = ["ExitCode", "consume_main", "main"]
 
 PLUGIN_GROUP = "unilog.commands"
-_COMMANDS = (migrate, streamer, capture, consumers, consume, dlq, streams, pipeline, observe, security, backfill)
+_COMMANDS = (
+    migrate,
+    streamer,
+    capture,
+    consumers,
+    consume,
+    dlq,
+    streams,
+    pipeline,
+    observe,
+    security,
+    backfill,
+    schema,
+    asyncapi,
+)
 
 # the extras a command's optional imports come from, where a package is in several (flask: demo and dashboard)
 _COMMAND_EXTRAS = {
     "backfill": ("progress",),
+    "schema": ("contracts",),
+    "asyncapi": ("contracts",),
     "dashboard": ("dashboard",),
     "reconcile": ("spark",),
     "archive": ("spark",),
@@ -84,6 +103,7 @@ _ERROR_CODES: list[tuple[type[BaseException], ExitCode]] = [
     (HandlerNotFound, ExitCode.HANDLER),
     (BackfillRefused, ExitCode.BACKFILL_REFUSED),
     (ConsumerRunning, ExitCode.CONSUMER_RUNNING),
+    (SchemaIncompatible, ExitCode.SCHEMA_INCOMPATIBLE),
     (InvalidUsage, ExitCode.USAGE),
     (ConfigurationError, ExitCode.CONFIG),
     (InvalidStreamName, ExitCode.CONFIG),  # a stream name given on the command line

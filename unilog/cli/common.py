@@ -41,6 +41,7 @@ class ExitCode(IntEnum):
     BACKFILL_REFUSED = 14  # `unilog backfill`: a table, key, --where or name it cannot use; nothing staged
     NOT_CAUGHT_UP = 15  # `unilog demo`: a consumer was still behind when the wait ended (not a disagreement)
     CONSUMER_RUNNING = 16  # `unilog consumer|group delete`: a process of it is running; nothing deleted
+    SCHEMA_INCOMPATIBLE = 17  # `unilog schema check|register`: a record type breaks its registered versions
     INTERRUPTED = 130  # Ctrl-C
 
 

@@ -8,7 +8,8 @@ check), ``staging`` (the staging table), ``claims`` (table mode's claims: what a
 ``positions`` (producer identity and published positions), ``checkpoints``, ``groups`` (consumer groups' processed
 identities), ``locks`` (advisory locks) and ``snapshots`` (consistent parallel reads for reconciliation), ``wal`` and
 ``pgoutput`` (WAL capture: the replication stream, its decoding, the capture switches), ``backfills`` (a backfill's
-checks, pages and cursor; imported as ``store.backfills``).
+checks, pages and cursor; imported as ``store.backfills``), ``schemas`` (the schema registry: record types' JSON
+Schemas by name and version, and each stream's compatibility mode).
 """
 
 from __future__ import annotations
@@ -93,6 +94,17 @@ from .positions import (
     resolve_identity,
     set_producer_id,
 )
+from .schemas import (
+    DEFAULT_SCHEMA_MODE,
+    SCHEMA_MODES,
+    SchemaRow,
+    lock_registry,
+    register,
+    registered,
+    retire,
+    set_stream_mode,
+    stream_mode,
+)
 from .snapshots import (
     export_snapshot,
     id_bounds,
@@ -150,12 +162,14 @@ from .wal import (
 )
 
 __all__ = [
+    "DEFAULT_SCHEMA_MODE",
     "FATAL",
     "INSERT_STAGED",
     "INSERT_STAGED_MANY",
     "NOTIFY_CHANNEL",
     "PUBLICATION",
     "SCHEMA_HEAD",
+    "SCHEMA_MODES",
     "VERSION_TABLE",
     "CaptureSlot",
     "Checkpoint",
@@ -164,6 +178,7 @@ __all__ = [
     "Identity",
     "ProducerIdentity",
     "ReplicationStream",
+    "SchemaRow",
     "SlotBusy",
     "SlotSafety",
     "StagedRow",
@@ -213,6 +228,7 @@ __all__ = [
     "lock_capture",
     "lock_checkpoint",
     "lock_consumer",
+    "lock_registry",
     "lsn_text",
     "mark_dropped",
     "message_mark",
@@ -227,10 +243,13 @@ __all__ = [
     "reclaim_rows",
     "record_capture",
     "recreate_slot",
+    "register",
+    "registered",
     "release_held",
     "release_partition_lock",
     "release_rows",
     "resolve_identity",
+    "retire",
     "roles",
     "rows_between",
     "rows_held",
@@ -240,6 +259,7 @@ __all__ = [
     "set_notify_trigger",
     "set_producer_id",
     "set_read_index",
+    "set_stream_mode",
     "slot_safety",
     "slot_state",
     "staged_backlog",
@@ -251,6 +271,7 @@ __all__ = [
     "standby_copies",
     "standbys",
     "stream_lock_holders",
+    "stream_mode",
     "take_held",
     "take_migration_lock",
     "take_switch_lock",

@@ -4,7 +4,8 @@ It polls ``/api/status`` every two seconds and redraws: the capture mode (in WAL
 and confirmation lag, with a warning while no streamer streams from it), streams, consumers (those registered for
 retention too, a registration without a checkpoint marked "registered, never ran") with their lag drawn as an SVG line
 over the sampled history and what each registration holds of the stream, the oldest open transaction that staged records
-(only its own wait), the running backfills (rows done of the estimate, the last key), and the dead letters with show /
+(only its own wait), each stream's record types and their versions (from the schema registry, every 15 seconds), the
+running backfills (rows done of the estimate, the last key), and the dead letters with show /
 replay / drop. Every value is inserted as text, never as HTML, so nothing read from the stream can script the page.
 """
 
@@ -35,6 +36,9 @@ PAGE = """<!doctype html>
 <h2>Streams</h2>
 <table id="streams"><thead><tr><th>stream</th><th>length</th><th>staged</th><th>oldest staged (s)</th>
 <th>publishers</th><th>dead letters</th></tr></thead><tbody></tbody></table>
+<h2>Record types</h2>
+<table id="types"><thead><tr><th>stream</th><th>type</th><th>versions</th><th>object</th><th>action</th></tr>
+</thead><tbody></tbody></table>
 <h2>Consumers and groups</h2>
 <table id="consumers"><thead><tr><th>consumer</th><th>position</th><th>lag (entries)</th><th>lag (s)</th>
 <th>lag, last minutes</th><th>retention</th></tr></thead><tbody></tbody></table>
@@ -73,6 +77,21 @@ function drawStreams(status) {
     cell(row, s.name); cell(row, s.length, "num"); cell(row, s.staged, "num");
     cell(row, s.staged_oldest_age_seconds, "num"); cell(row, s.publishers, "num"); cell(row, s.dead_letters, "num");
   }
+}
+async function drawTypes() {
+  const body = $("#types tbody"), data = await (await fetch("/api/types")).json();
+  body.replaceChildren();
+  for (const [stream, versions] of Object.entries(data.types)) {
+    const names = [...new Set(versions.map(v => v.name))];
+    for (const name of names) {
+      const mine = versions.filter(v => v.name === name), last = mine[mine.length - 1];
+      const row = body.insertRow(); row.dataset.type = `${stream}/${name}`;
+      cell(row, stream); cell(row, name);
+      cell(row, mine.map(v => `v${v.version}` + (v.retired ? " (retired)" : "")).join(", "), "versions");
+      cell(row, last.object); cell(row, last.action);
+    }
+  }
+  if (!body.rows.length) cell(body.insertRow(), data.error || "(no record type registered: unilog schema register)");
 }
 function drawBackfills(status) {
   const body = $("#backfills tbody"); body.replaceChildren();
@@ -180,6 +199,9 @@ async function refresh() {
 }
 $("#mode").textContent = READ_ONLY ? " · read-only" : "";
 refresh(); setInterval(refresh, 2000);
+const types = () => drawTypes().catch(e => { $("#types tbody").replaceChildren(); cell($("#types tbody").insertRow(),
+  `record types unavailable: ${e.message}`); });
+types(); setInterval(types, 15000);
 </script>
 </body></html>
 """

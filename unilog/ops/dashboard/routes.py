@@ -1,4 +1,5 @@
-"""The dashboard's routes: the page, the status with the lag history, and dead letters (show, replay, drop)."""
+"""The dashboard's routes: the page, the status with the lag history, each stream's record types, and dead letters
+(show, replay, drop)."""
 
 from __future__ import annotations
 
@@ -43,6 +44,8 @@ def register(app: Any, settings: Settings, history: History, *, read_only: bool,
         body = PAGE.replace("{{TOKEN}}", token).replace("{{READ_ONLY}}", "true" if read_only else "false")
         return Response(body, mimetype="text/html", headers={"Cache-Control": "no-store"})
 
+    register_types(app, settings)
+
     @app.get("/api/status")
     def status() -> Any:
         return jsonify(history.snapshot())
@@ -76,6 +79,41 @@ def register(app: Any, settings: Settings, history: History, *, read_only: bool,
         )
         history.sample()
         return jsonify({"ok": True, "action": action, "result": result})
+
+
+def register_types(app: Any, settings: Settings) -> None:
+    """Add ``/api/types``: :func:`record_types`, or why they cannot be read (503)."""
+    from flask import jsonify
+
+    @app.get("/api/types")
+    def types() -> Any:
+        try:
+            return jsonify({"types": record_types(settings), "error": None})
+        except UnilogError as exc:
+            return jsonify({"types": {}, "error": str(exc)}), 503
+
+
+def record_types(settings: Settings) -> dict[str, list[dict[str, Any]]]:
+    """Each stream's registered record types (``unilog_schemas``), a row per version by name and version: the
+    default stream's under its name."""
+    from ...store import schemas
+
+    with store.connect(settings.conninfo, autocommit=True, application_name="unilog-dashboard") as conn:
+        store.check_schema(conn)
+        rows = schemas.registered(conn)
+    found: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        found.setdefault(r.stream or settings.stream, []).append(
+            {
+                "name": r.name,
+                "version": r.version,
+                "object": r.object,
+                "action": r.action,
+                "fingerprint": r.fingerprint,
+                "retired": r.retired_at is not None,
+            }
+        )
+    return dict(sorted(found.items()))
 
 
 def _letter(api: engine.RedisStreams, stream: str, letter_id: str, abort: Any) -> dlq.DeadLetter:

@@ -1,0 +1,301 @@
+"""``unilog schema register|list|show|check|mode|retire``: the schema registry of record types in Postgres.
+
+``check`` and ``register`` compare each record type a module declares with the versions registered under its name,
+under the compatibility mode of the type's stream (``unilog schema mode``; default ``backward``): a ``*_transitive``
+mode compares with every registered version below the new one that is not retired, the others with the newest such
+version only. A backward check against a version the type has an upcaster chain from is satisfied by the chain
+(``v1 read through upcaster``). Each breaking change is one line on stderr and the exit code is
+:attr:`~unilog.cli.common.ExitCode.SCHEMA_INCOMPATIBLE`; ``register`` then registers nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from .. import store
+from ..config import DEFAULT_STREAM, postgres_conninfo, validate_stream_name
+from ..errors import ConfigurationError
+from ..store.schemas import changed_line
+from .common import ExitCode
+
+_DIRECTIONS = {"backward": ("backward",), "forward": ("forward",), "full": ("backward", "forward")}
+
+
+@dataclass
+class Verdict:
+    """What the registry says of one record type of a module: its breaking changes (none: compatible), the summary
+    line when it has none, and its row if it is not registered yet."""
+
+    tag: str
+    stream: str
+    breaks: list[str] = field(default_factory=list)
+    summary: str = ""
+    new_row: store.SchemaRow | None = None
+
+
+@contextlib.contextmanager
+def _registry(args: argparse.Namespace) -> Iterator[psycopg.Connection[Any]]:
+    """A connection to the migrated database, in one transaction committed at the end of the block."""
+    conninfo = postgres_conninfo(args.database_url or os.environ.get("DATABASE_URL", ""))
+    with store.connect(conninfo, application_name="unilog-schema") as conn:
+        store.check_schema(conn)
+        with conn.transaction():
+            yield conn
+
+
+def _default_stream(args: argparse.Namespace) -> str:
+    return validate_stream_name(args.default_stream or os.environ.get("UNILOG_STREAM") or DEFAULT_STREAM)
+
+
+def _contracts(modules: Sequence[str]) -> list[Any]:
+    """The record types ``modules`` declare (each once), or ConfigurationError if they declare none."""
+    from ..contracts import contracts_in
+
+    found: dict[str, Any] = {}
+    for module in modules:
+        for contract in contracts_in(module):
+            found.setdefault(contract.type_tag, contract)
+    if not found:
+        named = ", ".join(repr(m) for m in modules)
+        raise ConfigurationError(f"{named} declares no record types (no class decorated with @record_type)")
+    return sorted(found.values(), key=lambda c: (c.name, c.version))
+
+
+def row_of(contract: Any) -> store.SchemaRow:
+    """The registry row of ``contract`` (stream ``''``: the default stream)."""
+    return store.SchemaRow(
+        name=contract.name,
+        version=contract.version,
+        stream=contract.stream or "",
+        object=contract.object or "",
+        action=contract.action or "",
+        schema=contract.json_schema(),
+        fingerprint=contract.fingerprint(),
+    )
+
+
+def judge(contract: Any, versions: list[store.SchemaRow], mode: str, stream: str) -> Verdict:
+    """The verdict on ``contract`` against the registered ``versions`` of its name, under ``mode``."""
+    row = row_of(contract)
+    verdict = Verdict(contract.type_tag, stream)
+    same = next((v for v in versions if v.version == row.version), None)
+    if same is not None:
+        if same.fingerprint != row.fingerprint:
+            verdict.breaks.append(changed_line(row, same))
+        else:
+            verdict.summary = f"{row.name} v{row.version}: registered, unchanged"
+        return verdict
+    verdict.new_row = row
+    older = [v for v in versions if v.version < row.version and v.retired_at is None]
+    transitive = mode.endswith("_transitive")
+    older = older if transitive else older[-1:]
+    if mode == "none" or not older:
+        why = "mode none" if mode == "none" else "no earlier version registered"
+        verdict.summary = f"{row.name} v{row.version}: new, nothing to compare with ({why})"
+        return verdict
+    notes = []
+    for old in older:
+        lines, note = _compare(contract, row, old, mode.removesuffix("_transitive"))
+        verdict.breaks.extend(lines)
+        notes.extend([note] if note else [])
+    against = ", ".join(f"v{v.version}" for v in older)
+    verdict.summary = f"{row.name} v{row.version}: compatible with {against} ({mode})" + "".join(
+        f", {note}" for note in notes
+    )
+    return verdict
+
+
+def _compare(contract: Any, row: store.SchemaRow, old: store.SchemaRow, mode: str) -> tuple[list[str], str]:
+    """The breaking changes of ``row`` against ``old`` under ``mode`` (backward, forward or full), and a note if an
+    upcaster chain satisfies the backward part."""
+    from ..contracts import compat
+
+    directions = list(_DIRECTIONS[mode])
+    note = ""
+    if "backward" in directions and _upcasts_from(contract, old.version):
+        directions.remove("backward")
+        note = f"v{old.version} read through upcaster"
+    if not directions:
+        return [], note
+    checked = "full" if len(directions) == 2 else directions[0]
+    prefix = f"{row.name} v{row.version} vs v{old.version} ({checked}): "
+    lines = compat.check(row.schema, old.schema, checked)
+    return [line if line.startswith(f"{row.name} v") else prefix + line for line in lines], note
+
+
+def _upcasts_from(contract: Any, version: int) -> bool:
+    """Whether ``contract`` has an upcaster from each version from ``version`` up to its own."""
+    upcasters = getattr(contract, "upcasters", None) or {}
+    return all(v in upcasters for v in range(version, contract.version))
+
+
+def verdicts(conn: psycopg.Connection[Any], contracts: list[Any], default_stream: str) -> list[Verdict]:
+    """The verdict on each of ``contracts`` against the registry, under its stream's mode."""
+    found = []
+    for contract in contracts:
+        stream = contract.stream or default_stream
+        mode = store.stream_mode(conn, stream)
+        found.append(judge(contract, store.registered(conn, contract.name), mode, stream))
+    return found
+
+
+def _report(found: list[Verdict]) -> bool:
+    """Print each breaking change on stderr; True if there was any."""
+    breaks = [line for verdict in found for line in verdict.breaks]
+    for line in breaks:
+        print(f"unilog: error: {line}", file=sys.stderr)
+    return bool(breaks)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    contracts = _contracts(args.modules)
+    with _registry(args) as conn:
+        found = verdicts(conn, contracts, _default_stream(args))
+    for verdict in found:
+        if not verdict.breaks:
+            print(f"unilog: {verdict.summary}")
+    return ExitCode.SCHEMA_INCOMPATIBLE if _report(found) else ExitCode.OK
+
+
+def cmd_register(args: argparse.Namespace) -> int:
+    contracts = _contracts(args.modules)
+    with _registry(args) as conn:
+        store.lock_registry(conn)
+        found = verdicts(conn, contracts, _default_stream(args))
+        if _report(found):
+            return ExitCode.SCHEMA_INCOMPATIBLE
+        for verdict in found:
+            if verdict.new_row is not None and not args.dry_run:
+                store.register(conn, verdict.new_row)
+    for verdict in found:
+        if verdict.new_row is None:
+            print(f"unilog: {verdict.summary}")
+        else:
+            done = "would register" if args.dry_run else "registered"
+            print(f"unilog: {done} {verdict.tag} on {verdict.stream}: {verdict.summary.split(': ', 1)[1]}")
+    return ExitCode.OK
+
+
+def _when(value: Any) -> str:
+    return "" if value is None else value.isoformat(timespec="seconds")
+
+
+def _as_dict(row: store.SchemaRow) -> dict[str, Any]:
+    return {
+        "name": row.name,
+        "version": row.version,
+        "stream": row.stream,
+        "object": row.object,
+        "action": row.action,
+        "fingerprint": row.fingerprint,
+        "registered_at": _when(row.registered_at) or None,
+        "retired_at": _when(row.retired_at) or None,
+    }
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    with _registry(args) as conn:
+        rows = store.registered(conn)
+    if args.json:
+        print(json.dumps([_as_dict(row) for row in rows], indent=2))
+        return ExitCode.OK
+    if not rows:
+        print("unilog: no record types registered")
+    for row in rows:
+        retired = f", retired {_when(row.retired_at)}" if row.retired_at else ""
+        print(
+            f"{row.name} v{row.version}  stream {row.stream or '(default)'}  {row.object}.{row.action}  "
+            f"{row.fingerprint[:19]}  registered {_when(row.registered_at)}{retired}"
+        )
+    return ExitCode.OK
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    with _registry(args) as conn:
+        rows = store.registered(conn, args.name)
+    if args.version is not None:
+        rows = [row for row in rows if row.version == args.version]
+    if not rows:
+        which = f"{args.name} v{args.version}" if args.version is not None else args.name
+        raise ConfigurationError(f"{which} is not registered (`unilog schema list` lists what is)")
+    print(json.dumps(rows[-1].schema, indent=2, sort_keys=True))
+    return ExitCode.OK
+
+
+def cmd_mode(args: argparse.Namespace) -> int:
+    stream = validate_stream_name(args.stream)
+    with _registry(args) as conn:
+        was = store.stream_mode(conn, stream)
+        if args.mode is not None:
+            store.set_stream_mode(conn, stream, args.mode)
+    if args.mode is None:
+        print(f"unilog: stream {stream}: compatibility mode {was}")
+    else:
+        print(f"unilog: stream {stream}: compatibility mode {args.mode} (was {was})")
+    return ExitCode.OK
+
+
+def cmd_retire(args: argparse.Namespace) -> int:
+    with _registry(args) as conn:
+        before = next((r for r in store.registered(conn, args.name) if r.version == args.version), None)
+        row = store.retire(conn, args.name, args.version)
+    if row is None or before is None:
+        raise ConfigurationError(f"{args.name} v{args.version} is not registered (`unilog schema list` lists what is)")
+    if before.retired_at is not None:
+        print(f"unilog: {row.name} v{row.version} was retired already, at {_when(row.retired_at)}")
+    else:
+        print(f"unilog: {row.name} v{row.version} retired: compatibility checks no longer compare with it")
+    return ExitCode.OK
+
+
+def _connection_args(p: argparse.ArgumentParser, *, stream: bool = False) -> None:
+    p.add_argument("--database-url", help="default: $DATABASE_URL")
+    if stream:
+        p.add_argument(
+            "--default-stream", help="the stream of types declared without one (default: $UNILOG_STREAM or 'unilog')"
+        )
+
+
+def add(sub: Any) -> None:
+    """Add this module's commands to the ``unilog`` sub-parsers."""
+    p = sub.add_parser("schema", help="the schema registry of record types (versions, compatibility)")
+    schema_sub = p.add_subparsers(dest="schema_command", required=True)
+    q = schema_sub.add_parser("register", help="check a module's record types, then register their new versions")
+    q.add_argument("modules", nargs="+", metavar="MODULE", help="a module (or package) declaring record types")
+    q.add_argument("--dry-run", action="store_true", help="check and say what would be registered; register nothing")
+    _connection_args(q, stream=True)
+    q.set_defaults(func=cmd_register)
+    q = schema_sub.add_parser("list", help="every registered type and version")
+    q.add_argument("--json", action="store_true")
+    _connection_args(q)
+    q.set_defaults(func=cmd_list)
+    q = schema_sub.add_parser("show", help="print a registered type's JSON Schema")
+    q.add_argument("name")
+    q.add_argument("--version", type=int, help="default: the newest registered")
+    _connection_args(q)
+    q.set_defaults(func=cmd_show)
+    q = schema_sub.add_parser(
+        "check", help="compare a module's record types with the registered versions (exit 17 on a breaking change)"
+    )
+    q.add_argument("modules", nargs="+", metavar="MODULE", help="a module (or package) declaring record types")
+    _connection_args(q, stream=True)
+    q.set_defaults(func=cmd_check)
+    q = schema_sub.add_parser("mode", help="show or set a stream's compatibility mode (default backward)")
+    q.add_argument("stream")
+    q.add_argument("mode", nargs="?", choices=store.SCHEMA_MODES)
+    _connection_args(q)
+    q.set_defaults(func=cmd_mode)
+    q = schema_sub.add_parser("retire", help="retire a registered version: checks no longer compare with it")
+    q.add_argument("name")
+    q.add_argument("version", type=int)
+    _connection_args(q)
+    q.set_defaults(func=cmd_retire)
