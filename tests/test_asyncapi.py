@@ -227,7 +227,6 @@ def log(settings: Settings) -> Settings:
 
     found = pydantic_schemas()
     with psycopg.connect(settings.conninfo) as conn:
-        conn.execute(TEMPORARY_REGISTRY)  # TODO(merge): drop once migration unilog_0013 is on this branch
         register(conn, "RideCreated", 1, "rides", "ride", "created", {**found["RideCreated"], "required": ["ride_id"]})
         register(conn, "RideCreated", 2, "rides", "ride", "created", found["RideCreated"])
         register(conn, "Paid", 1, "", "ride", "paid", found["Paid"])
@@ -240,13 +239,6 @@ def log(settings: Settings) -> Settings:
     finally:
         api.close()
     return settings
-
-
-TEMPORARY_REGISTRY = """
-CREATE TABLE IF NOT EXISTS unilog_schemas (name TEXT NOT NULL, version INTEGER NOT NULL, stream TEXT NOT NULL,
-    object TEXT NOT NULL, action TEXT NOT NULL, schema JSONB NOT NULL, fingerprint TEXT NOT NULL,
-    registered_at TIMESTAMPTZ NOT NULL DEFAULT now(), retired_at TIMESTAMPTZ, PRIMARY KEY (name, version))
-"""
 
 
 def urls(settings: Settings) -> list[str]:
@@ -283,8 +275,6 @@ def test_the_logs_document_is_valid_under_the_official_parser(log: Settings, par
 def test_module_contracts_not_registered_yet_are_in_the_document(log: Settings, tmp_path: Path) -> None:
     """``--module``: the module's types beside the registered ones (a new version, a new type), marked unregistered;
     run as a process, as the module's classes may be declared once per process."""
-    if not hasattr(pytest.importorskip("unilog.contracts"), "contracts_in"):  # TODO(merge): contracts-core
-        pytest.skip("unilog.contracts.contracts_in is not on this branch yet")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
     out = tmp_path / "doc.json"
     module = "contracts_fixtures.rides_v2_optional"  # RideCreated v2 (registered here already) and RideEnded v1

@@ -151,11 +151,9 @@ def test_the_page_shows_each_streams_record_types_and_versions(
     """The registry's types (unilog_schemas), by stream: the default stream's under its name, a retired version
     marked."""
     from selenium.webdriver.common.by import By
-    from test_asyncapi import TEMPORARY_REGISTRY  # TODO(merge): drop once migration unilog_0013 is on this branch
 
     from unilog.store import schemas
 
-    pg.execute(TEMPORARY_REGISTRY)
     rows = [("RideCreated", 1, "rides", "created"), ("RideCreated", 2, "rides", "created"), ("Paid", 1, "", "paid")]
     with psycopg.connect(settings.conninfo) as conn:
         for name, version, stream, action in rows:

@@ -88,7 +88,9 @@ def _modules() -> dict[str, str]:
 
 def test_every_module_of_the_module_reference_is_rendered_and_in_the_nav(site: Path) -> None:
     modules = _modules()
-    assert {"unilog.ops.admin", "unilog.ops.status", "unilog.ops.dlq", "unilog.cli", "unilog.runtime"} <= set(modules.values())
+    assert {"unilog.ops.admin", "unilog.ops.status", "unilog.ops.dlq", "unilog.cli", "unilog.runtime"} <= set(
+        modules.values()
+    )
     home = (site / "index.html").read_text()
     for page, module in modules.items():
         html = (site / "reference" / "modules" / page / "index.html").read_text()

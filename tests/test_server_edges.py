@@ -41,7 +41,9 @@ def own_redis(tmp_path: Path) -> Iterator[EmbeddedRedis]:
     """A throw-away Redis of this test's own, to reconfigure freely."""
     try:
         server = EmbeddedRedis(tmp_path / "redis").start()
-    except ServerNotFound as exc:  # no binary and no embedded server (servers given by URL only): nothing to reconfigure
+    except (
+        ServerNotFound
+    ) as exc:  # no binary and no embedded server (servers given by URL only): nothing to reconfigure
         pytest.skip(f"no Redis server to start: {exc}")
     yield server
     server.stop(cleanup=True)

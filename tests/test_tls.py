@@ -185,7 +185,9 @@ def test_redis_over_tls_with_verification(settings: Settings, pg: Any, tmp_path:
     try:
         server, good, ca_path = start_tls_redis(tmp_path)
     except (ServerNotFound, EmbeddedServerError) as exc:
-        pytest.skip(f"this machine's redis-server cannot serve TLS (the embedded servers are built without it): {str(exc)[:200]}")
+        pytest.skip(
+            f"this machine's redis-server cannot serve TLS (the embedded servers are built without it): {str(exc)[:200]}"
+        )
     try:
         with store.connect(settings.conninfo) as conn:
             emit(conn, action="create", object="ride", data={"n": 1}, stream="tls-stream")
