@@ -35,6 +35,8 @@ MODULES = {
     "archive": "unilog.spark.archive",
     "backfill": "unilog.produce.backfill",
     "cli": "unilog.cli",
+    "compat": "unilog.contracts.compat",
+    "contracts": "unilog.contracts",
     "dashboard": "unilog.ops.dashboard",
     "dlq": "unilog.ops.dlq",
     "exporter": "unilog.ops.exporter",

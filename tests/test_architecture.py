@@ -91,6 +91,11 @@ PLANTED = {
         "from unilog.spark import columns",
         "The producer side does not import the streaming or consuming side, operations or Spark",
     ),
+    "the contracts import a room": (
+        "unilog/contracts/codec.py",
+        "from unilog.produce import encoding",
+        "unilog.contracts imports none of the rooms",
+    ),
     "the store imports a room": (
         "unilog/store/locks.py",
         "from unilog.consume import base",
