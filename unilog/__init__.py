@@ -36,11 +36,14 @@ from .errors import (
     PoisonRecord,
     PolicyStop,
     PublishError,
+    RecordContractViolation,
     SchemaMissing,
     ServerUnreachable,
     StreamGap,
     StreamRewound,
     UnilogError,
+    UnknownRecordVersion,
+    UnreadableRecord,
 )
 
 if TYPE_CHECKING:
@@ -191,6 +194,7 @@ __all__ = [
     "PublishError",
     "RawJSON",
     "Record",
+    "RecordContractViolation",
     "SchemaMissing",
     "ServerUnreachable",
     "Settings",
@@ -199,6 +203,8 @@ __all__ = [
     "Streamer",
     "StreamerConfig",
     "UnilogError",
+    "UnknownRecordVersion",
+    "UnreadableRecord",
     "Worker",
     "__version__",
     "emit",

@@ -37,6 +37,20 @@ class InvalidStreamName(InvalidRecord):
     """A stream name is empty, too long or has characters outside ``[A-Za-z0-9_.:-]``."""
 
 
+class RecordContractViolation(InvalidRecord):
+    """A typed record does not satisfy its declared type (``unilog.contracts.record_type``): a field fails its rule,
+    a float is NaN or Infinity, a string holds a NUL character (jsonb stores neither), or the object is not an
+    instance of the declared class. Nothing was written and the caller's transaction is still usable.
+
+    ``field`` is the path of the offending value (``"amount"``, ``"items[0].price"``; ``""`` for the record as a
+    whole) and ``rule`` the rule it broke (pydantic's error type, e.g. ``"decimal_parsing"``, or unilog's own:
+    ``"finite_number"``, ``"no_nul_character"``); the message is one line naming both."""
+
+    def __init__(self, message: str, field: str = "", rule: str = "") -> None:
+        super().__init__(message)
+        self.field, self.rule = field, rule
+
+
 class NotInTransaction(UnilogError):
     """``emit`` was given a connection in autocommit mode with no transaction open.
 
@@ -213,6 +227,28 @@ class BackfillRefused(UnilogError):
     """A backfill cannot start or go on: its table or key column does not exist, the key is not unique or has no
     order, ``--where`` does not parse, a column's type cannot be encoded, or no backfill has the name given. Nothing
     of the refused page was staged; the message names the problem."""
+
+
+class UnreadableRecord(UnilogError):
+    """A typed record read from the stream cannot become an instance of its declared type: its ``data`` is not
+    JSON, or fails validation (the message names the field and the rule), or its version is one the consumer does
+    not know. ``reason`` is that one line; the consumer treats the record as poison, under its policy."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class UnknownRecordVersion(UnreadableRecord):
+    """A typed record's version is newer than the newest version of its type this consumer declares (``newest``):
+    the consumer must be upgraded; the record stays in the dead letters, for a replay once it is."""
+
+    def __init__(self, name: str, version: int, newest: int) -> None:
+        super().__init__(
+            f"{name} v{version} is newer than v{newest}, the newest this consumer knows: upgrade it "
+            "(the record stays in the dead letters for a replay)"
+        )
+        self.name, self.version, self.newest = name, version, newest
 
 
 class PublishError(UnilogError):
