@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import psycopg
+import pytest
 import redis
 
 from unilog import Settings, Streamer, StreamerConfig, emit, engine, store
@@ -96,7 +97,28 @@ def test_a_traced_batch_is_packed_the_same_in_postgres_and_in_python(settings: S
     rows, count, body, parents = claimed.rows, packed.count, packed.body, list(packed.parents)
     assert count == len(rows)
     expected = engine.pack_rows(
-        [(data, action, obj, created, key, tp, ts) for _, action, obj, data, key, created, tp, ts in rows]
+        [(data, action, obj, created, key, tp, ts) for _, action, obj, data, key, created, tp, ts, _ty in rows]
     )
     assert expected.stride == 7 and body == expected.body
     assert parents == [row[6] for row in rows if row[6]]
+
+
+@pytest.mark.parametrize("traced", [False, True])
+def test_a_typed_batch_is_packed_the_same_in_postgres_and_in_python(settings: Settings, pg: Any, traced: bool) -> None:
+    """Eight arguments a record when any is typed, its type last (empty for the untyped ones), traced or not; the
+    publish script writes the type as the entry's ``type`` field and nothing for an empty one."""
+    stage(pg)
+    pg.execute("UPDATE staged_log_records SET record_type = 'RideCreated@' || id WHERE id % 3 = 0")
+    if traced:
+        pg.execute("UPDATE staged_log_records SET traceparent = 'tp-' || id WHERE id % 2 = 0")
+    with psycopg.connect(settings.conninfo) as conn:
+        claimed = store.claim_rows(conn, "", 100, store.Cursor())
+        conn.rollback()
+        packed = store.claim_packed(conn, "", 100, store.Cursor())
+        conn.rollback()
+    assert claimed is not None and packed is not None
+    expected = engine.pack_rows([(r[3], r[1], r[2], r[5], r[4], r[6], r[7], r[8]) for r in claimed.rows])
+    assert packed.stride == expected.stride == 8 and packed.body == expected.body
+    assert [row[8] for row in claimed.rows if row[8]] == [
+        f"RideCreated@{row[0]}" for row in claimed.rows if row[0] % 3 == 0
+    ]

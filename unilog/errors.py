@@ -223,6 +223,49 @@ class MalformedEntry(PolicyStop):
         self.stream, self.entry_id, self.reason = stream, entry_id, reason
 
 
+class UnreadableRecord(MalformedEntry):
+    """A record cannot be read as the type a consumer asked for (:meth:`unilog.Record.typed`): it is of another
+    type, its version is newer than the consumer's class knows (:class:`UnknownRecordVersion`), or its data breaks
+    the type's rules. ``reason`` says which, naming the field and the rule. A :class:`MalformedEntry`, so a consumer
+    applies its ``on_malformed`` policy to the record: dead-letter it with this reason (the default; replay it once
+    the consumer is upgraded) or stop (exit 10)."""
+
+    def __init__(self, reason: str, stream: str = "", entry_id: str = "") -> None:
+        UnilogError.__init__(self, reason)
+        self.stream, self.entry_id, self.reason = stream, entry_id, reason
+        if entry_id:
+            self.at(stream, entry_id)
+
+    def at(self, stream: str, entry_id: str) -> UnreadableRecord:
+        """This error, naming the stream entry it was met in (its message then starts with the entry)."""
+        self.stream, self.entry_id = stream, entry_id
+        self.args = (f"entry {entry_id} of stream {stream!r} cannot be read typed: {self.reason}",)
+        return self
+
+
+class UnknownRecordVersion(UnreadableRecord):
+    """A record was written with a newer version of its type than the consumer's class (``version`` > ``newest``):
+    upgrade the consumer; the record waits in the dead letters for a replay."""
+
+    def __init__(self, name: str, version: int, newest: int) -> None:
+        super().__init__(
+            f"{name} v{version} is newer than v{newest}, the newest this consumer knows: upgrade it (the record stays "
+            "in the dead letters for a replay)"
+        )
+        self.name, self.version, self.newest = name, version, newest
+
+
+class RecordContractViolation(InvalidRecord):
+    """A typed record breaks its type's rules (:mod:`unilog.contracts`): ``field`` names the field (``"amount"``,
+    ``"items[0].price"``; ``""`` for the record as a whole) and ``rule`` the rule it breaks (pydantic's error type,
+    such as ``decimal_parsing``). Raised by ``emit`` before anything is sent: nothing is staged and the caller's
+    transaction is still usable."""
+
+    def __init__(self, message: str, field: str = "", rule: str = "") -> None:
+        super().__init__(message)
+        self.field, self.rule = field, rule
+
+
 class BackfillRefused(UnilogError):
     """A backfill cannot start or go on: its table or key column does not exist, the key is not unique or has no
     order, ``--where`` does not parse, a column's type cannot be encoded, or no backfill has the name given. Nothing

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from .store import StagedRow
 from .store.pgoutput import WalRow
-from .wire import NO_TRACE, Packed, PublishRow, first_created_ms, nth_bulk, pack_record, pack_rows
+from .wire import Packed, PublishRow, first_created_ms, nth_bulk, pack_record, pack_rows, pad_tail, tail_arguments
 
 
 def partition_of(key: str, count: int) -> int:
@@ -25,10 +25,10 @@ def split(stream: str, count: int, rows: Sequence[StagedRow]) -> dict[str, Packe
     """A batch's payload per target stream: ``stream`` itself, or its ``count`` partitions by key (in batch order;
     records without a key are spread by their staged id)."""
     targets: dict[str, list[PublishRow]] = {}
-    for row_id, action, obj, data, key, created, traceparent, tracestate in rows:
+    for row_id, action, obj, data, key, created, traceparent, tracestate, typed in rows:
         partition = partition_of(key if key is not None else str(row_id), count) if count > 1 else None
         target = stream if partition is None else partition_stream(stream, partition)
-        targets.setdefault(target, []).append((data, action, obj, created, key, traceparent, tracestate))
+        targets.setdefault(target, []).append((data, action, obj, created, key, traceparent, tracestate, typed))
     return {target: pack_rows(payload) for target, payload in targets.items()}
 
 
@@ -38,18 +38,35 @@ def split_wal(stream: str, count: int, records: Sequence[WalRow], plain: bool = 
     rows among them are encoded alike. ``plain``: every record is an untraced message (the decoder knows)."""
     if plain and count <= 1:  # the usual batch: its messages concatenated
         return {stream: Packed(len(records), b"".join([body for *_, body, _t in records]), 5)}
-    traced = any(trace or (row is not None and row[6]) for _s, row, _m, _b, trace in records)
+    stride = _wal_stride(records)
     targets: dict[str, list[bytes]] = {}
     for record in records:
-        _stream, row, _mark, body, trace = record
+        _stream, row, _mark, body, tail = record
         if row is None:
-            encoded = body + (trace or NO_TRACE) if traced else body
+            encoded = body + pad_tail(tail, stride) if stride > 5 else body
         else:
-            _id, action, obj, data, key, created, traceparent, tracestate = row
-            encoded = pack_record((data, action, obj, created, key, traceparent, tracestate), traced)
+            _id, action, obj, data, key, created, traceparent, tracestate, typed = row
+            encoded = pack_record((data, action, obj, created, key, traceparent, tracestate, typed), stride)
         target = stream if count <= 1 else partition_stream(stream, partition_of(_spread_key(record), count))
         targets.setdefault(target, []).append(encoded)
-    return {target: Packed(len(parts), b"".join(parts), 7 if traced else 5) for target, parts in targets.items()}
+    return {target: Packed(len(parts), b"".join(parts), stride) for target, parts in targets.items()}
+
+
+def _wal_stride(records: Sequence[WalRow]) -> int:
+    """The arguments per record of a WAL batch: 8 if any record is typed, 7 if any is traced, else 5 (a record
+    message's tail holds three arguments when it is typed, two when only traced)."""
+    stride = 5
+    for _s, row, _m, _b, tail in records:
+        if row is not None:
+            if row[8]:
+                return 8
+            if row[6]:
+                stride = 7
+        elif tail:
+            if tail_arguments(tail) == 3:
+                return 8
+            stride = 7
+    return stride
 
 
 def _spread_key(record: WalRow) -> str:

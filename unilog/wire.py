@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-# (data, action, object, created ms, key or None[, traceparent, tracestate]): the trace context is optional
+# (data, action, object, created ms, key or None[, traceparent, tracestate[, record type]]): the rest is optional
 PublishRow = tuple[Any, ...]
 
 
@@ -19,12 +19,23 @@ class Packed:
 
     count: int
     body: bytes
-    stride: int = 5  # arguments per record: 7 when the batch carries trace context (traceparent, tracestate)
+    stride: int = 5  # arguments per record: 7 when the batch carries trace context (traceparent, tracestate), 8
+    # when it carries record types (traceparent, tracestate, type; each maybe empty)
+
+
+def stride_of(rows: Sequence[PublishRow]) -> int:
+    """The arguments per record a batch of ``rows`` needs: 8 if any is typed, 7 if any is traced, else 5."""
+    if any(len(row) > 7 and row[7] for row in rows):
+        return 8
+    return 7 if any(len(row) > 5 and row[5] for row in rows) else 5
 
 
 def pack_rows(rows: Sequence[PublishRow]) -> Packed:
     """Encode rows the way :func:`unilog.store.fetch_packed` does."""
-    if any(len(row) > 5 and row[5] for row in rows):
+    stride = stride_of(rows)
+    if stride == 8:
+        return Packed(len(rows), b"".join(pack_record(row, 8) for row in rows), 8)
+    if stride == 7:
         return Packed(
             len(rows),
             b"".join(
@@ -52,14 +63,36 @@ def pack_rows(rows: Sequence[PublishRow]) -> Packed:
     )
 
 
-NO_TRACE = b"$0\r\n\r\n$0\r\n\r\n"  # an untraced record's traceparent and tracestate in a traced batch
+EMPTY = b"$0\r\n\r\n"  # an empty argument: what pads a record's tail to its batch's stride
 
 
-def pack_record(row: PublishRow, traced: bool) -> bytes:
-    """One record's arguments as :func:`pack_rows` encodes them in a batch (traced or not)."""
+def pack_record(row: PublishRow, stride: int) -> bytes:
+    """One record's arguments as :func:`pack_rows` encodes them in a batch of ``stride`` arguments per record."""
     data, action, obj, created, key = row[:5]
     head = [_b(data), _b(action), _b(obj), b"%d" % created, _b(key or "")]
-    return _bulk([*head, _b(row[5] or ""), _b(row[6] or "")] if traced else head)
+    if stride >= 7:
+        head += [_b(row[5] or ""), _b(row[6] or "")]
+    if stride == 8:
+        head.append(_b((row[7] if len(row) > 7 else None) or ""))
+    return _bulk(head)
+
+
+def pad_tail(tail: bytes, stride: int) -> bytes:
+    """A record message's tail (nothing, its trace context's two arguments, or those and its type: three) padded
+    with empty arguments to ``stride - 5``. Only the arguments' count is read, never a record's data."""
+    want = stride - 5
+    have = tail_arguments(tail) if tail else 0
+    return tail + EMPTY * (want - have) if have < want else tail
+
+
+def tail_arguments(encoded: bytes) -> int:
+    """How many RESP bulk strings ``encoded`` holds, read by their lengths (a value may hold CR LF)."""
+    count = pos = 0
+    while pos < len(encoded):
+        end = encoded.index(b"\r\n", pos)
+        pos = end + 2 + int(encoded[pos + 1 : end]) + 2
+        count += 1
+    return count
 
 
 def nth_bulk(body: bytes, n: int) -> str | None:

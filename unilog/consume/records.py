@@ -20,11 +20,13 @@ import traceback
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from decimal import Decimal
 from types import ModuleType
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import psycopg
 
-from ..errors import HandlerNotFound, InjectedCrash, MalformedEntry
+from ..errors import HandlerNotFound, InjectedCrash, MalformedEntry, UnreadableRecord
+
+T = TypeVar("T")
 
 _NO_DATA = object()
 
@@ -144,6 +146,48 @@ class Record:
         value = self._fields.get(b"created")
         return None if value is None else int(value)
 
+    @property
+    def type_name(self) -> str | None:
+        """The name of the record's type (:mod:`unilog.contracts`), None for an untyped record."""
+        tag = self._fields.get(b"type")
+        return None if not tag else tag.decode().rpartition("@")[0]
+
+    @property
+    def type_version(self) -> int | None:
+        """The version of the record's type it was written with, None for an untyped record."""
+        tag = self._fields.get(b"type")
+        if not tag:
+            return None
+        try:
+            return int(tag.rpartition(b"@")[2])
+        except ValueError:
+            raise MalformedEntry(self.stream, self.id, f"bad type field {tag!r}") from None
+
+    def is_a(self, cls: type) -> bool:
+        """Whether this record is of ``cls``'s type: its entry names the type, or, untyped (a producer that gave no
+        type, such as ``unilog_emit`` without one), it has the type's object and action."""
+        contract = _contract_of(cls)
+        name = self.type_name
+        if name is not None:
+            return bool(name == contract.name)
+        return self.object == contract.object and self.action == contract.action
+
+    def typed(self, cls: type[T]) -> T:
+        """The record as an instance of ``cls``, a class declared with :func:`unilog.contracts.record_type`:
+        validated, ``Decimal`` fields exact, an older version brought up to ``cls``'s through its upcasters. A
+        record that cannot be read so (another type, a version newer than ``cls``'s, data the type refuses) raises
+        :class:`~unilog.errors.UnreadableRecord`, a :class:`~unilog.errors.MalformedEntry`: the consumer applies
+        its ``on_malformed`` policy to the record, dead-lettering it with the reason by default."""
+        contract = _contract_of(cls)
+        if not self.is_a(cls):
+            found = self.type_name or f"an untyped {self.object}/{self.action} record"
+            raise UnreadableRecord(f"it is {found}, not {contract.name}", self.stream, self.id)
+        raw = self._fields.get(b"data")
+        try:
+            return cast(T, contract.decode(b"null" if raw is None else raw, self.type_version))
+        except UnreadableRecord as exc:
+            raise exc.at(self.stream, self.id) from None
+
     def __repr__(self) -> str:
         return f"Record(stream={self.stream!r}, id={self.id!r}, action={self.action!r}, position={self.position})"
 
@@ -175,6 +219,18 @@ class Batch(Sequence[Record]):
             if i == self._crash_at:
                 raise InjectedCrash("consumer.crash_mid_batch")
             yield record
+
+    def typed(self, cls: type[T]) -> list[T]:
+        """The records of ``cls``'s type (see :meth:`Record.is_a`), in order, as instances of ``cls`` (see
+        :meth:`Record.typed`); records of other types are left out."""
+        return [record.typed(cls) for record in self if record.is_a(cls)]
+
+
+def _contract_of(cls: type) -> Any:
+    contract = getattr(cls, "__unilog_contract__", None)
+    if contract is None:
+        raise TypeError(f"{cls!r} is not a record type: declare it with unilog.contracts.record_type")
+    return contract
 
 
 def load_object(ref: str, search: Sequence[str] | None = None) -> Any:

@@ -1,6 +1,7 @@
 -- The idempotent publish, sent by unilog/engine/publish.py (Publishing.publish; loaded there as package data).
 -- KEYS[1]: the stream; KEYS[2]: the high-water marks beside it. ARGV: producer, epoch, first seq, '1' to skip what
--- the mark says is already there ('0': append all), the fields per entry (the stride), then each entry's fields.
+-- the mark says is already there ('0': append all), the fields per entry (the stride: 5; 7 with traceparent and
+-- tracestate; 8 with those and the record's type, each maybe empty), then each entry's fields.
 -- Reply: {appended, skipped, gap (the mark when below first seq - 1, else -1), first id, last id}.
 local producer, epoch, first, stride = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[5])
 local n = (#ARGV - 5) / stride
@@ -22,20 +23,26 @@ end
 local first_id, last_id = false, false
 for i = skip, n - 1 do
   local b = 5 + i * stride
-  if stride == 7 then
+  if stride >= 7 then
     local key, tp, ts = ARGV[b + 5], ARGV[b + 6], ARGV[b + 7]
-    if key == '' and ts == '' and tp ~= '' then
+    local ty = stride == 8 and ARGV[b + 8] or ''
+    if key == '' and ts == '' and ty == '' and tp ~= '' then
       last_id = redis.call('XADD', KEYS[1], '*', 'data', ARGV[b + 1], 'action', ARGV[b + 2], 'object', ARGV[b + 3],
                            'producer', producer, 'epoch', ARGV[2], 'seq', first + i, 'created', ARGV[b + 4],
                            'traceparent', tp)
-    elseif ts == '' and tp ~= '' then
+    elseif ts == '' and ty == '' and tp ~= '' then
       last_id = redis.call('XADD', KEYS[1], '*', 'data', ARGV[b + 1], 'action', ARGV[b + 2], 'object', ARGV[b + 3],
                            'producer', producer, 'epoch', ARGV[2], 'seq', first + i, 'created', ARGV[b + 4],
                            'key', key, 'traceparent', tp)
-    else  -- the rare ones (a tracestate, a record without a traceparent in a traced batch): fields in a table
+    elseif ts == '' and tp == '' and ty ~= '' and key ~= '' then  -- a typed record with a key, untraced
+      last_id = redis.call('XADD', KEYS[1], '*', 'data', ARGV[b + 1], 'action', ARGV[b + 2], 'object', ARGV[b + 3],
+                           'producer', producer, 'epoch', ARGV[2], 'seq', first + i, 'created', ARGV[b + 4],
+                           'key', key, 'type', ty)
+    else  -- the rare ones (a tracestate, a record without a traceparent in a traced batch...): fields in a table
       local f = {'data', ARGV[b + 1], 'action', ARGV[b + 2], 'object', ARGV[b + 3], 'producer', producer,
                  'epoch', ARGV[2], 'seq', first + i, 'created', ARGV[b + 4]}
       if key ~= '' then f[#f + 1] = 'key'; f[#f + 1] = key end
+      if ty ~= '' then f[#f + 1] = 'type'; f[#f + 1] = ty end
       if tp ~= '' then f[#f + 1] = 'traceparent'; f[#f + 1] = tp end
       if ts ~= '' then f[#f + 1] = 'tracestate'; f[#f + 1] = ts end
       last_id = redis.call('XADD', KEYS[1], '*', unpack(f))

@@ -19,7 +19,8 @@ from .nodes import node_pool
 # high-water mark on the stream, so a batch re-sent after a crash, a timeout with unknown outcome or a retry is not
 # appended twice. Positions are (epoch, seq); seq is computed here as
 # first_seq + i, so each entry costs five arguments (and no per-entry Lua table: Redis CPU is the drain's limit; a
-# batch that carries trace context has seven, traceparent and tracestate, and builds its fields in a table). The
+# batch that carries trace context has seven, traceparent and tracestate, and one with typed records eight, the
+# type last; those build their fields in a table unless a common shape has its own XADD). The
 # mark lives in a hash beside the stream; if the stream key is gone (deleted, flushed) the mark is ignored, so a
 # missing stream can never swallow records as "duplicates".
 PUBLISH_LUA = (resources.files(__package__) / "publish.lua").read_text(encoding="utf-8")

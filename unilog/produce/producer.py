@@ -14,7 +14,7 @@ from typing import Any
 from ._sync.emitting import emit, emit_many
 from .encoding import Encoder
 from .handles import raise_if_schema_missing, require_transaction
-from .records import ProducerRules, RecordFields, StagedParams, record_prefix
+from .records import NO_DATA, ProducerRules, RecordFields, StagedParams, record_prefix
 
 __all__ = [
     "Producer",
@@ -40,10 +40,12 @@ class Producer(ProducerRules):
     def emit(
         self,
         tx: Any,
+        record: Any = None,
+        /,
         *,
-        action: str,
-        object: str,
-        data: Any,
+        action: str | None = None,
+        object: str | None = None,
+        data: Any = NO_DATA,
         stream: str | None = None,
         key: str | None = None,
         default: Encoder | None = None,
@@ -54,9 +56,12 @@ class Producer(ProducerRules):
         ``tx`` is a SQLAlchemy ``Session`` or ``Connection`` or a psycopg ``Connection``. ``data`` is any JSON value
         (usually a dict), encoded as :func:`unilog.emit` says; ``default`` (else the producer's) encodes other types.
         ``key`` optionally names the aggregate the record belongs to. Raises an
-        :class:`~unilog.errors.InvalidRecord` subclass, before writing anything, for bad input.
+        :class:`~unilog.errors.InvalidRecord` subclass, before writing anything, for bad input. A typed record is
+        given alone, in place of ``action``, ``object``, ``data`` and ``stream`` (see :func:`unilog.emit`).
         """
-        return emit(tx, action=action, object=object, data=data, stream=stream, key=key, producer=self, default=default)
+        return emit(
+            tx, record, action=action, object=object, data=data, stream=stream, key=key, producer=self, default=default
+        )
 
     def emit_many(
         self, tx: Any, records: Iterable[RecordFields], *, default: Encoder | None = None

@@ -10,12 +10,13 @@ from typing import Any
 from .. import tracing
 from ..config import validate_stream_name
 from ..errors import InvalidRecord
-from .encoding import DEFAULT_MAX_PAYLOAD_BYTES, Encoder, encode_data
+from .encoding import DEFAULT_MAX_PAYLOAD_BYTES, Encoder, PostgresJSON, encode_data
 
-# INSERT_STAGED's parameters: action, object, data (JSON text), stream, key, traceparent, tracestate.
-StagedParams = tuple[str, str, str, str, str | None, str | None, str | None]
+# INSERT_STAGED's parameters: action, object, data (JSON text), stream, key, traceparent, tracestate, record type.
+StagedParams = tuple[str, str, str, str, str | None, str | None, str | None, str | None]
 
-# A record for emit_many: emit's keyword arguments (action, object, data; optionally key and stream) as a mapping.
+# A record for emit_many: emit's keyword arguments (action, object, data; optionally key and stream) as a mapping,
+# or a typed record (an instance of a class declared with unilog.contracts.record_type).
 RecordFields = Mapping[str, Any]
 _REQUIRED = ("action", "object", "data")
 _FIELDS = frozenset((*_REQUIRED, "key", "stream"))
@@ -40,7 +41,11 @@ class ProducerRules:
         out: list[StagedParams] = []
         for i, record in enumerate(records):
             try:
-                out.append(self.prepare(**_fields(record), default=default))
+                typed = typed_contract(record)
+                if typed is not None:
+                    out.append(self.prepare_typed(record, typed))
+                else:
+                    out.append(self.prepare(**_fields(record), default=default))
             except InvalidRecord as exc:
                 named = type(exc)(record_prefix(i, record) + str(exc))
                 named.index = i
@@ -66,19 +71,88 @@ class ProducerRules:
         traceparent, tracestate = tracing.current_context()  # (None, None) without OpenTelemetry or a span
         text = encode_data(data, self.max_payload_bytes, default or self.default)
         target = "" if target is None else validate_stream_name(target)
-        return action, object, text, target, key, traceparent, tracestate
+        return action, object, text, target, key, traceparent, tracestate, None
+
+    def prepare_typed(self, record: Any, contract: Any, key: str | None = None) -> StagedParams:
+        """:meth:`prepare` for a typed record (``contract``: its class's :class:`unilog.contracts.Contract`): the
+        contract validates and encodes it (:class:`~unilog.errors.RecordContractViolation` names the field and the
+        rule); its stream, object and action are the type's; its key is ``key``, else its key field's value."""
+        text = encode_data(PostgresJSON(contract.encode(record)), self.max_payload_bytes)
+        if key is None and contract.key_field is not None:
+            value = getattr(record, contract.key_field)
+            key = None if value is None else str(value)
+        if key is not None:
+            _require_text("key", key)
+        stream = contract.stream if contract.stream is not None else self.default_stream
+        traceparent, tracestate = tracing.current_context()
+        return (
+            contract.action,
+            contract.object,
+            text,
+            "" if stream is None else stream,
+            key,
+            traceparent,
+            tracestate,
+            contract.type_tag,
+        )
+
+
+NO_DATA: Any = object()  # emit's ``data`` when none is given (None is a record's JSON null)
+
+
+def prepare(
+    rules: ProducerRules,
+    record: Any,
+    action: str | None,
+    object: str | None,
+    data: Any,
+    stream: str | None,
+    key: str | None,
+    default: Encoder | None,
+) -> StagedParams:
+    """What ``emit`` stages for its arguments: a typed ``record``, alone, or ``action``, ``object`` and ``data``."""
+    if record is not None:
+        contract = typed_contract(record)
+        if contract is None:
+            raise InvalidRecord(
+                f"emit takes a typed record (a class declared with unilog.contracts.record_type) or action=, "
+                f"object=, data=; got a {type(record).__name__}"
+            )
+        if action is not None or object is not None or data is not NO_DATA or stream is not None:
+            raise InvalidRecord(f"a typed record ({contract.type_tag}) sets its own action, object, data and stream")
+        return rules.prepare_typed(record, contract, key)
+    if data is NO_DATA:
+        raise InvalidRecord("emit needs a typed record, or action=, object= and data=")
+    # action and object are checked there: None is refused with the message naming the field
+    return rules.prepare(action=action, object=object, data=data, stream=stream, key=key, default=default)  # type: ignore[arg-type]
+
+
+def typed_contract(record: Any) -> Any:
+    """The contract of ``record``'s class when it was declared with :func:`unilog.contracts.record_type`, else
+    None (a class attribute look-up: the untyped path pays nothing else)."""
+    return getattr(type(record), "__unilog_contract__", None)
 
 
 def record_prefix(index: int, record: Any) -> str:
     """How an error from :meth:`Producer.emit_many` names its record: ``records[i]``, with the record's key."""
-    key = record.get("key") if isinstance(record, Mapping) else None
+    key = record.get("key") if isinstance(record, Mapping) else _typed_key(record)
     return f"records[{index}]{'' if key is None else f' (key {key!r})'}: "
+
+
+def _typed_key(record: Any) -> str | None:
+    contract = typed_contract(record)
+    if contract is None or contract.key_field is None:
+        return None
+    value = getattr(record, contract.key_field, None)
+    return None if value is None else str(value)
 
 
 def _fields(record: Any) -> dict[str, Any]:
     """One of emit_many's records as emit's keyword arguments, or InvalidRecord for a record of the wrong shape."""
     if not isinstance(record, Mapping):
-        raise InvalidRecord(f"a record must be a mapping of emit's arguments, got {type(record).__name__}")
+        raise InvalidRecord(
+            f"a record must be a mapping of emit's arguments or a typed record, got {type(record).__name__}"
+        )
     unknown = sorted(str(name) for name in record if name not in _FIELDS)
     if unknown:
         raise InvalidRecord(f"unknown fields {unknown} (a record has action, object, data, and optionally key, stream)")

@@ -35,12 +35,12 @@ import psycopg
 from .positions import save_positions
 
 # A staged row as the streamer reads it for a partitioned stream: (id, action, object, data, key, created_ms,
-# traceparent, tracestate). ``data`` is Postgres's JSON text, passed through to Redis without decoding.
-StagedRow = tuple[int, str, str, str, str | None, int, str | None, str | None]
+# traceparent, tracestate, record type). ``data`` is Postgres's JSON text, passed through to Redis without decoding.
+StagedRow = tuple[int, str, str, str, str | None, int, str | None, str | None, str | None]
 
 _COLUMNS = """id, data::text AS data, action, object, key,
                ((extract(epoch FROM created_at) * 1000)::bigint) AS created_ms,
-               traceparent AS tp, tracestate AS ts"""
+               traceparent AS tp, tracestate AS ts, record_type AS ty"""
 
 # The rows a new claim may take: (a) of transactions open at the last claim, (b) of transactions begun after it,
 # both at or below the cursor, and (c) above the cursor; each by its index, the three disjoint. ``before`` bounds the
@@ -90,16 +90,22 @@ _AGAIN = f"""
     snap AS (SELECT NULL::pg_snapshot AS s)
 """
 
-# What either returns as ONE row: the count, every record's five publish arguments (data, action, object, created
-# ms, key or '') already encoded as RESP bulk strings, in id order, the last id, the first 128 traceparents, the
-# claim, and the snapshot's in-progress xids and xmax. Postgres does the per-record encoding in C, so the streamer
-# touches no record in Python. The lengths are octet_length() of server-encoding text: UTF8 databases only.
+# What either returns as ONE row: the count, every record's publish arguments already encoded as RESP bulk strings,
+# in id order, the last id, the first 128 traceparents, the claim, the snapshot's in-progress xids and xmax, the
+# records the claim was saved with, and the arguments per record (the stride). Each record has five arguments (data,
+# action, object, created ms, key or ''); seven when any record of the batch has a traceparent (then traceparent and
+# tracestate, maybe empty); eight when any is typed (then also its type, maybe empty). Postgres does the per-record
+# encoding in C, so the streamer touches no record in Python. The lengths are octet_length() of server-encoding
+# text: UTF8 databases only.
 _PACKED = """
     , packed AS (
         SELECT data, action, object, created_ms::text AS created, coalesce(key, '') AS key,
-               coalesce(tp, '') AS tp, coalesce(ts, '') AS ts, id FROM batch
+               coalesce(tp, '') AS tp, coalesce(ts, '') AS ts, coalesce(ty, '') AS ty, id FROM batch
     ), traced AS (  -- the first ones only: they feed the publish span's links (and say the batch is traced)
         SELECT array_agg(tp) AS parents FROM (SELECT tp FROM packed WHERE tp <> '' ORDER BY id LIMIT 128) t
+    ), shape AS (
+        SELECT CASE WHEN EXISTS (SELECT 1 FROM packed WHERE ty <> '') THEN 8
+                    WHEN (SELECT parents IS NOT NULL FROM traced) THEN 7 ELSE 5 END AS stride
     )
     SELECT (SELECT count(*) FROM batch),
            convert_to((SELECT string_agg(
@@ -107,17 +113,19 @@ _PACKED = """
                || action || E'\\r\\n$' || octet_length(object) || E'\\r\\n' || object || E'\\r\\n$'
                || octet_length(created) || E'\\r\\n' || created || E'\\r\\n$' || octet_length(key) || E'\\r\\n'
                || key || E'\\r\\n'
-               || CASE WHEN (SELECT parents IS NOT NULL FROM traced) THEN
+               || CASE WHEN shape.stride >= 7 THEN
                     '$' || octet_length(tp) || E'\\r\\n' || tp || E'\\r\\n$' || octet_length(ts) || E'\\r\\n' || ts
-                    || E'\\r\\n' ELSE '' END, '' ORDER BY id) FROM packed), 'UTF8'),
+                    || E'\\r\\n' ELSE '' END
+               || CASE WHEN shape.stride = 8 THEN '$' || octet_length(ty) || E'\\r\\n' || ty || E'\\r\\n' ELSE '' END,
+               '' ORDER BY id) FROM packed, shape), 'UTF8'),
            (SELECT max(id) FROM batch), (SELECT parents FROM traced), (SELECT claim FROM claimed),
            (SELECT array_agg(x::text) FROM snap, pg_snapshot_xip(snap.s) x),
-           (SELECT pg_snapshot_xmax(s)::text FROM snap), (SELECT records FROM claimed)
+           (SELECT pg_snapshot_xmax(s)::text FROM snap), (SELECT records FROM claimed), (SELECT stride FROM shape)
 """
 
 # The same as rows (a partitioned stream's batch is split by key in Python), each row carrying the claim and snapshot.
 _ROWS = """
-    SELECT id, action, object, data, key, created_ms, tp, ts,
+    SELECT id, action, object, data, key, created_ms, tp, ts, ty,
            (SELECT claim FROM claimed), (SELECT array_agg(x::text) FROM snap, pg_snapshot_xip(snap.s) x),
            (SELECT pg_snapshot_xmax(s)::text FROM snap), (SELECT records FROM claimed)
     FROM batch ORDER BY id
@@ -185,6 +193,7 @@ class Claim:
     xip: list[str] | None = None
     xmax: str | None = None
     saved: int = 0  # the records the claim was saved with
+    stride: int = 5  # a packed body's arguments per record (see _PACKED)
 
 
 def packed_fetch_supported(conn: psycopg.Connection[Any]) -> bool:
@@ -198,7 +207,8 @@ def claim_packed(
     """Claim the next batch of ``source`` after ``cursor`` (see the module's docstring) and return it encoded for
     Redis, or None when nothing committed is left to claim. The claim is saved in the caller's transaction: it must
     commit before the batch is sent. When any record has a traceparent, each record has seven arguments (its
-    traceparent and tracestate, maybe empty, after the five), else five: see :class:`unilog.wire.Packed`."""
+    traceparent and tracestate, maybe empty, after the five), eight when any is typed (its type last), else five:
+    see :class:`unilog.wire.Packed`."""
     row = conn.execute(CLAIM_PACKED, cursor.params(source, limit, before), binary=True).fetchone()
     return _packed(row)
 
@@ -218,7 +228,9 @@ def reclaim_packed(conn: psycopg.Connection[Any], claim: int) -> Claim | None:
     return (
         None
         if result is None
-        else Claim(claim, result.count, result.last, result.body, result.parents, saved=result.saved)
+        else Claim(
+            claim, result.count, result.last, result.body, result.parents, saved=result.saved, stride=result.stride
+        )
     )
 
 
@@ -231,10 +243,18 @@ def reclaim_rows(conn: psycopg.Connection[Any], claim: int) -> Claim | None:
 def _packed(row: Any) -> Claim | None:
     if row is None or not row[0]:
         return None
-    count, body, last, parents, claim, xip, xmax, saved = row
+    count, body, last, parents, claim, xip, xmax, saved, stride = row
     parents = tuple(parents or ())
     return Claim(
-        int(claim or 0), int(count), int(last), bytes(body), parents, xip=list(xip or []), xmax=xmax, saved=saved
+        int(claim or 0),
+        int(count),
+        int(last),
+        bytes(body),
+        parents,
+        xip=list(xip or []),
+        xmax=xmax,
+        saved=saved,
+        stride=int(stride),
     )
 
 
@@ -242,15 +262,15 @@ def _rows(rows: list[Any]) -> Claim | None:
     if not rows:
         return None
     first = rows[0]
-    staged: list[StagedRow] = [row[:8] for row in rows]
+    staged: list[StagedRow] = [row[:9] for row in rows]
     return Claim(
-        int(first[8] or 0),
+        int(first[9] or 0),
         len(rows),
         int(rows[-1][0]),
         rows=staged,
-        xip=list(first[9] or []),
-        xmax=first[10],
-        saved=int(first[11] or 0),
+        xip=list(first[10] or []),
+        xmax=first[11],
+        saved=int(first[12] or 0),
     )
 
 

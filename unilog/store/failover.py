@@ -150,8 +150,10 @@ def hold_rows(
     conn.execute("SELECT setval('unilog_emit_mode', 0)")
     for stream, _row, _mark, body, trace in messages or []:
         data, action, obj, created, key = _fields(body)
-        parent, state = _fields(trace) or ("", "")
-        conn.execute(_RESCUE, (stream, data, action, obj, created, key or None, parent or None, state or None))
+        parent, state, typed = (*_fields(trace), "", "", "")[:3]
+        conn.execute(
+            _RESCUE, (stream, data, action, obj, created, key or None, parent or None, state or None, typed or None)
+        )
     if messages:
         last = messages[-1][2]
         assert last is not None
@@ -258,10 +260,12 @@ def _fields(resp: bytes) -> tuple[str, ...]:
     return tuple(out)
 
 
-# A record message's five publish arguments (data, action, object, created in ms, key), then its trace context's two.
+# A record message's five publish arguments (data, action, object, created in ms, key), then its tail: its trace
+# context's two and its type, each maybe absent.
 _RESCUE = """
-    INSERT INTO staged_log_records (stream, data, action, object, created_at, key, traceparent, tracestate)
-    VALUES (%s, %s::jsonb, %s, %s, to_timestamp(%s::bigint / 1000.0), %s, %s, %s)
+    INSERT INTO staged_log_records (stream, data, action, object, created_at, key, traceparent, tracestate,
+                                    record_type)
+    VALUES (%s, %s::jsonb, %s, %s, to_timestamp(%s::bigint / 1000.0), %s, %s, %s, %s)
 """
 
 

@@ -25,6 +25,7 @@ _NONE_YET = "\0"  # no stream is named so (Postgres text holds no NUL)
 _RECORD_AT = 10 + len(_RECORD) + 4  # a record message's content: after kind, flags, LSN, the prefix and its length
 MARKER_PREFIX = "unilog-switch"  # a mode switch's marker: every record message commits before it (see store.wal)
 _REQUIRED = ("id", "stream", "action", "object", "data", "key", "created_at", "traceparent", "tracestate")
+_TYPE = "record_type"
 _I16, _I32, _I64 = struct.Struct("!h"), struct.Struct("!i"), struct.Struct("!q")
 
 
@@ -35,7 +36,8 @@ class DecodeError(ValueError):
 # One staged record read from the WAL: ``(stream, row, mark, body, trace)``, its target ``stream`` column first. A row
 # of staged_log_records has ``row`` (as the streamer publishes it; its id is ``row[0]``) and an empty body and trace.
 # A record written as a logical message has no row: ``body`` holds its five publish arguments already encoded as
-# RESP bulk strings (as unilog_stage wrote them), ``trace`` its trace context's two (or nothing), and ``mark`` is
+# RESP bulk strings (as unilog_stage wrote them), ``trace`` its tail: the trace context's two, or those two and its
+# type for a typed record (three), or nothing, and ``mark`` is
 # (its transaction's commit LSN, its place among the transaction's messages): the order the WAL delivers them in,
 # which a streamer saves with its positions to skip what it already published. A plain tuple, not a class: a
 # streamer holds thousands at a time, and the cyclic collector stops tracking a tuple of strings, bytes and numbers
@@ -178,7 +180,9 @@ class Decoder:
         missing = [c for c in _REQUIRED if c not in columns]
         if missing:
             raise DecodeError(f"{STAGING_TABLE} in the WAL lacks columns {missing}: run `unilog migrate`")
-        self.relations[relid] = tuple(columns.index(c) for c in _REQUIRED)
+        # record_type came with unilog_0013: rows written before it (still in the WAL) have none, and are untyped
+        typed = columns.index(_TYPE) if _TYPE in columns else len(columns)
+        self.relations[relid] = (*(columns.index(c) for c in _REQUIRED), typed)
 
     def _insert(self, message: bytes) -> WalTransaction | None:
         """Decode an insert; return the part it follows when that part is full (a part goes only once a row comes
@@ -190,10 +194,11 @@ class Decoder:
         if indexes is None:
             return None
         values = _tuple_data(message, 6)  # after relid and the 'N' marker
-        id_, stream, action, obj, data, key, created, traceparent, tracestate = (values[i] for i in indexes)
+        values.append(None)  # what a row without record_type (staged before unilog_0013) reads there
+        id_, stream, action, obj, data, key, created, traceparent, tracestate, typed = (values[i] for i in indexes)
         if id_ is None or action is None or obj is None or data is None or created is None:
             raise DecodeError(f"a staged row in the WAL has a NULL where unilog needs a value (id {id_})")
-        row: StagedRow = (int(id_), action, obj, data, key, created_ms(created), traceparent, tracestate)
+        row: StagedRow = (int(id_), action, obj, data, key, created_ms(created), traceparent, tracestate, typed)
         return self._add((stream or "", row, None, b"", b""))
 
     def _add(self, row: WalRow, messages: int = 0) -> WalTransaction | None:

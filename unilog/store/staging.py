@@ -10,20 +10,20 @@ from psycopg import pq
 
 NOTIFY_CHANNEL = "unilog_staged"
 
-# Positional parameters (action, object, data, stream, key, traceparent, tracestate): a tuple skips the driver's
-# per-call mapping of names to positions, on the producer's hot path. unilog_stage (migration unilog_0009) writes a
-# row of staged_log_records in table mode and a transactional logical message in WAL capture mode, choosing under a
-# lock a mode switch takes; it returns the row's id, or NULL for a message.
-INSERT_STAGED = "SELECT unilog_stage(%s, %s, %s, %s, %s, %s, %s)"
+# Positional parameters (action, object, data, stream, key, traceparent, tracestate, record type): a tuple skips
+# the driver's per-call mapping of names to positions, on the producer's hot path. unilog_stage (migrations
+# unilog_0009, 0010, 0013) writes a row of staged_log_records in table mode and a transactional logical message in
+# WAL capture mode, choosing under a lock a mode switch takes; it returns the row's id, or NULL for a message.
+INSERT_STAGED = "SELECT unilog_stage(%s, %s, %s, %s, %s, %s, %s, %s)"
 
-# Many records in one statement (emit_many): seven text arrays of equal length, the columns of INSERT_STAGED's
+# Many records in one statement (emit_many): eight text arrays of equal length, the columns of INSERT_STAGED's
 # parameters, one element per record. unilog_stage runs once per element in the arrays' order (WITH ORDINALITY and
 # the sort on it: the planner evaluates a volatile function in the select list after the sort), so rows get
 # ascending ids and messages are written in that order; one row per record comes back, in the same order.
 INSERT_STAGED_MANY = """
-    SELECT unilog_stage(r.action, r.object, r.data, r.stream, r.key, r.traceparent, r.tracestate)
-    FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[])
-        WITH ORDINALITY AS r(action, object, data, stream, key, traceparent, tracestate, n)
+    SELECT unilog_stage(r.action, r.object, r.data, r.stream, r.key, r.traceparent, r.tracestate, r.type)
+    FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[])
+        WITH ORDINALITY AS r(action, object, data, stream, key, traceparent, tracestate, type, n)
     ORDER BY r.n
 """
 

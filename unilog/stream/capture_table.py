@@ -263,7 +263,7 @@ class TableCapture:
             rows = got.rows
             traced = tuple(row[6] for row in rows if row[6])
             return _Batch(got.claim, got.count, routing.split(stream, partitions, rows), rows[0][5], traced)
-        packed = engine.Packed(got.count, got.body, 7 if got.parents else 5)
+        packed = engine.Packed(got.count, got.body, got.stride)
         return _Batch(got.claim, got.count, {stream: packed}, engine.first_created_ms(got.body), got.parents)
 
     def _overlapped(

@@ -36,6 +36,7 @@ from ...wire import to_str
 from ..base import ConsumerConfig, ConsumeResult, describe, is_handler_failure
 from ..progress import RewindWatch, Rules, keep_held, sort_batch
 from ..records import REPLAY_OF, AsyncHandler, Batch, Record, replay_owner
+from ..typed import typed_handler
 
 log = structlog.get_logger("unilog.consumer")
 
@@ -49,7 +50,8 @@ class AsyncConsumer(AsyncWorker):
     def __init__(
         self, settings: Settings, config: ConsumerConfig, handler: AsyncHandler, *, faults: Faults = NO_FAULTS
     ) -> None:
-        self.settings, self.config, self.handler, self.faults = settings, config, handler, faults
+        self.settings, self.config, self.faults = settings, config, faults
+        self.handler = typed_handler(handler)  # a handler annotated with record types is handed instances
         self.stream = config.stream or settings.stream
         self.restart_after_crash = config.restart_after_crash
         self.max_backoff = config.max_backoff

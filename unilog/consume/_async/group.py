@@ -40,6 +40,7 @@ from ...store import aio as store
 from ...wire import to_str
 from ..base import GroupConfig, GroupResult, candidates, default_worker_name
 from ..records import REPLAY_FOR, AsyncHandler, Batch, Record, replay_owner
+from ..typed import typed_handler
 
 log = structlog.get_logger("unilog.group")
 
@@ -52,7 +53,8 @@ class AsyncGroupConsumer(AsyncWorker):
     def __init__(
         self, settings: Settings, config: GroupConfig, handler: AsyncHandler, *, faults: Faults = NO_FAULTS
     ) -> None:
-        self.settings, self.config, self.handler, self.faults = settings, config, handler, faults
+        self.settings, self.config, self.faults = settings, config, faults
+        self.handler = typed_handler(handler)  # a handler annotated with record types is handed instances
         self.stream = config.stream or settings.stream
         self.worker = config.worker or default_worker_name()
         self._owner = replay_owner("group", config.group).encode()

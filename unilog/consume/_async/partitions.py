@@ -26,6 +26,7 @@ from ...runtime.policy import TRANSIENT
 from ...store import aio as store
 from ..records import AsyncHandler
 from ..settings import PartitionConfig, default_worker_name
+from ..typed import typed_handler
 from .checkpoint import AsyncConsumer
 
 log = structlog.get_logger("unilog.consume.partitions")
@@ -43,7 +44,7 @@ class AsyncPartitionedConsumer(AsyncWorker):
         self.config = config
         self.stream = config.stream or settings.stream
         self.worker = config.worker or default_worker_name()
-        self.handler = handler
+        self.handler = typed_handler(handler)  # a handler annotated with record types is handed instances
         self.faults = faults
         self.restart_after_crash = config.restart_after_crash
         self.max_backoff = config.max_backoff

@@ -27,6 +27,7 @@ from ...runtime._sync.loop import Links, Worker
 from ...runtime.policy import TRANSIENT
 from ..records import Handler
 from ..settings import PartitionConfig, default_worker_name
+from ..typed import typed_handler
 from .checkpoint import Consumer
 
 log = structlog.get_logger("unilog.consume.partitions")
@@ -44,7 +45,7 @@ class PartitionedConsumer(Worker):
         self.config = config
         self.stream = config.stream or settings.stream
         self.worker = config.worker or default_worker_name()
-        self.handler = handler
+        self.handler = typed_handler(handler)  # a handler annotated with record types is handed instances
         self.faults = faults
         self.restart_after_crash = config.restart_after_crash
         self.max_backoff = config.max_backoff

@@ -26,15 +26,17 @@ from ..handles import (
     require_transaction,
     wrong_handle,
 )
-from ..records import DEFAULT_RULES, ProducerRules, RecordFields, StagedParams
+from ..records import DEFAULT_RULES, NO_DATA, ProducerRules, RecordFields, StagedParams, prepare
 
 
 async def emit_async(
     tx: Any,
+    record: Any = None,
+    /,
     *,
-    action: str,
-    object: str,
-    data: Any,
+    action: str | None = None,
+    object: str | None = None,
+    data: Any = NO_DATA,
     stream: str | None = None,
     key: str | None = None,
     producer: ProducerRules | None = None,
@@ -50,10 +52,15 @@ async def emit_async(
     none is given, :class:`~unilog.errors.PayloadNotSerializable` names the value's path and type. ``key``
     optionally names the aggregate the record belongs to. Bad input raises an
     :class:`~unilog.errors.InvalidRecord` subclass before anything is sent. See :meth:`unilog.Producer.emit`.
+
+    A typed record (an instance of a class declared with :func:`unilog.contracts.record_type`) is given alone, in
+    place of ``action``, ``object``, ``data`` and ``stream``, which its type binds: ``emit(tx, RideCreated(...))``.
+    Its contract validates and encodes it (:class:`~unilog.errors.RecordContractViolation`, naming the field and
+    the rule, before anything is sent) and the entry carries its type, ``name@version``. ``key`` overrides the
+    type's key field.
     """
     rules = producer or DEFAULT_RULES
-    params = rules.prepare(action=action, object=object, data=data, stream=stream, key=key, default=default)
-    return await _insert(tx, params)
+    return await _insert(tx, prepare(rules, record, action, object, data, stream, key, default))
 
 
 async def emit_many_async(

@@ -20,15 +20,17 @@ from psycopg.rows import tuple_row
 from ...store import INSERT_STAGED, INSERT_STAGED_MANY, staged_columns
 from ..encoding import Encoder
 from ..handles import Connection, Session, driver_of, raise_if_schema_missing, require_transaction, wrong_handle
-from ..records import DEFAULT_RULES, ProducerRules, RecordFields, StagedParams
+from ..records import DEFAULT_RULES, NO_DATA, ProducerRules, RecordFields, StagedParams, prepare
 
 
 def emit(
     tx: Any,
+    record: Any = None,
+    /,
     *,
-    action: str,
-    object: str,
-    data: Any,
+    action: str | None = None,
+    object: str | None = None,
+    data: Any = NO_DATA,
     stream: str | None = None,
     key: str | None = None,
     producer: ProducerRules | None = None,
@@ -44,10 +46,15 @@ def emit(
     none is given, :class:`~unilog.errors.PayloadNotSerializable` names the value's path and type. ``key``
     optionally names the aggregate the record belongs to. Bad input raises an
     :class:`~unilog.errors.InvalidRecord` subclass before anything is sent. See :meth:`unilog.Producer.emit`.
+
+    A typed record (an instance of a class declared with :func:`unilog.contracts.record_type`) is given alone, in
+    place of ``action``, ``object``, ``data`` and ``stream``, which its type binds: ``emit(tx, RideCreated(...))``.
+    Its contract validates and encodes it (:class:`~unilog.errors.RecordContractViolation`, naming the field and
+    the rule, before anything is sent) and the entry carries its type, ``name@version``. ``key`` overrides the
+    type's key field.
     """
     rules = producer or DEFAULT_RULES
-    params = rules.prepare(action=action, object=object, data=data, stream=stream, key=key, default=default)
-    return _insert(tx, params)
+    return _insert(tx, prepare(rules, record, action, object, data, stream, key, default))
 
 
 def emit_many(
