@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pydantic import BaseModel
+
 from unilog.contracts import record_type
 
 

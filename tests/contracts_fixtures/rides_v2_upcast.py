@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import BaseModel
+
 from unilog.contracts import record_type, upcaster
 
 

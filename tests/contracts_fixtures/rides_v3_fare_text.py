@@ -4,6 +4,7 @@ integer fare (what a transitive mode sees)."""
 from __future__ import annotations
 
 from pydantic import BaseModel
+
 from unilog.contracts import record_type
 
 
