@@ -177,7 +177,7 @@ def test_a_transitive_mode_compares_with_every_version_but_the_retired(
     ok(schema(registry, "mode", "rides", "backward_transitive"))
     line = one_line(result := schema(registry, "check", F + "rides_v3_fare_text"))
     assert result.returncode == ExitCode.SCHEMA_INCOMPATIBLE
-    assert line.startswith("unilog: error: RideCreated v3 vs v1 (backward): ") and "'fare'" in line, line
+    assert line.startswith("unilog: error: RideCreated v3 vs v1 (backward_transitive): ") and "'fare'" in line, line
 
     retired = ok(schema(registry, "retire", "RideCreated", "1"))
     assert retired == ["unilog: RideCreated v1 retired: compatibility checks no longer compare with it"]

@@ -27,8 +27,6 @@ from ..errors import ConfigurationError
 from ..store.schemas import changed_line
 from .common import ExitCode
 
-_DIRECTIONS = {"backward": ("backward",), "forward": ("forward",), "full": ("backward", "forward")}
-
 
 @dataclass
 class Verdict:
@@ -95,16 +93,18 @@ def judge(contract: Any, versions: list[store.SchemaRow], mode: str, stream: str
             verdict.summary = f"{row.name} v{row.version}: registered, unchanged"
         return verdict
     verdict.new_row = row
-    older = [v for v in versions if v.version < row.version and v.retired_at is None]
-    transitive = mode.endswith("_transitive")
-    older = older if transitive else older[-1:]
+    below = [v for v in versions if v.version < row.version]
+    older = [v for v in below if v.retired_at is None]
+    older = older if mode.endswith("_transitive") else older[-1:]
     if mode == "none" or not older:
-        why = "mode none" if mode == "none" else "no earlier version registered"
+        retired = ", ".join(f"v{v.version}" for v in below)
+        why = "mode none" if mode == "none" else (f"{retired} retired" if below else "no earlier version registered")
         verdict.summary = f"{row.name} v{row.version}: new, nothing to compare with ({why})"
         return verdict
+    in_use = {v.version: v.schema for v in versions if v.retired_at is None}
     notes = []
     for old in older:
-        lines, note = _compare(contract, row, old, mode.removesuffix("_transitive"))
+        lines, note = _compare(contract, row, old, mode, in_use)
         verdict.breaks.extend(lines)
         notes.extend([note] if note else [])
     against = ", ".join(f"v{v.version}" for v in older)
@@ -114,28 +114,26 @@ def judge(contract: Any, versions: list[store.SchemaRow], mode: str, stream: str
     return verdict
 
 
-def _compare(contract: Any, row: store.SchemaRow, old: store.SchemaRow, mode: str) -> tuple[list[str], str]:
-    """The breaking changes of ``row`` against ``old`` under ``mode`` (backward, forward or full), and a note if an
-    upcaster chain satisfies the backward part."""
+def _compare(
+    contract: Any, row: store.SchemaRow, old: store.SchemaRow, mode: str, in_use: dict[int, dict[str, Any]]
+) -> tuple[list[str], str]:
+    """The breaking changes of ``row`` against ``old`` under ``mode``, and a note if upcasters read ``old``'s data.
+
+    Backward against a version the new one has upcasters from is the upcasters' business: data of ``old`` reaches
+    the first upcaster at or above it (from version ``k``) unchanged, so it is read through them if ``k`` is
+    ``old`` itself (or not registered), else it must read as version ``k``, which is checked instead."""
     from ..contracts import compat
 
-    directions = list(_DIRECTIONS[mode])
-    note = ""
-    if "backward" in directions and _upcasts_from(contract, old.version):
-        directions.remove("backward")
-        note = f"v{old.version} read through upcaster"
-    if not directions:
-        return [], note
-    checked = "full" if len(directions) == 2 else directions[0]
-    prefix = f"{row.name} v{row.version} vs v{old.version} ({checked}): "
-    lines = compat.check(row.schema, old.schema, checked)
-    return [line if line.startswith(f"{row.name} v") else prefix + line for line in lines], note
+    def check(new: dict[str, Any], how: str, new_version: int = row.version) -> list[str]:
+        return compat.check(new, old.schema, how, name=row.name, new_version=new_version, old_version=old.version)
 
-
-def _upcasts_from(contract: Any, version: int) -> bool:
-    """Whether ``contract`` has an upcaster from each version from ``version`` up to its own."""
-    upcasters = getattr(contract, "upcasters", None) or {}
-    return all(v in upcasters for v in range(version, contract.version))
+    via = compat.upcast_start(getattr(contract, "upcasters", None) or {}, old.version, row.version)
+    if via is None or mode.removesuffix("_transitive") not in ("backward", "full"):
+        return check(row.schema, mode), ""
+    lines = check(row.schema, "forward") if mode.startswith("full") else []
+    if via == old.version or via not in in_use:
+        return lines, f"v{old.version} read through upcaster"
+    return lines + check(in_use[via], "backward", via), f"v{old.version} read as v{via}, then through upcasters"
 
 
 def verdicts(conn: psycopg.Connection[Any], contracts: list[Any], default_stream: str) -> list[Verdict]:
