@@ -71,7 +71,7 @@ def test_a_bad_typed_emit_is_refused_naming_field_and_rule_with_nothing_staged(s
         with pytest.raises(RecordContractViolation, match="fare") as refused:
             emit(conn, bad)
         assert refused.value.field == "fare" and refused.value.rule == "decimal_parsing"
-        assert str(refused.value).count("\n") == 0 and "RideCreated v2" in str(refused.value)
+        assert str(refused.value).count("\n") == 0 and "TypedRide v2" in str(refused.value)
         with pytest.raises(RecordContractViolation) as assigned:
             emit(conn, changed)
         assert assigned.value.field == "rider" and assigned.value.rule == "string_type"
@@ -88,7 +88,7 @@ def test_a_bad_typed_emit_is_refused_naming_field_and_rule_with_nothing_staged(s
         emit(conn, RideCreated(ride_id=RIDE, rider="ann", fare=Decimal("12.30")))
         conn.commit()
     [(obj, action, key, record_type, data)] = staged(pg)
-    assert (obj, action, key, record_type) == ("ride", "created", str(RIDE), "RideCreated@2")
+    assert (obj, action, key, record_type) == ("ride", "created", str(RIDE), "TypedRide@2")
     assert json.loads(data) == {"ride_id": str(RIDE), "rider": "ann", "fare": "12.30", "city": "unknown"}
 
 
@@ -101,7 +101,7 @@ def test_an_async_typed_emit_is_refused_and_stages_alike(settings: Settings, pg:
             await conn.commit()
 
     asyncio.run(run())
-    assert [(r[0], r[1], r[3]) for r in staged(pg)] == [("ride", "finished", "RideFinished@1")]
+    assert [(r[0], r[1], r[3]) for r in staged(pg)] == [("ride", "finished", "TypedRideFinished@1")]
 
 
 # -- carried to the entry and read back typed ------------------------------------------------------------------------
@@ -136,7 +136,7 @@ def test_typed_records_reach_a_checkpoint_consumer_through_the_handlers_annotati
     _emit_versions(app)
     drain(app)
     fields = entries(app)
-    assert [f.get(b"type") for f in fields] == [b"RideCreated@1", b"RideCreated@2", None, b"RideFinished@1"]
+    assert [f.get(b"type") for f in fields] == [b"TypedRide@1", b"TypedRide@2", None, b"TypedRideFinished@1"]
     assert fields[0][b"key"] == str(RIDE).encode() and fields[1][b"key"] == str(uuid.UUID(int=2)).encode()
     rides: list[Any] = []
     if face == "sync":
@@ -176,7 +176,7 @@ def test_a_group_reads_typed_records_with_records_typed(settings: Settings, pg: 
         group.drain()
     _check_rides(rides)
     assert finished == [RideFinished(ride_id=RIDE, distance_km=Decimal("3.50"))]
-    assert versions == [("RideCreated", 1), ("RideCreated", 2), (None, None), ("RideFinished", 1)]
+    assert versions == [("TypedRide", 1), ("TypedRide", 2), (None, None), ("TypedRideFinished", 1)]
 
 
 def test_a_partitioned_stream_carries_typed_records_to_each_partition(settings: Settings, pg: Any) -> None:
@@ -199,7 +199,7 @@ def test_a_partitioned_stream_carries_typed_records_to_each_partition(settings: 
     assert sorted(c.amount for c in seen) == [Decimal(f"{i}.05") for i in range(12)]
     per_partition = [entries(app, f"typed-parts.p{i}") for i in range(4)]
     assert sum(len(p) for p in per_partition) == 12 and sum(1 for p in per_partition if p) > 1
-    assert {f[b"type"] for p in per_partition for f in p} == {b"ChargeCaptured@1"}
+    assert {f[b"type"] for p in per_partition for f in p} == {b"TypedCharge@1"}
 
 
 # -- evolution: an unknown newer version -----------------------------------------------------------------------------
@@ -231,8 +231,8 @@ def test_an_unknown_newer_version_is_dead_lettered_with_its_reason(
         [(_, letter)] = client.xrange(dlq_key(STREAM))
     finally:
         client.close()
-    assert letter[b"type"] == b"RideCreated@3"
-    assert "RideCreated v3 is newer than v2, the newest this consumer knows" in letter[b"dlq_error"].decode()
+    assert letter[b"type"] == b"TypedRide@3"
+    assert "TypedRide v3 is newer than v2, the newest this consumer knows" in letter[b"dlq_error"].decode()
 
 
 # -- other languages: unilog_emit with a type ------------------------------------------------------------------------
@@ -253,19 +253,19 @@ def test_unilog_emit_checks_a_registered_type_and_the_consumer_reads_it_typed(se
     call = "SELECT unilog_emit(%s, %s, 'created', 'ride', %s::jsonb, record_type => %s, record_version => %s)"
     good = {"ride_id": str(RIDE), "rider": "sql", "fare": "4.20"}
     refusals = [
-        ((STREAM, None, json.dumps({"ride_id": str(RIDE), "fare": "1"}), "RideCreated", 2), "requires rider"),
-        ((STREAM, None, json.dumps(good), "RideCreated", 9), "RideCreated@9 is not registered"),
-        (("elsewhere", None, json.dumps(good), "RideCreated", 2), "is registered for stream 'typed-rides'"),
-        ((STREAM, None, "[1]", "RideCreated", 2), "needs a JSON object"),
-        ((STREAM, None, json.dumps(good), "RideCreated", None), "record_type and record_version together"),
+        ((STREAM, None, json.dumps({"ride_id": str(RIDE), "fare": "1"}), "TypedRide", 2), "requires rider"),
+        ((STREAM, None, json.dumps(good), "TypedRide", 9), "TypedRide@9 is not registered"),
+        (("elsewhere", None, json.dumps(good), "TypedRide", 2), "is registered for stream 'typed-rides'"),
+        ((STREAM, None, "[1]", "TypedRide", 2), "needs a JSON object"),
+        ((STREAM, None, json.dumps(good), "TypedRide", None), "record_type and record_version together"),
         ((STREAM, None, json.dumps(good), "bad name!", 1), "invalid record type"),
     ]
     for params, message in refusals:
         with pytest.raises(psycopg.errors.InvalidParameterValue, match=message):
             pg.execute(call, params)
-    pg.execute(call, (STREAM, "k1", json.dumps(good), "RideCreated", 2))
+    pg.execute(call, (STREAM, "k1", json.dumps(good), "TypedRide", 2))
     pg.execute(  # a field of the wrong type passes SQL's check: the consumer refuses it, as the guide says
-        call, (STREAM, "k2", json.dumps({**good, "fare": "lots"}), "RideCreated", 2)
+        call, (STREAM, "k2", json.dumps({**good, "fare": "lots"}), "TypedRide", 2)
     )
     app = settings.with_(stream=STREAM)
     drain(app)
@@ -294,12 +294,12 @@ def test_a_backfill_stages_typed_records_and_refuses_a_row_the_type_refuses(sett
     with Backfill(settings, config.backfill_name) as backfill:
         backfill.drain()
     rows = staged(pg)
-    assert [(r[0], r[1], r[3]) for r in rows] == [("ride", "created", "RideCreated@2")] * 5
+    assert [(r[0], r[1], r[3]) for r in rows] == [("ride", "created", "TypedRide@2")] * 5
     assert json.loads(rows[0][4])["fare"] == "1.10", "numeric read exactly as the type's Decimal"
     assert "extra" not in json.loads(rows[0][4]), "the type's fields, not the table's columns"
     pg.execute("DELETE FROM staged_log_records")
     pg.execute("UPDATE ride_rows SET rider = NULL WHERE fare > 3")
-    with pytest.raises(BackfillRefused, match=r"not a RideCreated@2: .*rider"):
+    with pytest.raises(BackfillRefused, match=r"not a TypedRide@2: .*rider"):
         start(settings, BackfillConfig(table="ride_rows", key="ride_id", record_type="typed_records:RideCreated",
                                        name="again", batch_size=2))  # fmt: skip
         with Backfill(settings, "again") as backfill:

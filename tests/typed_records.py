@@ -1,5 +1,6 @@
 """Record types the typed-record tests emit and read (tests/test_typed_records.py): three versions of one type, as
-three services deployed at different times would declare them, a dataclass type, and one type on a partitioned
+three services deployed at different times would declare them (names prefixed ``Typed``: one process runs the
+whole suite, and a name and version is declared once per process), a dataclass type, and one type on a partitioned
 stream. Importable by module name (the CLI and the backfill load ``tests.typed_records:RideCreated``)."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from unilog.contracts import record_type, upcaster
 STREAM = "typed-rides"
 
 
-@record_type(stream=STREAM, object="ride", action="created", version=1, name="RideCreated", key="ride_id")
+@record_type(stream=STREAM, object="ride", action="created", version=1, name="TypedRide", key="ride_id")
 class RideCreatedV1(BaseModel):
     """A ride was requested (v1: the rider's name was called ``name``)."""
 
@@ -24,7 +25,7 @@ class RideCreatedV1(BaseModel):
     fare: Decimal
 
 
-@record_type(stream=STREAM, object="ride", action="created", version=2, key="ride_id")
+@record_type(stream=STREAM, object="ride", action="created", version=2, name="TypedRide", key="ride_id")
 class RideCreated(BaseModel):
     """A ride was requested (v2: ``name`` renamed ``rider``; ``city`` added, with a default)."""
 
@@ -41,7 +42,7 @@ def _rename_name_to_rider(data: dict) -> dict:  # type: ignore[type-arg]
     return data
 
 
-@record_type(stream=STREAM, object="ride", action="created", version=3, name="RideCreated", key="ride_id")
+@record_type(stream=STREAM, object="ride", action="created", version=3, name="TypedRide", key="ride_id")
 class RideCreatedV3(BaseModel):
     """What a producer deployed before its consumers writes (v3: ``surge`` added, required)."""
 
@@ -52,7 +53,7 @@ class RideCreatedV3(BaseModel):
     surge: Decimal
 
 
-@record_type(stream=STREAM, object="ride", action="finished", version=1)
+@record_type(stream=STREAM, object="ride", action="finished", version=1, name="TypedRideFinished")
 @dataclasses.dataclass(frozen=True)
 class RideFinished:
     """A ride ended (a dataclass type)."""
@@ -61,7 +62,7 @@ class RideFinished:
     distance_km: Decimal
 
 
-@record_type(stream="typed-parts", object="charge", action="captured", version=1, key="account")
+@record_type(stream="typed-parts", object="charge", action="captured", version=1, name="TypedCharge", key="account")
 class ChargeCaptured(BaseModel):
     """A charge on a partitioned stream, keyed by account."""
 

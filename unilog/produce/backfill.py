@@ -25,6 +25,7 @@ value. A killed page commits nothing: neither records nor cursor; the next run s
 from __future__ import annotations
 
 import hashlib
+import importlib
 import threading
 import time
 from collections.abc import Callable
@@ -38,7 +39,6 @@ from .. import metrics, store
 from ..config import Settings, validate_stream_name
 from ..errors import (
     BackfillRefused,
-    HandlerNotFound,
     PayloadNotSerializable,
     PostgresPermissionDenied,
     RecordContractViolation,
@@ -106,15 +106,16 @@ class BackfillConfig:
 
 def load_type(reference: str) -> type:
     """The record type class ``module:Class`` names, or one :class:`~unilog.errors.BackfillRefused` line."""
-    from ..consume.records import load_object
-
+    module_name, _, attr = reference.partition(":")
+    if not module_name or not attr:
+        raise BackfillRefused(f"--type {reference!r} must look like module:Class")
     try:
-        cls = load_object(reference)
-    except HandlerNotFound as exc:
-        raise BackfillRefused(f"--type {reference}: {exc}") from None
-    if getattr(cls, "__unilog_contract__", None) is None:
+        cls = getattr(importlib.import_module(module_name), attr)
+    except (Exception, SystemExit) as exc:  # whatever the application's module does while it is imported
+        raise BackfillRefused(f"--type {reference}: {type(exc).__name__}: {' '.join(str(exc).split())}") from None
+    if not isinstance(cls, type) or getattr(cls, "__unilog_contract__", None) is None:
         raise BackfillRefused(f"--type {reference} is not a record type (declare it with unilog.contracts.record_type)")
-    return cast(type, cls)
+    return cls
 
 
 def typed_rows(cls: type, rows: list[tuple[Any, ...]]) -> list[Any]:
