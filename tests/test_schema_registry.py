@@ -238,3 +238,27 @@ def test_an_unmigrated_database_is_exit_5(registry: Settings, pg: psycopg.Connec
     for args in (("check", F + "rides_v1"), ("list",), ("mode", "rides")):
         result = schema(registry, *args)
         assert result.returncode == ExitCode.SCHEMA and "unilog migrate" in one_line(result)
+
+
+def test_check_against_an_exported_registry_needs_no_database(
+    registry: Settings, pg: psycopg.Connection[Any], tmp_path: Any
+) -> None:
+    """A CI job without the production database: ``export`` the registry once (schemas and modes), commit the file,
+    and ``check --against`` it; the verdicts are the database's, mode included."""
+    ok(schema(registry, "register", F + "rides_v1"))
+    ok(schema(registry, "mode", "rides", "forward"))
+    snapshot = tmp_path / "registry.json"
+    assert ok(schema(registry, "export", "--out", str(snapshot))) == [
+        f"unilog: wrote 1 registered versions to {snapshot}"
+    ]
+    exported = json.loads(snapshot.read_text())
+    assert exported["modes"] == {"rides": "forward"} and exported["schemas"][0]["schema"]["required"]
+    offline = registry.with_(database_url="postgresql://nobody@127.0.0.1:1/none")  # nothing listens there
+    against = ("--against", str(snapshot))
+    lines = refused(schema(offline, "check", F + "rides_v2_dropped", *against))
+    assert lines == refused(schema(registry, "check", F + "rides_v2_dropped"))
+    assert lines and all("(forward)" in line for line in lines), lines
+    assert ok(schema(offline, "check", F + "rides_v2_optional", *against))[0].startswith("unilog: RideCreated v2: ")
+    snapshot.write_text('{"schemas": [{"name": "x"}]}')
+    [line] = refused(schema(offline, "check", F + "rides_v2_optional", *against), ExitCode.CONFIG)
+    assert "not a registry exported by `unilog schema export`" in line

@@ -146,6 +146,41 @@ def verdicts(conn: psycopg.Connection[Any], contracts: list[Any], default_stream
     return found
 
 
+def verdicts_offline(snapshot: dict[str, Any], contracts: list[Any], default_stream: str) -> list[Verdict]:
+    """:func:`verdicts` against a registry exported with ``unilog schema export`` (no database: a CI job)."""
+    rows = [_from_dict(item) for item in snapshot["schemas"]]
+    modes: dict[str, str] = snapshot.get("modes", {})
+    found = []
+    for contract in contracts:
+        stream = contract.stream or default_stream
+        versions = [row for row in rows if row.name == contract.name]
+        found.append(judge(contract, versions, modes.get(stream, store.DEFAULT_SCHEMA_MODE), stream))
+    return found
+
+
+def _load_snapshot(path: str) -> dict[str, Any]:
+    """A file ``unilog schema export`` wrote, or one ConfigurationError line saying what is wrong with it."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            snapshot = json.load(file)
+        if not isinstance(snapshot, dict) or not isinstance(snapshot.get("schemas"), list):
+            raise ValueError("it has no list of schemas")
+        for item in snapshot["schemas"]:
+            _from_dict(item)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigurationError(
+            f"--against {path}: not a registry exported by `unilog schema export` ({exc})"
+        ) from None
+    return snapshot
+
+
+def _from_dict(item: dict[str, Any]) -> store.SchemaRow:
+    return store.SchemaRow(
+        str(item["name"]), int(item["version"]), str(item["stream"]), str(item["object"]), str(item["action"]),
+        dict(item["schema"]), str(item["fingerprint"]), retired_at=item.get("retired_at") or None,
+    )  # fmt: skip
+
+
 def _report(found: list[Verdict]) -> bool:
     """Print each breaking change on stderr; True if there was any."""
     breaks = [line for verdict in found for line in verdict.breaks]
@@ -156,8 +191,11 @@ def _report(found: list[Verdict]) -> bool:
 
 def cmd_check(args: argparse.Namespace) -> int:
     contracts = _contracts(args.modules)
-    with _registry(args) as conn:
-        found = verdicts(conn, contracts, _default_stream(args))
+    if args.against is not None:
+        found = verdicts_offline(_load_snapshot(args.against), contracts, _default_stream(args))
+    else:
+        with _registry(args) as conn:
+            found = verdicts(conn, contracts, _default_stream(args))
     for verdict in found:
         if not verdict.breaks:
             print(f"unilog: {verdict.summary}")
@@ -214,6 +252,21 @@ def cmd_list(args: argparse.Namespace) -> int:
             f"{row.name} v{row.version}  stream {row.stream or '(default)'}  {row.object}.{row.action}  "
             f"{row.fingerprint[:19]}  registered {_when(row.registered_at)}{retired}"
         )
+    return ExitCode.OK
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """The registry (schemas included) and the streams' modes as JSON: what ``check --against`` reads."""
+    with _registry(args) as conn:
+        rows, modes = store.registered(conn), store.stream_modes(conn)
+    snapshot = {"modes": modes, "schemas": [{**_as_dict(row), "schema": row.schema} for row in rows]}
+    text = json.dumps(snapshot, indent=2, sort_keys=True) + "\n"
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as file:
+            file.write(text)
+        print(f"unilog: wrote {len(rows)} registered versions to {args.out}")
+    else:
+        sys.stdout.write(text)
     return ExitCode.OK
 
 
@@ -285,8 +338,17 @@ def add(sub: Any) -> None:
         "check", help="compare a module's record types with the registered versions (exit 17 on a breaking change)"
     )
     q.add_argument("modules", nargs="+", metavar="MODULE", help="a module (or package) declaring record types")
+    q.add_argument(
+        "--against",
+        metavar="FILE",
+        help="compare with a registry `unilog schema export` wrote, not the database's (a CI job without one)",
+    )
     _connection_args(q, stream=True)
     q.set_defaults(func=cmd_check)
+    q = schema_sub.add_parser("export", help="the registry and the streams' modes as JSON, for `check --against`")
+    q.add_argument("--out", metavar="FILE", help="default: standard output")
+    _connection_args(q)
+    q.set_defaults(func=cmd_export)
     q = schema_sub.add_parser("mode", help="show or set a stream's compatibility mode (default backward)")
     q.add_argument("stream")
     q.add_argument("mode", nargs="?", choices=store.SCHEMA_MODES)

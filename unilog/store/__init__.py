@@ -104,6 +104,7 @@ from .schemas import (
     retire,
     set_stream_mode,
     stream_mode,
+    stream_modes,
 )
 from .snapshots import (
     export_snapshot,
@@ -272,6 +273,7 @@ __all__ = [
     "standbys",
     "stream_lock_holders",
     "stream_mode",
+    "stream_modes",
     "take_held",
     "take_migration_lock",
     "take_switch_lock",

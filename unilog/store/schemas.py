@@ -72,6 +72,11 @@ def _row(values: tuple[Any, ...]) -> SchemaRow:
     return SchemaRow(name, version, stream, object_, action, schema, fingerprint, registered_at, retired_at)
 
 
+def stream_modes(conn: psycopg.Connection[Any]) -> dict[str, str]:
+    """Every stream's mode set with ``unilog schema mode`` (a stream not in it has the default)."""
+    return {stream: mode for stream, mode in conn.execute("SELECT stream, mode FROM unilog_schema_modes").fetchall()}
+
+
 def registered(conn: psycopg.Connection[Any], name: str | None = None) -> list[SchemaRow]:
     """Every registered version (retired ones included), of type ``name`` only if given, by name and version."""
     where, params = (" WHERE name = %s", (name,)) if name is not None else ("", ())
