@@ -33,6 +33,7 @@ from .soak import VARIANTS as SOAK_VARIANTS
 from .soak import failures as soak_failures
 from .soak import run_soak
 from .spark import run_spark
+from .typed import run_typed
 
 Workload = Callable[[BenchEnv, Profile, Results], None]
 
@@ -53,6 +54,7 @@ WORKLOADS: dict[str, Workload] = {
     "observe": run_observe,
     "shards": run_shards,
     "curves": run_curves,
+    "typed": run_typed,
     "soak": run_soak,
 }
 # Run only when named in --only: an hour's soak is not part of a benchmark run, quick or full; the fleet beside a

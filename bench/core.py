@@ -67,6 +67,13 @@ class Profile:
     soak_variants: tuple[str, ...] = ("table", "wal-faults")
     soak_rate: int = 200
     soak_plot: str = ""  # "" : bench/soak.png
+    # typed (issue 37): emit slices (rounds of every variant for typed_slice_seconds, typed_per_tx records per
+    # transaction); the consume and drain trials' records and rounds (the codec trials' count too)
+    typed_rounds: int = 8
+    typed_slice_seconds: float = 1.0
+    typed_per_tx: int = 100
+    typed_size: int = 200_000
+    typed_reps: int = 3
 
 
 # Within about 5 minutes on 2 cores: every workload runs, every target ratio over at least 2 paired rounds; the
@@ -102,6 +109,10 @@ QUICK = Profile(
     spark_batches=(100_000,),
     spark_latency_rates=(),
     curve_variants=("table", "wal"),
+    typed_rounds=4,
+    typed_slice_seconds=0.5,
+    typed_size=40_000,
+    typed_reps=3,
 )
 
 FULL = Profile(

@@ -55,6 +55,7 @@ def targets(results: Results, profile: Profile) -> list[Target]:
         *_bigtx_targets(results, profile),
         *_commits_targets(results),
         *_soak_targets(results),
+        *_typed_targets(results),
     ]
 
 
@@ -140,6 +141,22 @@ def _consume_targets(results: Results) -> list[Target]:
     ]
 
 
+def _typed_targets(results: Results) -> list[Target]:
+    """Issue 37: a typed record costs its producer, its consumer and the streamer at most 10 % over the same dict."""
+    wanted = (
+        ("typed-emit", "typed", "dict", "typed emit / dict emit"),
+        ("typed-consume", "typed", "untyped", "typed consumer / untyped (reads record.data)"),
+        ("typed-drain", "typed", "untyped", "streamer drain, typed / untyped records"),
+    )
+    out = []
+    for workload, a, b, name in wanted:
+        for case in _cases(results, workload):
+            rounds = results.paired_ratios(workload, case, a, b, "records/s")
+            ratio = statistics.median(rounds) if rounds else None
+            out.append(Target(f"{workload} {case}: {name}{_spread(rounds)}", ratio, ">=", 0.9, "x"))
+    return out
+
+
 def _commits_targets(results: Results) -> list[Target]:
     """Issue 24: RSS must not grow per commit (the leak it fixed was about 175 bytes per commit)."""
     out = []
@@ -196,6 +213,20 @@ def _bigtx_targets(results: Results, profile: Profile) -> list[Target]:
     return out
 
 
+TYPED_RATIOS = (  # issue 37: typed records against the same data untyped (bench/typed.py)
+    ("typed-emit", "records/s", "typed, emit_many", "dict, emit_many", " (emit_many, one call a transaction)"),
+    ("typed-emit", "records/s", "dict, emit_many", "dict", " (emit_many / emit, dicts)"),
+    ("typed-consume", "records/s", "typed, records.typed", "untyped", " (records.typed(cls) / record.data)"),
+    ("typed-consume", "records/s", "untyped", "count only", " (record.data / a handler touching nothing)"),
+    ("typed-consume", "records/s", "typed, gc frozen", "untyped, gc frozen", " (both after gc.freeze())"),
+    ("typed-codec", "us/record", "pydantic encode+validate", "dict encode (untyped emit)", " (time: <1 is faster)"),
+    ("typed-codec", "us/record", "msgspec encode+validate", "pydantic encode+validate", " (time)"),
+    ("typed-codec", "us/record", "msgspec on the pydantic instance", "pydantic encode+validate", " (time)"),
+    ("typed-codec", "us/record", "msgspec decode", "pydantic decode", " (time)"),
+    ("typed-codec", "us/record", "pydantic decode", "json.loads (record.data)", " (time)"),
+)
+
+
 def ratios(results: Results) -> list[str]:
     """Informative ratios that have no target."""
     wanted = [
@@ -246,6 +277,7 @@ def ratios(results: Results) -> list[str]:
         ("observe-consume", "records/s", "traced", "default", " (the cost of tracing: SDK on)"),
         ("shards", "drain records/s", "3 shards", "1 shard", " (a partitioned stream, Redis Cluster)"),
         ("shards", "consume records/s", "3 shards", "1 shard", " (one partition worker)"),
+        *TYPED_RATIOS,
     ]
     lines = []
     for workload, metric, a, b, note in wanted:
