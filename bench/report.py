@@ -218,7 +218,7 @@ TYPED_RATIOS = (  # issue 37: typed records against the same data untyped (bench
     ("typed-emit", "records/s", "dict, emit_many", "dict", " (emit_many / emit, dicts)"),
     ("typed-consume", "records/s", "typed, records.typed", "untyped", " (records.typed(cls) / record.data)"),
     ("typed-consume", "records/s", "untyped", "count only", " (record.data / a handler touching nothing)"),
-    ("typed-consume", "records/s", "typed, gc frozen", "untyped, gc frozen", " (both after gc.freeze())"),
+    ("typed-consume", "records/s", "typed, gc not frozen", "untyped, gc not frozen", " (neither after gc.freeze())"),
     ("typed-codec", "us/record", "pydantic encode+validate", "dict encode (untyped emit)", " (time: <1 is faster)"),
     ("typed-codec", "us/record", "msgspec encode+validate", "pydantic encode+validate", " (time)"),
     ("typed-codec", "us/record", "msgspec on the pydantic instance", "pydantic encode+validate", " (time)"),

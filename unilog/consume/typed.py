@@ -17,7 +17,7 @@ import types
 import typing
 from typing import Any
 
-from .records import Batch
+from .records import Batch, typed_records
 
 _SEQUENCES = (
     collections.abc.Sequence,
@@ -52,17 +52,6 @@ def typed_handler(handler: Any) -> Any:
 
     setattr(run, _TYPED, True)
     return run
-
-
-def typed_records(records: Any, wanted: tuple[type, ...]) -> list[Any]:
-    """The records of the ``wanted`` types among ``records``, in order, each as an instance of its class."""
-    out = []
-    for record in records:  # iterating the batch is where an injected mid-batch crash happens
-        for cls in wanted:
-            if record.is_a(cls):
-                out.append(record.typed(cls))
-                break
-    return out
 
 
 def wanted_types(handler: Any) -> tuple[type, ...]:
