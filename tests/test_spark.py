@@ -108,6 +108,33 @@ def test_the_data_column_reads_every_digit_with_a_decimal_schema(spark: Any, app
     assert parsed[0]["d"]["big"] == Decimal("12345678901234567890123456789")
 
 
+def test_the_reader_gives_typed_records_their_type_and_reads_them_typed(spark: Any, app: Settings) -> None:
+    """The ``type`` column holds a typed entry's ``name@version`` (null for an untyped one), and
+    ``unilog.spark.typed`` reads a row as its class on the executors, v1 through its upcaster, ``Decimal`` exact."""
+    from typed_records import RideCreated, RideCreatedV1
+
+    from unilog.spark import typed
+
+    spark.sparkContext.addPyFile(str(Path(__file__).with_name("typed_records.py")))  # the executors import it too
+    ride = "00000000-0000-4000-8000-000000000009"
+    with psycopg.connect(app.conninfo) as conn:
+        emit(conn, RideCreatedV1(ride_id=ride, name="ann", fare=Decimal("7.10")))  # type: ignore[arg-type]
+        emit(conn, RideCreated(ride_id=ride, rider="bob", fare=Decimal("0.33333333333333333333")))  # type: ignore[arg-type]
+        emit(conn, action="noted", object="ride", data={"untyped": True}, stream="typed-rides")
+        conn.commit()
+    Streamer(app.with_(stream="typed-rides")).drain()
+    df = spark.read.format("unilog").option("redisUrl", app.redis_url).option("stream", "typed-rides").load()
+    assert [r["type"] for r in df.orderBy("id").collect()] == ["TypedRide@1", "TypedRide@2", None]
+
+    def fares(rows: Any) -> Any:  # runs on the executors: each row read as the consumer's class
+        for row in rows:
+            if row["type"]:
+                yield (str(typed(RideCreated, row).rider), str(typed(RideCreated, row).fare))
+
+    read = sorted(df.rdd.mapPartitions(fares).collect())
+    assert read == [("ann", "7.10"), ("bob", "0.33333333333333333333")]
+
+
 def test_a_batch_is_cut_into_equal_ranges_a_multiple_of_min_partitions() -> None:
     from unilog.spark.source import SourceOptions, _split
 
