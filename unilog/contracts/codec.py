@@ -39,6 +39,7 @@ class Codec:
 
     __slots__ = (
         "cls",
+        "exact",
         "field_names",
         "field_order",
         "float_fields",
@@ -56,6 +57,10 @@ class Codec:
         self.field_order = _field_order(cls)
         self.field_names = frozenset(self.field_order)
         self.float_fields = _float_fields(adapter.core_schema)
+        # pydantic reads a JSON *number* for a Decimal field through a float (0.33333333333333333333 arrives as
+        # 0.3333333333333333, 1.10 as 1.1): a type that holds a Decimal is read with json's Decimal parser instead.
+        # unilog writes Decimals as strings, exact either way; numbers come from unilog_emit and json columns.
+        self.exact = _may_hold(adapter.core_schema, _DECIMAL_KINDS)
 
     @classmethod
     def build(cls, target: type, label: str, where: str) -> Codec:
@@ -140,9 +145,13 @@ class Codec:
 
     def decode(self, text: str | bytes) -> Any:
         try:
+            if self.exact:
+                return self.validator.validate_python(json.loads(text, parse_float=Decimal))
             return self.validator.validate_json(text)
-        except pydantic.ValidationError as exc:
-            raise UnreadableRecord(f"{self.label}: {_described(exc)}") from None
+        except ValueError as exc:  # pydantic's ValidationError is one: a field named; else the text is not JSON
+            if isinstance(exc, pydantic.ValidationError):
+                raise UnreadableRecord(f"{self.label}: {_described(exc)}") from None
+            raise UnreadableRecord(f"{self.label}: data is not JSON ({exc}) (rule json_invalid)") from None
 
     def decode_older(
         self, text: str | bytes, version: int, current: int, upcasters: Mapping[int, Callable[..., Any]]
@@ -152,7 +161,7 @@ class Codec:
         if version > current:
             raise UnknownRecordVersion(self.name, version, current)
         try:
-            data = json.loads(text)
+            data = json.loads(text, parse_float=Decimal)  # upcasters get every digit: a fraction is a Decimal
         except ValueError as exc:
             raise UnreadableRecord(f"{self.name} v{version}: data is not JSON ({exc}) (rule json_invalid)") from None
         for step in range(version, current):
@@ -204,6 +213,22 @@ def _float_fields(core: Mapping[str, Any]) -> frozenset[str] | None:
     else:
         return None
     return frozenset(name for name, schema in fields if _may_hold_floats(schema))
+
+
+_DECIMAL_KINDS = ("decimal", "any", "definition-ref", "definitions")
+
+
+def _may_hold(schema: Any, kinds: tuple[str, ...], depth: int = 0) -> bool:
+    """Whether values of this core schema can hold one of ``kinds`` (a reference is not followed: it counts)."""
+    if depth > _MAX_DEPTH:
+        return True
+    if isinstance(schema, Mapping):
+        if str(schema.get("type", "")) in kinds:
+            return True
+        return any(_may_hold(v, kinds, depth + 1) for v in schema.values() if isinstance(v, Mapping | list))
+    if isinstance(schema, list):
+        return any(_may_hold(v, kinds, depth + 1) for v in schema)
+    return False
 
 
 def _may_hold_floats(schema: Any, depth: int = 0) -> bool:
