@@ -1,4 +1,5 @@
-"""``python -m services.migrate``: unilog's migrations plus the demo's tables, idempotent (the release step).
+"""``python -m services.migrate``: unilog's migrations plus the demo's tables and record types (registered in the
+schema registry), idempotent (the release step).
 
 With ``--grant-roles`` (the compose file's init service, run as the database's owner) it then gives each kind of
 process its own login role: ``unilog grant --create`` for unilog's tables, the demo's own grants on its tables
@@ -13,6 +14,8 @@ nothing to do), and gives the streamer's role the ``REPLICATION`` attribute its 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
 import sys
 from collections.abc import Sequence
@@ -28,6 +31,8 @@ from unilog.ops.schema import migrate
 from unilog.ops.status import capture_health
 
 from .rides import Base
+
+RECORDS = f"{__package__ or 'services'}.records"  # the demo's record types
 
 # kind of unilog process -> the demo's role for it (docker-compose.yml connects each service as one of them)
 ROLES = {
@@ -46,13 +51,25 @@ APP_GRANTS = {
 
 
 def prepare(database_url: str) -> None:
-    """Apply unilog's migrations and create the demo's tables if missing."""
+    """Apply unilog's migrations, create the demo's tables if missing and register its record types."""
     migrate(database_url)
     engine = create_engine(sqlalchemy_url(database_url))
     try:
         Base.metadata.create_all(engine)
     finally:
         engine.dispose()
+    register_types(database_url)
+
+
+def register_types(database_url: str) -> None:
+    """``unilog schema register`` the demo's record types (:mod:`.records`, by the name this package was imported
+    under: ``services`` or ``unilog_demo``), so ``unilog asyncapi`` documents them; again, it changes nothing. A
+    change that breaks the registered versions is refused (its lines on stderr)."""
+    said = io.StringIO()
+    with contextlib.redirect_stdout(said):  # one "registered" or "unchanged" line per type: the caller says done
+        code = unilog_main(["schema", "register", RECORDS, "--database-url", database_url])
+    if code != 0:
+        raise UnilogError(f"unilog schema register {RECORDS} failed (its message is above) {said.getvalue()}".strip())
 
 
 def grant_roles(database_url: str, password: str) -> None:
