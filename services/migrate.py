@@ -14,8 +14,6 @@ nothing to do), and gives the streamer's role the ``REPLICATION`` attribute its 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import os
 import sys
 from collections.abc import Sequence
@@ -24,13 +22,14 @@ import psycopg
 from psycopg import sql
 from sqlalchemy import create_engine
 
+from unilog import store
 from unilog.cli import main as unilog_main
-from unilog.config import sqlalchemy_url
+from unilog.config import postgres_conninfo, sqlalchemy_url
 from unilog.errors import UnilogError
 from unilog.ops.schema import migrate
 from unilog.ops.status import capture_health
 
-from .rides import Base
+from .rides import STREAM, Base
 
 RECORDS = f"{__package__ or 'services'}.records"  # the demo's record types
 
@@ -61,15 +60,24 @@ def prepare(database_url: str) -> None:
     register_types(database_url)
 
 
-def register_types(database_url: str) -> None:
-    """``unilog schema register`` the demo's record types (:mod:`.records`, by the name this package was imported
-    under: ``services`` or ``unilog_demo``), so ``unilog asyncapi`` documents them; again, it changes nothing. A
-    change that breaks the registered versions is refused (its lines on stderr)."""
-    said = io.StringIO()
-    with contextlib.redirect_stdout(said):  # one "registered" or "unchanged" line per type: the caller says done
-        code = unilog_main(["schema", "register", RECORDS, "--database-url", database_url])
-    if code != 0:
-        raise UnilogError(f"unilog schema register {RECORDS} failed (its message is above) {said.getvalue()}".strip())
+def register_types(database_url: str) -> list[str]:
+    """Register the demo's record types (:mod:`.records`, under the name this package was imported as: ``services``
+    or ``unilog_demo``) in the schema registry, as ``unilog schema register`` does, so ``unilog asyncapi`` documents
+    them; the tags it registered (none the next time). A change that breaks the registered versions is refused."""
+    from unilog.cli.schema import verdicts  # the command's own checks, without its logging set-up
+    from unilog.contracts import contracts_in
+
+    conninfo = postgres_conninfo(database_url)
+    with store.connect(conninfo, application_name="rides-migrate") as conn, conn.transaction():
+        store.lock_registry(conn)
+        found = verdicts(conn, contracts_in(RECORDS), STREAM)
+        breaks = [line for verdict in found for line in verdict.breaks]
+        if breaks:
+            raise UnilogError(f"the demo's record types break the registered ones: {'; '.join(breaks)}")
+        new = [verdict.new_row for verdict in found if verdict.new_row is not None]
+        for row in new:
+            store.register(conn, row)
+    return [f"{row.name}@{row.version}" for row in new]
 
 
 def grant_roles(database_url: str, password: str) -> None:
