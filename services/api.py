@@ -26,7 +26,8 @@ import unilog
 from unilog.config import sqlalchemy_url
 from unilog.log import configure_logging
 
-from .rides import STREAM, Ride
+from .records import RideCreated
+from .rides import Ride
 from .web import (
     MAX_ATTEMPTS,
     RETRY_AFTER_SECONDS,
@@ -51,14 +52,7 @@ def create_ride(sessions: sessionmaker[Session], distance: Decimal) -> Ride:
                 ride = Ride(distance=distance)
                 session.add(ride)
                 session.flush()
-                unilog.emit(
-                    session,
-                    action="create",
-                    object="ride",
-                    data={"id": ride.id, "distance": float(distance)},
-                    stream=STREAM,
-                    key=f"ride-{ride.id}",
-                )
+                unilog.emit(session, RideCreated(id=ride.id, distance=distance), key=f"ride-{ride.id}")
                 session.expunge(ride)
                 return ride
         except DBAPIError as exc:

@@ -28,7 +28,8 @@ import unilog
 from unilog.config import sqlalchemy_url
 from unilog.log import configure_logging
 
-from .rides import STREAM, Ride
+from .records import RideCreated
+from .rides import Ride
 from .web import (
     MAX_ATTEMPTS,
     RETRY_AFTER_SECONDS,
@@ -51,14 +52,7 @@ async def create_ride(sessions: async_sessionmaker[AsyncSession], distance: Deci
                 ride = Ride(distance=distance)
                 session.add(ride)
                 await session.flush()
-                await unilog.emit_async(
-                    session,
-                    action="create",
-                    object="ride",
-                    data={"id": ride.id, "distance": float(distance)},
-                    stream=STREAM,
-                    key=f"ride-{ride.id}",
-                )
+                await unilog.emit_async(session, RideCreated(id=ride.id, distance=distance), key=f"ride-{ride.id}")
                 session.expunge(ride)
                 return ride
         except DBAPIError as exc:

@@ -1,7 +1,8 @@
 """The reference design's distance consumer: ``python -m services.consumer NAME``.
 
 Keeps, per consumer name, the total distance, the ride count and a checksum of ride ids in ``consumer_states``,
-updated in the transaction unilog gives the handler, so the state and the checkpoint commit together. Faults come
+updated in the transaction unilog gives the handler, so the state and the checkpoint commit together. It reads the
+typed ``RideCreated`` records (``services/records.py``), their distances exact ``Decimal``s. Faults come
 from ``UNILOG_FAULTS`` / ``UNILOG_FAULT_SEED`` (the fleet injects consumer crashes at 10 %, like the reference).
 """
 
@@ -18,18 +19,21 @@ import psycopg
 from unilog import Record
 from unilog.cli import consume_main
 
+from .records import RideCreated
 from .rides import CHECKSUM_MOD, STREAM, ride_checksum
 
 
 def apply_rides(name: str, conn: psycopg.Connection[Any], records: Sequence[Record]) -> None:
-    """Add the batch's ride records to consumer ``name``'s state, in the caller's transaction."""
+    """Add the batch's ``RideCreated`` records to consumer ``name``'s state, in the caller's transaction; other
+    records (a backfill's, the chaos harness's poison ones) are skipped. The distances are exact ``Decimal``s."""
     total, count, checksum = Decimal(0), 0, 0
     for record in records:
-        if record.object != "ride" or record.action != "create":
+        if not record.is_a(RideCreated):
             continue
-        total += Decimal(repr(record.data["distance"])).quantize(Decimal("0.001"))
+        ride = record.typed(RideCreated)
+        total += ride.distance
         count += 1
-        checksum += ride_checksum(int(record.data["id"]))
+        checksum += ride_checksum(ride.id)
     if not count:
         return
     conn.execute(
@@ -50,7 +54,10 @@ def reset_state(conn: psycopg.Connection[Any], name: str) -> None:
 
 
 def handle(conn: psycopg.Connection[Any], records: Sequence[Record]) -> None:
-    """The handler by reference (``services.consumer:handle``): the state row is the consumer's or group's name."""
+    """The handler by reference (``services.consumer:handle``): the state row is the consumer's or group's name.
+
+    It takes :class:`~unilog.Record` objects and picks the rides itself (:func:`apply_rides`) rather than being
+    annotated ``Sequence[RideCreated]``: the chaos harness wraps it to track every record of a batch, typed or not."""
     apply_rides(getattr(records, "consumer", "") or "rides", conn, records)
 
 

@@ -18,19 +18,15 @@ from .rides import STREAM, canonical_totals, consumer_totals
 
 
 def stage_ride(conn: Any, cid: str, rng: random.Random, stream: str) -> int:
-    """Insert a ride of a random distance and stage its record (carrying ``cid``) in the caller's transaction, as a
-    direct library producer would; return the ride's id."""
-    distance = round(rng.uniform(0.1, 1000.0), 3)
-    value = Decimal(repr(distance)).quantize(Decimal("0.001"))
-    row = conn.execute("INSERT INTO rides (distance) VALUES (%s) RETURNING id", (value,)).fetchone()
-    unilog.emit(
-        conn,
-        action="create",
-        object="ride",
-        data={"id": row[0], "distance": distance, "cid": cid},
-        stream=stream,
-        key=f"ride-{row[0]}",
-    )
+    """Insert a ride of a random distance and stage its typed record (carrying ``cid``) in the caller's transaction,
+    as a direct library producer would; return the ride's id. ``stream`` is the app's, which ``RideCreated`` binds."""
+    from .records import RideCreated  # here: `unilog demo` reads APP to check for pydantic before it is imported
+
+    if stream != STREAM:
+        raise ValueError(f"RideCreated records go to {STREAM!r}, not {stream!r}")
+    distance = Decimal(repr(round(rng.uniform(0.1, 1000.0), 3))).quantize(Decimal("0.001"))
+    row = conn.execute("INSERT INTO rides (distance) VALUES (%s) RETURNING id", (distance,)).fetchone()
+    unilog.emit(conn, RideCreated(id=row[0], distance=distance, cid=cid), key=f"ride-{row[0]}")
     return int(row[0])
 
 
@@ -46,7 +42,8 @@ APP = App(
     source_object="ride",
     state_tables=("consumer_states",),
     asgi_api="api_fastapi:app",
-    # the demo extra's packages each API imports (pyproject.toml): greenlet is SQLAlchemy's asyncio layer's
-    api_requires=("flask",),
-    asgi_requires=("fastapi", "greenlet"),
+    # the demo extra's packages each API imports (pyproject.toml): greenlet is SQLAlchemy's asyncio layer's,
+    # pydantic the record types' (unilog[contracts])
+    api_requires=("flask", "pydantic"),
+    asgi_requires=("fastapi", "greenlet", "pydantic"),
 )

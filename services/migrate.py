@@ -1,4 +1,5 @@
-"""``python -m services.migrate``: unilog's migrations plus the demo's tables, idempotent (the release step).
+"""``python -m services.migrate``: unilog's migrations plus the demo's tables and record types (registered in the
+schema registry), idempotent (the release step).
 
 With ``--grant-roles`` (the compose file's init service, run as the database's owner) it then gives each kind of
 process its own login role: ``unilog grant --create`` for unilog's tables, the demo's own grants on its tables
@@ -21,13 +22,16 @@ import psycopg
 from psycopg import sql
 from sqlalchemy import create_engine
 
+from unilog import store
 from unilog.cli import main as unilog_main
-from unilog.config import sqlalchemy_url
+from unilog.config import postgres_conninfo, sqlalchemy_url
 from unilog.errors import UnilogError
 from unilog.ops.schema import migrate
 from unilog.ops.status import capture_health
 
-from .rides import Base
+from .rides import STREAM, Base
+
+RECORDS = f"{__package__ or 'services'}.records"  # the demo's record types
 
 # kind of unilog process -> the demo's role for it (docker-compose.yml connects each service as one of them)
 ROLES = {
@@ -46,13 +50,34 @@ APP_GRANTS = {
 
 
 def prepare(database_url: str) -> None:
-    """Apply unilog's migrations and create the demo's tables if missing."""
+    """Apply unilog's migrations, create the demo's tables if missing and register its record types."""
     migrate(database_url)
     engine = create_engine(sqlalchemy_url(database_url))
     try:
         Base.metadata.create_all(engine)
     finally:
         engine.dispose()
+    register_types(database_url)
+
+
+def register_types(database_url: str) -> list[str]:
+    """Register the demo's record types (:mod:`.records`, under the name this package was imported as: ``services``
+    or ``unilog_demo``) in the schema registry, as ``unilog schema register`` does, so ``unilog asyncapi`` documents
+    them; the tags it registered (none the next time). A change that breaks the registered versions is refused."""
+    from unilog.cli.schema import verdicts  # the command's own checks, without its logging set-up
+    from unilog.contracts import contracts_in
+
+    conninfo = postgres_conninfo(database_url)
+    with store.connect(conninfo, application_name="rides-migrate") as conn, conn.transaction():
+        store.lock_registry(conn)
+        found = verdicts(conn, contracts_in(RECORDS), STREAM)
+        breaks = [line for verdict in found for line in verdict.breaks]
+        if breaks:
+            raise UnilogError(f"the demo's record types break the registered ones: {'; '.join(breaks)}")
+        new = [verdict.new_row for verdict in found if verdict.new_row is not None]
+        for row in new:
+            store.register(conn, row)
+    return [f"{row.name}@{row.version}" for row in new]
 
 
 def grant_roles(database_url: str, password: str) -> None:

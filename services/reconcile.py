@@ -22,7 +22,7 @@ class RidesModel:
 
     def rows_from_records(self, records: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
         return [
-            (int(r["id"]), Decimal(repr(r["distance"])).quantize(Decimal("0.001")))
+            (int(r["id"]), Decimal(str(r["distance"])).quantize(Decimal("0.001")))  # "12.346"; older records: 12.346
             for r in records
             if r.get("object") == "ride" and r.get("action") == "create"
         ]

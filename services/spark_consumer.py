@@ -29,7 +29,9 @@ from .rides import CHECKSUM_MOD, CHECKSUM_MUL, STREAM
 
 
 def ride_totals(fresh: Any) -> tuple[Decimal, int, int]:
-    """(total distance, ride count, checksum) of the ride-creation records in ``fresh``, computed by Spark."""
+    """(total distance, ride count, checksum) of the ride-creation records in ``fresh``, computed by Spark. A
+    ``RideCreated`` record's distance is an exact decimal string (``"12.346"``; an untyped record's a number), which
+    ``get_json_object`` returns as it is written and the cast reads exactly."""
     from pyspark.sql import functions as f
 
     rides = fresh.filter((f.col("object") == "ride") & (f.col("action") == "create")).select(

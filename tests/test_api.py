@@ -37,8 +37,13 @@ def test_post_ride_json_and_form(client: FlaskClient, pg: psycopg.Connection[Any
     assert ride["distance"] == 12.346
     response = client.post("/rides", data={"distance": "7"})
     assert response.status_code == 201
-    rows = pg.execute("SELECT data, stream, key, action, object FROM staged_log_records ORDER BY id").fetchall()
-    assert rows[0] == ({"id": ride["id"], "distance": 12.346}, STREAM, f"ride-{ride['id']}", "create", "ride")
+    rows = pg.execute(
+        "SELECT data, stream, key, action, object, record_type FROM staged_log_records ORDER BY id"
+    ).fetchall()
+    # a typed RideCreated record: the distance an exact decimal string, no chaos id
+    data = {"id": ride["id"], "distance": "12.346", "cid": None}
+    assert rows[0] == (data, STREAM, f"ride-{ride['id']}", "create", "ride", "RideCreated@1")
+    assert rows[1][0]["distance"] == "7.000"
     assert pg.execute("SELECT distance FROM rides ORDER BY id").fetchall() == [(Decimal("12.346"),), (Decimal("7"),)]
 
 

@@ -24,7 +24,9 @@ from unilog.harness.chaos import (
     PoisonRecord,
     build_schedule,
     check,
+    cid_of,
     read_history,
+    record_cid,
     summarize_history,
     tracked,
 )
@@ -203,7 +205,7 @@ def test_schedule_only_prints_the_seeds_schedule() -> None:
 # -- the tracking wrapper ---------------------------------------------------------------------------------------------
 
 
-def rec(n: int, data: dict[str, Any], obj: str = "ride") -> Record:
+def rec(n: int, data: dict[str, Any], obj: str = "ride", type_tag: str | None = None) -> Record:
     fields = {
         b"data": json.dumps(data).encode(),
         b"object": obj.encode(),
@@ -211,6 +213,7 @@ def rec(n: int, data: dict[str, Any], obj: str = "ride") -> Record:
         b"producer": b"p",
         b"epoch": b"1",
         b"seq": str(n).encode(),
+        **({b"type": type_tag.encode()} if type_tag else {}),
     }
     return Record("s", f"1-{n}".encode(), fields)
 
@@ -238,6 +241,14 @@ def test_tracked_records_every_record_in_the_handlers_transaction(settings: Sett
             tracked(handler)(conn, Batch(records, 2, "c1"))
     rows = pg.execute("SELECT consumer, cid, entry_id FROM chaos_applied ORDER BY entry_id").fetchall()
     assert rows == [("c0", "ride-5", "1-1"), ("c0", "x", "1-2"), ("c0", "p0-1", "1-3")], "rolled back: no rows"
+
+
+def test_a_typed_ride_without_a_chaos_id_is_known_by_its_row() -> None:
+    """The demo's API emits RideCreated with ``"cid": null``: its chaos id is its row's, as for an untyped record."""
+    typed = rec(4, {"id": 7, "distance": "3.000", "cid": None}, type_tag="RideCreated@1")
+    assert record_cid(typed) == "ride-7"
+    assert cid_of("ride", {"id": 7, "distance": "3.000", "cid": None}, "p", (1, 4), "1-4") == "ride-7"
+    assert record_cid(rec(5, {"id": 8, "distance": "1.500", "cid": "p0-2"})) == "p0-2"
 
 
 # -- whole runs -------------------------------------------------------------------------------------------------------

@@ -47,10 +47,10 @@ def _main(argv: list[str]) -> int:
 @pytest.mark.parametrize(
     ("argv", "named"),
     [
-        (["demo"], "gunicorn, flask"),
-        (["demo", "--api", "fastapi", "--dashboard"], "uvicorn, fastapi, greenlet, flask"),
-        (["chaos"], "gunicorn, flask"),
-        (["chaos", "--api", "fastapi"], "uvicorn, fastapi, greenlet"),
+        (["demo"], "gunicorn, flask, pydantic"),
+        (["demo", "--api", "fastapi", "--dashboard"], "uvicorn, fastapi, greenlet, pydantic, flask"),
+        (["chaos"], "gunicorn, flask, pydantic"),
+        (["chaos", "--api", "fastapi"], "uvicorn, fastapi, greenlet, pydantic"),
     ],
 )
 def test_demo_and_chaos_without_the_demo_extra_stop_before_starting_anything(

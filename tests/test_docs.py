@@ -124,15 +124,12 @@ def test_the_tutorial_includes_its_code_from_the_files_the_suite_runs() -> None:
 
 
 def test_the_asyncapi_page_renders_the_example_logs_document(site: Path) -> None:
-    """docs/gen_asyncapi.py: the document of docs/contracts_example.py's types, as tables and as the raw JSON."""
+    """docs/gen_asyncapi.py: the document of the demo's record types (services/records.py), as tables and as the
+    raw JSON."""
     page = (site / "reference" / "asyncapi" / "index.html").read_text()
-    for text in ("RideRequested v1", "RideRequested v2", "RideCompleted v1", "rides.group.payouts", "quoted fare"):
+    for text in ("RideCreated v1", "rocket-rides-log.group.group0", "rocket-rides-log.consumer.spark0", "to the metre"):
         assert text in page, text
     assert 'href="../asyncapi.json"' in page
     document = json.loads((site / "reference" / "asyncapi.json").read_text())
     assert document["asyncapi"] == "3.0.0"
-    assert set(document["channels"]["rides"]["messages"]) == {
-        "RideRequested_v1",
-        "RideRequested_v2",
-        "RideCompleted_v1",
-    }
+    assert set(document["channels"]["rocket-rides-log"]["messages"]) == {"RideCreated_v1"}

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import psycopg
 import pytest
 from unilog_demo.consumer import apply_rides
 from unilog_demo.migrate import prepare
+from unilog_demo.records import RideCreated
 from unilog_demo.rides import STREAM, canonical_totals, consumer_totals
 
 from unilog import Consumer, ConsumerConfig, Settings, Streamer, emit
@@ -119,8 +121,9 @@ def test_reset_and_rebuild_give_the_live_consumers_state(settings: Settings, pg:
     prepare(settings.database_url)
     with psycopg.connect(settings.conninfo) as conn:
         for i in range(50):
-            ride = conn.execute("INSERT INTO rides (distance) VALUES (%s) RETURNING id", (i + 0.5,)).fetchone()
-            emit(conn, action="create", object="ride", data={"id": ride[0], "distance": i + 0.5}, stream=STREAM)
+            distance = Decimal(i) + Decimal("0.5")
+            ride = conn.execute("INSERT INTO rides (distance) VALUES (%s) RETURNING id", (distance,)).fetchone()
+            emit(conn, RideCreated(id=ride[0], distance=distance))
         conn.commit()
     own = settings.with_(stream=STREAM)
     Streamer(own).drain()

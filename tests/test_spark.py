@@ -3,6 +3,7 @@ Spark distance consumer killed mid-batch and restarted, with and without its che
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -22,6 +23,7 @@ pytest.importorskip("pyspark")
 
 from clusters import embedded_cluster
 from unilog_demo.migrate import prepare
+from unilog_demo.records import RideCreated
 from unilog_demo.rides import STREAM, canonical_totals, consumer_totals
 from unilog_demo.spark_consumer import start_query, state_effect
 
@@ -46,7 +48,7 @@ def rides(settings: Settings, n: int) -> None:
         for i in range(n):
             distance = Decimal(i % 1000) / 8
             ride = conn.execute("INSERT INTO rides (distance) VALUES (%s) RETURNING id", (distance,)).fetchone()
-            emit(conn, action="create", object="ride", data={"id": ride[0], "distance": float(distance)}, stream=STREAM)
+            emit(conn, RideCreated(id=ride[0], distance=distance))
         conn.commit()
 
 
@@ -89,7 +91,7 @@ def test_batch_read_is_split_by_entry_count(spark: Any, app: Settings) -> None:
     rows = df.orderBy("seq").collect()
     assert [r["seq"] for r in rows] == list(range(1, 2501))
     assert rows[0]["action"] == "create" and rows[0]["object"] == "ride" and rows[0]["producer"]
-    assert '"distance"' in rows[0]["data"]
+    assert rows[0]["type"] == "RideCreated@1" and json.loads(rows[0]["data"])["distance"] == "0", "an exact string"
 
 
 def test_the_data_column_reads_every_digit_with_a_decimal_schema(spark: Any, app: Settings) -> None:

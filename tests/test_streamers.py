@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 from unilog_demo.migrate import prepare
+from unilog_demo.records import RideCreated
 from unilog_demo.rides import STREAM, canonical_totals, consumer_totals
 
 from unilog import Settings, Streamer, StreamerConfig, UnilogError, emit
@@ -32,13 +33,7 @@ def produce_rides(settings: Settings, stop: threading.Event, rate: float = 200.0
             with conn.transaction():
                 distance = Decimal(rng.randint(1, 10_000_000)) / 1000
                 ride_id = conn.execute("INSERT INTO rides (distance) VALUES (%s) RETURNING id", (distance,)).fetchone()
-                emit(
-                    conn,
-                    action="create",
-                    object="ride",
-                    data={"id": ride_id[0], "distance": float(distance)},
-                    stream=STREAM,
-                )
+                emit(conn, RideCreated(id=ride_id[0], distance=distance))
             time.sleep(1 / rate)
 
 

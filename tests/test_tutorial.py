@@ -37,8 +37,12 @@ def test_the_pages_commands_run_the_shop(
     api: str,  # noqa: F811 (the fixture imported above)
     unilog_settings: unilog.Settings,
 ) -> None:
-    """The page's steps: `unilog streamer --once`, then `unilog consume shop.consumers:record_sale --name sales
-    --once` from the tutorial's folder."""
+    """The page's steps: `unilog schema register shop.records`, `unilog streamer --once`, then `unilog consume
+    shop.consumers:record_sale --name sales --once` from the tutorial's folder."""
+    register = unilog_command(unilog_settings, "schema", "register", "shop.records")
+    assert register.returncode == 0, register.stderr
+    said = "unilog: registered OrderCreated@1 on unilog: new, nothing to compare with (no earlier version registered)"
+    assert register.stdout.strip() == said.replace(" on unilog:", f" on {unilog_settings.stream}:")
     place_order(api, "teapot", 2)
     with psycopg.connect(unilog_settings.conninfo) as conn:
         assert conn.execute("SELECT count(*) FROM staged_log_records").fetchone() == (1,)

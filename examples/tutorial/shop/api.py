@@ -1,4 +1,4 @@
-"""The shop's HTTP API: ``POST /orders`` saves an order and emits an ``order created`` record in one transaction."""
+"""The shop's HTTP API: ``POST /orders`` saves an order and emits its ``OrderCreated`` record in one transaction."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import unilog
 from unilog.config import sqlalchemy_url
 
 from .models import Order, create_tables
+from .records import OrderCreated
 
 
 class NewOrder(BaseModel):
@@ -34,13 +35,8 @@ def create_app(database_url: str | None = None) -> FastAPI:
             session.add(order)
             session.flush()  # gives the order its id
             order_id = order.id
-            unilog.emit(
-                session,
-                action="create",
-                object="order",
-                data={"id": order_id, "product": order.product, "quantity": order.quantity},
-                key=f"order-{order_id}",
-            )
+            record = OrderCreated(id=order_id, product=order.product, quantity=order.quantity)
+            unilog.emit(session, record, key=f"order-{order_id}")
         # committed: the order and its record together. Had anything raised, neither would exist.
         return {"id": order_id}
 

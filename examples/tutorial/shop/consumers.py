@@ -1,4 +1,4 @@
-"""The shop's consumer: each ``order created`` record adds its quantity to the product's line in ``sales``."""
+"""The shop's consumer: each ``OrderCreated`` record adds its quantity to the product's line in ``sales``."""
 
 from __future__ import annotations
 
@@ -7,18 +7,17 @@ from typing import Any
 
 import psycopg
 
-from unilog import Record
+from .records import OrderCreated
 
 
-def record_sale(conn: psycopg.Connection[Any], records: Sequence[Record]) -> None:
-    for record in records:
-        if (record.object, record.action) != ("order", "create"):
-            continue  # other records on the stream are not ours
+def record_sale(conn: psycopg.Connection[Any], orders: Sequence[OrderCreated]) -> None:
+    # the annotation asks for OrderCreated records: other records on the stream are left out
+    for order in orders:
         conn.execute(
             """
-            INSERT INTO sales (product, sold) VALUES (%(product)s, %(quantity)s)
+            INSERT INTO sales (product, sold) VALUES (%s, %s)
             ON CONFLICT (product) DO UPDATE SET sold = sales.sold + EXCLUDED.sold
             """,
-            record.data,
+            (order.product, order.quantity),
         )
     # no commit here: unilog commits these writes and the consumer's checkpoint in one transaction
