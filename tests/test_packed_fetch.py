@@ -105,8 +105,8 @@ def test_a_traced_batch_is_packed_the_same_in_postgres_and_in_python(settings: S
 
 @pytest.mark.parametrize("traced", [False, True])
 def test_a_typed_batch_is_packed_the_same_in_postgres_and_in_python(settings: Settings, pg: Any, traced: bool) -> None:
-    """Eight arguments a record when any is typed, its type last (empty for the untyped ones), traced or not; the
-    publish script writes the type as the entry's ``type`` field and nothing for an empty one."""
+    """Eight arguments a record when any is typed, its type last (empty for the untyped ones), traced or not, the
+    same from Postgres as from Python (the publish script's handling of them: tests/test_typed_records.py)."""
     stage(pg)
     pg.execute("UPDATE staged_log_records SET record_type = 'RideCreated@' || id WHERE id % 3 = 0")
     if traced:

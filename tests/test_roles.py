@@ -92,3 +92,24 @@ def test_grant_names_a_missing_role_and_quotes_names(settings: Settings, pg: Any
     missing = as_role(settings, settings.database_url, "grant", "--producer", 'x"; DROP TABLE applied; --')
     assert missing.returncode == ExitCode.CONFIG and "does not exist" in missing.stderr, missing.stderr
     assert pg.execute("SELECT to_regclass('applied') IS NOT NULL").fetchone() == (True,)
+
+
+def test_a_producer_role_emits_a_registered_type_from_sql_and_an_operator_reads_the_registry(
+    settings: Settings, pg: Any, roles: dict[str, str]
+) -> None:
+    """``unilog_emit`` with a record type reads ``unilog_schemas`` as its caller; ``unilog schema list`` and
+    ``export`` (and ``unilog asyncapi``, the dashboard) read it as an operator."""
+    pg.execute(
+        "INSERT INTO unilog_schemas (name, version, stream, object, action, schema, fingerprint) "
+        """VALUES ('Paid', 1, '', 'payment', 'paid', '{"required": ["amount"]}', 'sha256:00')"""
+    )
+    with psycopg.connect(roles["producer"]) as conn:
+        conn.execute(
+            "SELECT unilog_emit(NULL, NULL, 'paid', 'payment', '{\"amount\": \"1.00\"}', record_type => 'Paid', "
+            "record_version => 1)"
+        )
+        conn.commit()
+    assert pg.execute("SELECT record_type FROM staged_log_records").fetchall() == [("Paid@1",)]
+    listed = as_role(settings, roles["operator"], "schema", "list")
+    assert listed.returncode == 0 and listed.stdout.startswith("Paid v1"), listed.stderr
+    assert as_role(settings, roles["operator"], "schema", "export").returncode == 0

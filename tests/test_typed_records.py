@@ -205,9 +205,9 @@ def test_a_partitioned_stream_carries_typed_records_to_each_partition(settings: 
 # -- evolution: an unknown newer version -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mode", ["table", "wal"])
+@pytest.mark.parametrize(("mode", "kind"), [("table", "checkpoint"), ("wal", "checkpoint"), ("table", "group")])
 def test_an_unknown_newer_version_is_dead_lettered_with_its_reason(
-    settings: Settings, pg: Any, request: pytest.FixtureRequest, mode: str
+    settings: Settings, pg: Any, request: pytest.FixtureRequest, mode: str, kind: str
 ) -> None:
     if mode == "wal":
         request.getfixturevalue("wal")
@@ -223,8 +223,12 @@ def test_an_unknown_newer_version_is_dead_lettered_with_its_reason(
     def handle(conn: Any, records: Sequence[RideCreated]) -> None:
         applied.extend(r.fare for r in records)
 
-    with Consumer(app, ConsumerConfig(name="behind"), handle) as consumer:
-        consumer.drain()
+    if kind == "group":
+        with GroupConsumer(app, GroupConfig(group="behind"), handle) as group:
+            group.drain()
+    else:
+        with Consumer(app, ConsumerConfig(name="behind"), handle) as consumer:
+            consumer.drain()
     assert applied == [Decimal("1.00"), Decimal("3.00")], "the records around it are applied, once each"
     client = redis.Redis.from_url(app.redis_url)
     try:

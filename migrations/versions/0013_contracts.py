@@ -51,7 +51,10 @@ CREATE TABLE IF NOT EXISTS unilog_schema_modes (
 # eighth argument, defaulted so a caller of the seven (a producer not yet upgraded, mid-deploy) still resolves to it.
 # A message's tail after its five publish arguments is empty, or the trace context's two bulk strings, or, for a
 # typed record, three: traceparent, tracestate (maybe empty) and the type. The streamer pads shorter tails in a batch
-# that has longer ones (unilog.routing), so every record of a batch has the same number of arguments.
+# that has longer ones (unilog.routing), so every record of a batch has the same number of arguments. A typed
+# record's tail length is written ``t<n>``: a streamer from before this migration cannot read that header and stops
+# (DecodeError) instead of publishing three tail arguments where it expects two, which would shift every argument
+# after them.
 STAGE = r"""
 DROP FUNCTION IF EXISTS unilog_stage(text, text, text, text, text, text, text);
 CREATE OR REPLACE FUNCTION unilog_stage(
@@ -75,7 +78,7 @@ BEGIN
                 CASE WHEN p_type IS NOT NULL THEN concat('$', octet_length(p_type), E'\r\n', p_type, E'\r\n') END)
                 ELSE '' END;
             messages := pg_logical_emit_message(true, 'unilog', concat(
-                p_stream, E'\n', octet_length(tail), E'\n',
+                p_stream, E'\n', CASE WHEN p_type IS NOT NULL THEN 't' END, octet_length(tail), E'\n',
                 '$', octet_length(p_data), E'\r\n', p_data, E'\r\n',
                 '$', octet_length(p_action), E'\r\n', p_action, E'\r\n',
                 '$', octet_length(p_object), E'\r\n', p_object, E'\r\n',

@@ -138,23 +138,39 @@ def _compare(
 
 def verdicts(conn: psycopg.Connection[Any], contracts: list[Any], default_stream: str) -> list[Verdict]:
     """The verdict on each of ``contracts`` against the registry, under its stream's mode."""
-    found = []
-    for contract in contracts:
+    found: list[Verdict] = []
+    for contract in contracts:  # by name and version: a version is judged with the ones new in this run below it
         stream = contract.stream or default_stream
         mode = store.stream_mode(conn, stream)
-        found.append(judge(contract, store.registered(conn, contract.name), mode, stream))
+        found.append(
+            judge(contract, _with_new(contract.name, store.registered(conn, contract.name), found), mode, stream)
+        )
     return found
+
+
+def _with_new(name: str, versions: list[store.SchemaRow], found: list[Verdict]) -> list[store.SchemaRow]:
+    """``versions`` of type ``name`` and the versions of it this run registers (judged before): v3 is compared with
+    the v2 registered beside it, not only with what the database held."""
+    new = [v.new_row for v in found if v.new_row is not None and v.new_row.name == name]
+    return sorted([*versions, *new], key=lambda row: row.version)
 
 
 def verdicts_offline(snapshot: dict[str, Any], contracts: list[Any], default_stream: str) -> list[Verdict]:
     """:func:`verdicts` against a registry exported with ``unilog schema export`` (no database: a CI job)."""
     rows = [_from_dict(item) for item in snapshot["schemas"]]
     modes: dict[str, str] = snapshot.get("modes", {})
-    found = []
+    found: list[Verdict] = []
     for contract in contracts:
         stream = contract.stream or default_stream
         versions = [row for row in rows if row.name == contract.name]
-        found.append(judge(contract, versions, modes.get(stream, store.DEFAULT_SCHEMA_MODE), stream))
+        found.append(
+            judge(
+                contract,
+                _with_new(contract.name, versions, found),
+                modes.get(stream, store.DEFAULT_SCHEMA_MODE),
+                stream,
+            )
+        )
     return found
 
 
@@ -262,8 +278,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     snapshot = {"modes": modes, "schemas": [{**_as_dict(row), "schema": row.schema} for row in rows]}
     text = json.dumps(snapshot, indent=2, sort_keys=True) + "\n"
     if args.out:
-        with open(args.out, "w", encoding="utf-8") as file:
-            file.write(text)
+        try:
+            with open(args.out, "w", encoding="utf-8") as file:
+                file.write(text)
+        except OSError as exc:
+            raise ConfigurationError(f"--out {args.out}: cannot write it ({exc.strerror or exc})") from None
         print(f"unilog: wrote {len(rows)} registered versions to {args.out}")
     else:
         sys.stdout.write(text)

@@ -150,7 +150,12 @@ class Record:
     def type_name(self) -> str | None:
         """The name of the record's type (:mod:`unilog.contracts`), None for an untyped record."""
         tag = self._fields.get(b"type")
-        return None if not tag else tag.decode().rpartition("@")[0]
+        if not tag:
+            return None
+        name, at, _version = tag.decode(errors="replace").rpartition("@")
+        if not at or not name:
+            raise MalformedEntry(self.stream, self.id, f"bad type field {tag!r} (a type is name@version)")
+        return name
 
     @property
     def type_version(self) -> int | None:
@@ -250,7 +255,7 @@ def typed_records(records: Iterable[Record], wanted: tuple[type, ...]) -> list[A
 
 
 def _contract_of(cls: type) -> Any:
-    contract = getattr(cls, "__unilog_contract__", None)
+    contract = cls.__dict__.get("__unilog_contract__") if isinstance(cls, type) else None
     if contract is None:
         raise TypeError(f"{cls!r} is not a record type: declare it with unilog.contracts.record_type")
     return contract

@@ -72,6 +72,6 @@ def wanted_types(handler: Any) -> tuple[type, ...]:
         return ()
     inner = args[0]
     members = typing.get_args(inner) if typing.get_origin(inner) in (typing.Union, types.UnionType) else (inner,)
-    if members and all(isinstance(m, type) and hasattr(m, "__unilog_contract__") for m in members):
+    if members and all(isinstance(m, type) and "__unilog_contract__" in m.__dict__ for m in members):
         return tuple(members)
     return ()

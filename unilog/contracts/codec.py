@@ -74,6 +74,11 @@ class Codec:
             schema = adapter.json_schema(mode="validation")
         except (pydantic.PydanticUserError, pydantic.errors.PydanticSchemaGenerationError, TypeError, NameError) as exc:
             raise ConfigurationError(f"{where}: pydantic cannot build it: {_one_line(exc)}") from None
+        if (field := _split_alias(target)) is not None:
+            raise ConfigurationError(
+                f"{where}: field {field!r} has a serialization alias that differs from the name it is read by: "
+                "a record is read back as it is written, so give it one alias (alias=...)"
+            )
         return cls(target, label, adapter, schema)
 
     def describe_fields(self) -> str:
@@ -192,6 +197,21 @@ class Codec:
     def fingerprint(self) -> str:
         canonical = json.dumps(self.schema, sort_keys=True, separators=(",", ":"))
         return "sha256:" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def _split_alias(cls: type) -> str | None:
+    """A field of ``cls`` written under another name than it is read by (``serialization_alias`` alone), or None:
+    the stream would hold names the type itself cannot read back."""
+    if not issubclass(cls, pydantic.BaseModel):
+        return None
+    for name, info in cls.model_fields.items():
+        written = info.serialization_alias or info.alias or name
+        read = info.validation_alias if isinstance(info.validation_alias, str) else (info.alias or name)
+        if info.validation_alias is not None and not isinstance(info.validation_alias, str):
+            continue  # AliasPath/AliasChoices: pydantic's own business, which may well read `written`
+        if written != read and not (cls.model_config.get("populate_by_name") and written == name):
+            return name
+    return None
 
 
 def _field_order(cls: type) -> tuple[str, ...]:

@@ -27,10 +27,14 @@ def document(
 ) -> dict[str, Any]:
     """The AsyncAPI 3.0.0 document of the log ``settings`` names, with the contracts of ``modules``."""
     conn = store.connect(settings.conninfo, autocommit=True, application_name="unilog-asyncapi")
-    client = engine.connect(settings.redis_url)
-    engine.ping(client, settings.redis_url)
-    api = engine.RedisStreams(client)
     try:
+        client = engine.connect(settings.redis_url)
+    except BaseException:
+        conn.close()
+        raise
+    try:
+        engine.ping(client, settings.redis_url)
+        api = engine.RedisStreams(client)
         store.check_schema(conn)
         types = registered_types(conn)
         types += module_types(modules, {(t.name, t.version) for t in types})

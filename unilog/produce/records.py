@@ -49,9 +49,9 @@ class ProducerRules:
                 else:
                     out.append(self.prepare(**_fields(record), default=default))
             except InvalidRecord as exc:
-                named = type(exc)(record_prefix(i, record) + str(exc))
-                named.index = i
-                raise named from None
+                exc.args = (record_prefix(i, record) + str(exc), *exc.args[1:])  # its own attributes kept (field, rule)
+                exc.index = i
+                raise exc from None
         return out
 
     def prepare(
@@ -132,7 +132,7 @@ def prepare(
 def typed_contract(record: Any) -> Any:
     """The contract of ``record``'s class when it was declared with :func:`unilog.contracts.record_type`, else
     None (a class attribute look-up: the untyped path pays nothing else)."""
-    return getattr(type(record), "__unilog_contract__", None)
+    return type(record).__dict__.get("__unilog_contract__")  # a subclass is not its parent's type
 
 
 def record_prefix(index: int, record: Any) -> str:

@@ -111,16 +111,22 @@ def typed(cls: type[T], row: Any) -> T:
     """A row of the source (anything with ``type`` and ``data``: a ``Row``, a pandas row, a dict) read as ``cls``,
     a class declared with :func:`unilog.contracts.record_type`, as a Python consumer reads it
     (:meth:`unilog.Record.typed`): validated, ``Decimal`` exact, older versions through the upcasters; a row of
-    another type or an unknown newer version raises :class:`~unilog.errors.UnreadableRecord`. Runs where it is
+    another type or an unknown newer version raises :class:`~unilog.errors.UnreadableRecord` (an untyped row is read
+    as ``cls``'s version when it has ``cls``'s object and action, as a consumer reads it). Runs where it is
     called: in a ``foreachBatch`` effect on the driver, or in ``mapInPandas``/``mapPartitions`` on the executors."""
-    contract = getattr(cls, "__unilog_contract__", None)
+    contract = cls.__dict__.get("__unilog_contract__") if isinstance(cls, type) else None
     if contract is None:
         raise TypeError(f"{cls!r} is not a record type: declare it with unilog.contracts.record_type")
-    tag, data = (row["type"], row["data"]) if isinstance(row, Mapping) else (row.type, row.data)
-    name, _, version = (tag or "").rpartition("@")
-    if tag and name != contract.name:
+    get = row.get if isinstance(row, Mapping) else lambda name: getattr(row, name, None)
+    tag, data = get("type"), get("data")
+    if not tag:  # an untyped row: of the type's object and action only, read as its version (as Record.typed)
+        if (get("object"), get("action")) != (contract.object, contract.action):
+            raise UnreadableRecord(f"it is an untyped {get('object')}/{get('action')} record, not {contract.name}")
+        return cast(T, contract.decode("null" if data is None else data))
+    name, _, version = tag.rpartition("@")
+    if name != contract.name or not version.isdigit():
         raise UnreadableRecord(f"it is {tag}, not {contract.name}")
-    return cast(T, contract.decode("null" if data is None else data, int(version) if tag else None))
+    return cast(T, contract.decode("null" if data is None else data, int(version)))
 
 
 def options_json(**options: str) -> str:

@@ -101,7 +101,8 @@ class Decoder:
     def _message(self, message: bytes) -> WalTransaction | None:
         """Decode a logical message: unilog's record messages become records of the transaction, a switch marker is
         noted on it; other prefixes, and messages outside a transaction (``pg_logical_emit_message(false, ...)``:
-        never unilog's), are not ours. A record message is ``stream LF trace-length LF body trace``."""
+        never unilog's), are not ours. A record message is ``stream LF trace-length LF body trace`` (the length
+        written ``t<n>`` when the tail holds a type)."""
         if not self.in_transaction or not message[1] & 1:
             return None
         if message.startswith(_RECORD, 10):  # after the flags byte and the message's LSN
@@ -120,7 +121,8 @@ class Decoder:
         try:
             first = message.index(b"\n", start)
             second = message.index(b"\n", first + 1)
-            trace_end = len(message) - int(message[first + 1 : second])
+            size = message[first + 1 : second]
+            trace_end = len(message) - int(size[1:] if size[:1] == b"t" else size)  # t<n>: a typed record's tail
         except ValueError:
             where = f"{self._final_lsn >> 32:X}/{self._final_lsn & 0xFFFFFFFF:X}"
             raise DecodeError(f"a unilog message in the WAL at {where} has a header unilog cannot read") from None

@@ -21,6 +21,7 @@ GRANTS: dict[str, list[tuple[str, str]]] = {
         ("SELECT (id)", "staged_log_records"),
         ("USAGE", "SEQUENCE staged_log_records_id_seq"),
         ("SELECT", "SEQUENCE unilog_emit_mode"),  # unilog_stage reads the mode: a row, or a message in WAL mode
+        ("SELECT", "unilog_schemas"),  # unilog_emit with a record type checks it against the registry
     ],
     "streamer": [
         ("SELECT, UPDATE, DELETE", "staged_log_records"),
@@ -48,6 +49,8 @@ GRANTS: dict[str, list[tuple[str, str]]] = {
         ("SELECT", "unilog_capture"),
         ("SELECT", "unilog_claims"),
         ("SELECT", "unilog_backfills"),  # `unilog status` shows the backfills
+        ("SELECT", "unilog_schemas"),  # `unilog schema list|show|export|check`, `unilog asyncapi`, the dashboard
+        ("SELECT", "unilog_schema_modes"),
         ("SELECT", "SEQUENCE unilog_emit_mode"),
         ("SELECT, INSERT, UPDATE, DELETE", "unilog_checkpoints"),
         ("SELECT, INSERT, DELETE", "unilog_held_letters"),

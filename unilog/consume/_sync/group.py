@@ -161,10 +161,12 @@ class GroupConsumer(Worker):
             handled, skipped = self._apply_batch(entries)
         except (*TRANSIENT, *FATAL):
             raise  # infrastructure or set-up (a deadline's TimeoutError is an OSError), not the record: never count it
-        except MalformedEntry:
+        except MalformedEntry as exc:
             if self.config.on_malformed == "stop":
                 raise
-            return self._one_by_one(entries) if len(entries) > 1 else self._dead_malformed(entries[0])
+            if len(entries) > 1:
+                return self._one_by_one(entries)
+            return self._dead_malformed(entries[0], exc.reason)
         except Exception as exc:
             if len(entries) == 1:
                 return GroupResult(1, 0, 0, self._failed(entries[0], exc))
@@ -208,14 +210,10 @@ class GroupConsumer(Worker):
             len(entries), sum(r.handled for r in results), sum(r.skipped for r in results), sum(r.dead for r in results)
         )
 
-    def _dead_malformed(self, entry: Entry) -> GroupResult:
-        """An entry that is not a unilog record: dead-letter it at once (retrying cannot help), with the reason."""
+    def _dead_malformed(self, entry: Entry, reason: str) -> GroupResult:
+        """An entry that is not a unilog record, or that a handler could not read as its type: dead-letter it at
+        once (retrying cannot help), with the reason the handler's error gave."""
         self.links.discard_failed_transaction()
-        try:
-            Record(self.stream, *entry).data  # noqa: B018 - decoding is the check
-            reason = "a handler found it malformed"
-        except MalformedEntry as exc:
-            reason = exc.reason
         self._dead_letter(entry, f"malformed: {reason}", attempts=1)
         return GroupResult(1, 0, 0, 1)
 
