@@ -64,20 +64,11 @@ def register_types(database_url: str) -> list[str]:
     """Register the demo's record types (:mod:`.records`, under the name this package was imported as: ``services``
     or ``unilog_demo``) in the schema registry, as ``unilog schema register`` does, so ``unilog asyncapi`` documents
     them; the tags it registered (none the next time). A change that breaks the registered versions is refused."""
-    from unilog.cli.schema import verdicts  # the command's own checks, without its logging set-up
-    from unilog.contracts import contracts_in
+    from unilog.ops.registry import register_types as register
 
     conninfo = postgres_conninfo(database_url)
     with store.connect(conninfo, application_name="rides-migrate") as conn, conn.transaction():
-        store.lock_registry(conn)
-        found = verdicts(conn, contracts_in(RECORDS), STREAM)
-        breaks = [line for verdict in found for line in verdict.breaks]
-        if breaks:
-            raise UnilogError(f"the demo's record types break the registered ones: {'; '.join(breaks)}")
-        new = [verdict.new_row for verdict in found if verdict.new_row is not None]
-        for row in new:
-            store.register(conn, row)
-    return [f"{row.name}@{row.version}" for row in new]
+        return register(conn, [RECORDS], STREAM)
 
 
 def grant_roles(database_url: str, password: str) -> None:

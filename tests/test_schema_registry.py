@@ -262,3 +262,11 @@ def test_check_against_an_exported_registry_needs_no_database(
     snapshot.write_text('{"schemas": [{"name": "x"}]}')
     [line] = refused(schema(offline, "check", F + "rides_v2_optional", *against), ExitCode.CONFIG)
     assert "not a registry exported by `unilog schema export`" in line
+
+
+def test_versions_new_in_one_run_are_compared_with_each_other(registry: Settings, pg: psycopg.Connection[Any]) -> None:
+    """``typed_records`` declares TypedRide v1, v2 and v3 (v3 adds ``surge``, required): on an empty registry, v3 is
+    compared with the v2 beside it, not waved through as "nothing to compare with", and nothing is registered."""
+    lines = refused(schema(registry, "register", "typed_records"))
+    assert any(line.startswith("unilog: error: TypedRide v3 vs v2 (backward): field 'surge'") for line in lines), lines
+    assert versions(pg) == []
