@@ -467,3 +467,23 @@ def test_a_nan_nested_in_a_nullable_float_or_put_in_a_nullable_int_is_refused() 
     trip = TripMade(legs=[])
     trip.stops = float("inf")  # type: ignore[assignment]
     assert _refused(trip, contract).field == "stops"
+
+
+def test_a_json_number_in_a_decimal_field_is_read_with_every_digit() -> None:
+    """unilog writes Decimals as strings, but ``unilog_emit`` and json columns give numbers: pydantic alone reads
+    them through a float (1.10 became 1.1); a time's fractional seconds in a string is not mistaken for one."""
+    import datetime as dt
+
+    @record_type(object="fare", action="set", version=1, name="ExactFare")
+    class ExactFare(pydantic.BaseModel):
+        amount: Decimal
+        parts: list[Decimal] = []
+        at: dt.datetime = dt.datetime(2026, 1, 1)
+
+    contract = contract_of(ExactFare)
+    for text in ("1.10", "0.1234567890123456789", "12345678901234567890.123456789", "-2.50E+3", '"12.30"', "7"):
+        expected = Decimal(text.strip('"'))
+        for raw in (f'{{"amount": {text}, "parts": [{text}]}}', f'{{"amount":{text},"at":"2026-01-01T10:20:50.31"}}'):
+            for given in (raw, raw.encode()):
+                read = contract.decode(given)
+                assert str(read.amount) == str(expected) and all(str(p) == str(expected) for p in read.parts), raw
