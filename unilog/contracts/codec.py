@@ -61,7 +61,7 @@ class Codec:
         # pydantic reads a JSON *number* for a Decimal field through a float (0.33333333333333333333 arrives as
         # 0.3333333333333333, 1.10 as 1.1): a type that holds a Decimal is read with json's Decimal parser instead.
         # unilog writes Decimals as strings, exact either way; numbers come from unilog_emit and json columns.
-        self.exact = _may_hold(adapter.core_schema, _DECIMAL_KINDS)
+        self.exact = None if not _may_hold(adapter.core_schema, _DECIMAL_KINDS) else _finder(adapter.core_schema)
 
     @classmethod
     def build(cls, target: type, label: str, where: str) -> Codec:
@@ -151,7 +151,8 @@ class Codec:
 
     def decode(self, text: str | bytes) -> Any:
         try:
-            if self.exact and (_FRACTION_B if isinstance(text, bytes) else _FRACTION).search(text):
+            finder = self.exact
+            if finder is not None and (finder[1].search(text) if isinstance(text, str) else finder[0].search(text)):
                 return self.validator.validate_python(json.loads(text, parse_float=Decimal))
             return self.validator.validate_json(text)
         except ValueError as exc:  # pydantic's ValidationError is one: a field named; else the text is not JSON
@@ -237,12 +238,13 @@ def _float_fields(core: Mapping[str, Any]) -> frozenset[str] | None:
 
 
 _DECIMAL_KINDS = ("decimal", "any", "definition-ref", "definitions")
-# An unquoted JSON number with a fraction or an exponent: it follows a colon, a comma or a bracket, where a string
-# would start with a quote, and is followed by the value's end. Absent (unilog writes Decimals as strings; integers pydantic reads exactly), pydantic's
-# own JSON parser reads the record at a third of the cost; a match inside a string only takes the exact path.
-_NUMBER = r"[:,\[]\s*-?\d+(?:\.\d+(?:[eE][-+]?\d+)?|[eE][-+]?\d+)\s*[,}\]]"  # a whole value, not a time's 50.31
-_FRACTION_B = re.compile(_NUMBER.encode())
-_FRACTION = re.compile(_NUMBER)
+# An unquoted JSON number with a fraction or an exponent, as a whole value: after a colon (an object's value) or, for
+# a type with Decimals in lists or maps, also after a bracket or a comma; a string would start with a quote there,
+# and a time's "10:20:50.31" is no whole value. Absent (unilog writes Decimals as strings; integers pydantic reads
+# exactly), pydantic's own JSON parser reads the record; a match inside a string only takes the exact path.
+_NUMBER = r"\s*-?\d+(?:\.\d+(?:[eE][-+]?\d+)?|[eE][-+]?\d+)\s*[,}\]]"
+_AFTER_COLON = (re.compile(f":{_NUMBER}".encode()), re.compile(f":{_NUMBER}"))  # a literal first: 0.7 us a record
+_ANYWHERE = (re.compile(f"[:,\\[]{_NUMBER}".encode()), re.compile(f"[:,\\[]{_NUMBER}"))
 
 
 def _may_hold(schema: Any, kinds: tuple[str, ...], depth: int = 0) -> bool:
@@ -256,6 +258,27 @@ def _may_hold(schema: Any, kinds: tuple[str, ...], depth: int = 0) -> bool:
     if isinstance(schema, list):
         return any(_may_hold(v, kinds, depth + 1) for v in schema)
     return False
+
+
+def _finder(core: Any) -> tuple[re.Pattern[bytes], re.Pattern[str]]:
+    """The search for a number to read exactly: after a colon only, unless the type holds Decimals in collections."""
+    return _ANYWHERE if _in_collection(core, _DECIMAL_KINDS) else _AFTER_COLON
+
+
+def _in_collection(schema: Any, kinds: tuple[str, ...], depth: int = 0) -> bool:
+    """Whether one of ``kinds`` can appear inside a list, tuple, set or dict of this core schema."""
+    if depth > _MAX_DEPTH:
+        return True
+    if isinstance(schema, Mapping):
+        if str(schema.get("type", "")) in _COLLECTIONS and _may_hold(schema, kinds):
+            return True
+        return any(_in_collection(v, kinds, depth + 1) for v in schema.values() if isinstance(v, Mapping | list))
+    if isinstance(schema, list):
+        return any(_in_collection(v, kinds, depth + 1) for v in schema)
+    return False
+
+
+_COLLECTIONS = ("list", "tuple", "set", "frozenset", "dict", "generator")
 
 
 def _may_hold_floats(schema: Any, depth: int = 0) -> bool:
