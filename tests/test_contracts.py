@@ -483,7 +483,10 @@ def test_a_json_number_in_a_decimal_field_is_read_with_every_digit() -> None:
     contract = contract_of(ExactFare)
     for text in ("1.10", "0.1234567890123456789", "12345678901234567890.123456789", "-2.50E+3", '"12.30"', "7"):
         expected = Decimal(text.strip('"'))
-        for raw in (f'{{"amount": {text}, "parts": [{text},{text}]}}', f'{{"amount":{text},"at":"2026-01-01T10:20:50.31"}}'):
+        for raw in (
+            f'{{"amount": {text}, "parts": [{text},{text}]}}',
+            f'{{"amount":{text},"at":"2026-01-01T10:20:50.31"}}',
+        ):
             for given in (raw, raw.encode()):
                 read = contract.decode(given)
                 assert str(read.amount) == str(expected) and all(str(p) == str(expected) for p in read.parts), raw
