@@ -200,24 +200,27 @@ def test_two_streamers_one_slot_owner(wal: Settings, pg: Any, rds: redis.Redis) 
     assert published(rds) == [(i + 1, i) for i in range(5)]
 
 
-def test_a_dropped_slot_stops_the_streamer_in_one_line_and_recreate_recovers(
+def test_a_dropped_slot_with_only_rows_waiting_costs_nothing_and_the_streamer_recreates_it(
     wal: Settings, pg: Any, rds: redis.Redis
 ) -> None:
+    """Issue 44: a lost slot never stops the log. With only rows waiting (the WAL holds no logical message after the
+    slot's last known position), the streamer records a loss that cost nothing, re-creates the slot itself and
+    publishes the rows, in-process and through the command."""
     emit_n(wal, 2)
     with streamer(wal) as s:
         s.drain(timeout=10)
     emit_n(wal, 3, start=2)
     slot = capture_status(wal)["slot"]
     pg.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
-    with streamer(wal) as s, pytest.raises(CaptureLost, match="records staged as rows are kept"):
-        s.drain(timeout=10)
+    with streamer(wal) as s:
+        assert s.drain(timeout=30) == 3, "the rows, once each, through the re-created slot's table-mode pass"
+        assert [loss.complete for loss in s.losses] == [True], s.losses
+    assert staged(pg) == 0
+    emit_n(wal, 2, start=5)
     result = unilog(wal, "streamer", "--once")
-    assert result.returncode == 12, result.stderr
-    assert "capture wal --recreate" in one_line(result)
-    assert staged(pg) == 3, "the unpublished records are still staged"
-    assert unilog(wal, "capture", "wal", "--recreate").returncode == 0
-    assert unilog(wal, "streamer", "--once").returncode == 0
-    assert published(rds) == [(i + 1, i) for i in range(5)], "published once each after the new slot"
+    assert result.returncode == 0, result.stderr
+    assert published(rds) == [(i + 1, i) for i in range(7)], "published once each after the new slot"
+    assert capture_status(wal)["slot_state"] is not None, "the slot is back"
 
 
 def test_switching_modes_back_and_forth_loses_and_repeats_nothing(
@@ -469,11 +472,12 @@ def test_a_slot_whose_wal_was_removed_is_detected_and_recreated(own: Settings, r
     status = capture_status(own)
     assert status["slot_state"]["wal_status"] == "lost", status
     result = unilog(own, "streamer", "--once")
+    # the WAL the slot needed is gone: whether it held record messages cannot be known, so the loss is named (exit
+    # 12), but the log does not stop: the rows are published in the same run, and the slot is re-created
     assert result.returncode == 12, result.stderr
-    assert "records staged as rows are kept" in one_line(result)
-    assert unilog(own, "capture", "wal").returncode == 0, "a lost slot is re-created by capture wal"
-    assert unilog(own, "streamer", "--once").returncode == 0
+    assert "already removed" in result.stderr and "are lost" in result.stderr, result.stderr
     assert published(rds) == [(i + 1, i) for i in range(7)], "the rest from the table, each once"
+    assert unilog(own, "streamer", "--once").returncode == 0, "exit 12 once per loss"
 
 
 def test_a_commit_the_wal_sent_before_it_became_visible_is_published_not_skipped(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -131,31 +132,38 @@ def test_a_large_transaction_of_messages_resumes_mid_transaction(wal: Settings, 
     assert published(rds) == dense(25)
 
 
-def test_a_dropped_slot_says_what_is_lost_and_producers_fall_back_to_rows(
+def test_a_dropped_slot_where_the_wal_cannot_be_read_back_says_what_may_be_lost_and_goes_on(
     wal: Settings, pg: Any, rds: redis.Redis
 ) -> None:
+    """Where messages cannot be read back from the WAL (Postgres 15's pg_walinspect shows no payload, 16 may lack
+    it; Postgres 16+ with pg_walinspect recovers them: tests/test_slot_recovery.py), a lost slot's line says how many
+    may be lost (exit 12, once), the loss is recorded for an operator, and the log goes on: the streamer re-creates
+    the slot itself and producers write messages again once it is safe."""
+    if store.walinspect_ready(pg) is None:
+        pytest.skip("this server reads record messages back from the WAL: tests/test_slot_recovery.py covers it")
+    pg.rollback()
     emit_n(wal, 2)
     with streamer(wal) as s:
         s.drain(timeout=10)
-    emit_n(wal, 3, start=2)  # messages the slot has not delivered: lost with it
+    emit_n(wal, 3, start=2)  # messages the slot has not delivered
     pg.execute("SELECT pg_drop_replication_slot(%s)", (capture_status(wal)["slot"],))
     result = unilog(wal, "streamer", "--once")
     assert result.returncode == 12, result.stderr
     line = one_line(result)
-    assert "written as logical messages" in line and "are lost" in line and "producers now stage rows" in line, line
-    assert capture_status(wal)["records_as"] == "rows", "no producer writes a message no slot will read"
+    assert "are lost" in line and "unilog capture losses" in line, line
     emit_n(wal, 2, start=5)
-    assert staged(pg) == 2, "rows now"
-    assert unilog(wal, "capture", "wal", "--recreate").returncode == 0
-    assert unilog(wal, "streamer", "--once").returncode == 0
-    assert published(rds) == [(1, 0), (2, 1), (3, 5), (4, 6)], "everything after the fall-back, once each"
-    assert capture_status(wal)["records_as"] == "messages"
+    assert capture_status(wal)["records_as"] == "messages", "the new slot is safe: messages again"
+    assert unilog(wal, "streamer", "--once").returncode == 0, "exit 12 once per loss, not at every start"
+    assert published(rds) == [(1, 0), (2, 1), (3, 5), (4, 6)], "everything the WAL could give, once each"
+    losses = unilog(wal, "capture", "losses")
+    assert "NOT ACKNOWLEDGED" in losses.stdout, losses.stdout
 
 
-def test_a_dropped_slots_line_counts_the_messages_it_had_not_delivered(
-    wal: Settings, pg: Any, rds: redis.Redis
-) -> None:
-    """Exit 12 says how many record messages may be gone, where pg_walinspect can read that WAL."""
+def test_a_dropped_slots_line_counts_the_messages_it_may_have_lost(wal: Settings, pg: Any, rds: redis.Redis) -> None:
+    """Exit 12 says how many logical messages the WAL holds in the range (an upper bound) where pg_walinspect can
+    count but not read them (Postgres 15)."""
+    if pg.info.server_version >= 160000:
+        pytest.skip("Postgres 16+ reads the messages back (tests/test_slot_recovery.py)")
     try:
         pg.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
     except psycopg.Error as exc:
@@ -167,7 +175,8 @@ def test_a_dropped_slots_line_counts_the_messages_it_had_not_delivered(
     pg.execute("SELECT pg_drop_replication_slot(%s)", (capture_status(wal)["slot"],))
     result = unilog(wal, "streamer", "--once")
     assert result.returncode == 12, result.stderr
-    assert "are lost with it (3 at most)" in one_line(result), one_line(result)
+    found = re.search(r"up to (\d+) record messages", one_line(result))
+    assert found and int(found.group(1)) >= 3, one_line(result)
 
 
 def test_an_operator_recreating_a_healthy_slot_publishes_its_messages_first(
@@ -375,12 +384,24 @@ def test_postgres_restarts_and_streamer_kills_publish_each_message_once(
     assert proc.returncode == 0
 
 
-def test_capture_lost_error_is_one_line(wal: Settings) -> None:
-    """The error a lost slot raises names what is lost and the recovery (the CLI prints it as one line, exit 12)."""
+def test_a_slot_lost_with_a_batch_in_doubt_stops_in_one_line(wal: Settings, rds: redis.Redis) -> None:
+    """The one loss that still stops the streamer (exit 12): a batch was in Redis but not yet saved when the slot
+    went (crash injected right after the publish), so only the lost slot knew its order; the error names the
+    recovery (docs/guides/wal-capture.md, 'slot lost mid-batch')."""
+    emit_n(wal, 2)
+    with streamer(wal) as s:
+        s.drain(timeout=10)  # positions saved: a later batch past them is in doubt
+    emit_n(wal, 3, start=2)
+    faults = Faults.scripted(streamer__crash_after_publish=[True])
+    with streamer(wal, faults) as s, pytest.raises(InjectedCrash):
+        s.drain(timeout=10)
+    assert rds.xlen(STREAM) == 5, "the batch is in Redis, not saved in Postgres"
     with psycopg.connect(wal.conninfo, autocommit=True) as conn:
         conn.execute("SELECT pg_drop_replication_slot(%s)", (capture_status(wal)["slot"],))
     with streamer(wal) as s, pytest.raises(CaptureLost, match="capture wal --recreate"):
         s.drain(timeout=10)
+    result = unilog(wal, "streamer", "--once")
+    assert result.returncode == 12 and "capture wal --recreate" in one_line(result), result.stderr
 
 
 def test_a_mixed_batch_of_messages_carries_each_records_own_context(

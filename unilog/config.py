@@ -205,16 +205,30 @@ class Settings:
     redis_url: str
     stream: str = DEFAULT_STREAM
     extra: Mapping[str, Any] = field(default_factory=dict)
+    # Postgres standbys to read the WAL capture slot's copies on, besides the hosts of database_url (for a
+    # database_url that is a virtual IP): ``UNILOG_STANDBY_URLS``, separated by spaces
+    standby_urls: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         postgres_conninfo(self.database_url)
         validate_redis_url(self.redis_url)
         validate_stream_name(self.stream)
+        for url in self.standby_urls:
+            try:
+                postgres_conninfo(url)
+            except ConfigurationError as exc:
+                raise ConfigurationError(f"UNILOG_STANDBY_URLS: {exc}") from None
 
     @property
     def conninfo(self) -> str:
         """The Postgres URL in psycopg's form."""
         return postgres_conninfo(self.database_url)
+
+    @property
+    def standby_conninfos(self) -> tuple[str, ...]:
+        """Where the WAL capture slot's copies are read: :attr:`conninfo` (its standby hosts) and each of
+        :attr:`standby_urls`, in psycopg's form."""
+        return (self.conninfo, *(postgres_conninfo(url) for url in self.standby_urls))
 
     @classmethod
     def from_dsn(cls, database_url: str, redis_url: str, stream: str = DEFAULT_STREAM) -> Settings:
@@ -229,6 +243,7 @@ class Settings:
             "database_url": _url_from(source, "DATABASE_URL"),
             "redis_url": _url_from(source, "REDIS_URL"),
             "stream": source.get("UNILOG_STREAM") or DEFAULT_STREAM,
+            "standby_urls": tuple(source.get("UNILOG_STANDBY_URLS", "").split()),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

@@ -6,6 +6,7 @@ import argparse
 import json
 from typing import Any
 
+from ..errors import InvalidUsage
 from .common import ExitCode, connection_args, settings_from
 
 
@@ -31,7 +32,7 @@ def cmd_capture_status(args: argparse.Namespace) -> int:
 
     report = capture_status(settings_from(args))
     if args.json:
-        print(json.dumps(report, indent=2))
+        print(json.dumps(report, indent=2, default=str))
         return ExitCode.OK
     print(f"mode: {report['mode']} (wal_level {report['wal_level']}); producers stage {report['records_as']}")
     if report["mode"] == "wal":
@@ -60,14 +61,66 @@ def _describe_safety(safety: dict[str, Any]) -> str:
     kind = "failover slot" if safety["failover"] else "not a failover slot"
     if safety["failover"] and not safety["protected"]:
         kind += " (synchronized_standby_slots unset: the streamer may get ahead of a standby)"
-    copies = ", ".join(f"{c['host']}: {'synced' if c['synced'] else 'NOT synced'}" for c in safety["copies"])
+    copies = ", ".join(
+        f"{c['standby']}: {'synced' if c['synced'] else 'NOT READY'}" + (f" on {c['host']}" if c["host"] else "")
+        for c in safety["copies"]
+    )
     line = f"failover: {kind}; standbys: {', '.join(safety['standbys']) or 'none'}"
     line += f"; copies on standbys: {copies}" if copies else ""
+    if safety["failover"] and safety["standbys"]:
+        line += "; failover READY" if safety["failover_ready"] else f"; {safety['failover_not_ready']}"
+    if safety["held_back"]:
+        line += f"; LOGICAL DECODING HELD BACK: {safety['held_back']}"
     if safety["streamer_is_sync_standby"]:
         line += "; WARNING: the streamer is a synchronous standby (synchronous_standby_names '*'?): commits wait for it"
     if safety["held_reason"]:
         line += f"; producers held to rows: {safety['held_reason']}"
+    for loss in safety["losses"]:
+        line += f"\n{_describe_loss(loss)}"
     return line
+
+
+def _describe_loss(loss: dict[str, Any]) -> str:
+    count = "an unknown number" if loss["lost"] is None else loss["lost"]
+    return (
+        f"LOSS #{loss['id']} (not acknowledged): capture slot {loss['slot']} lost at {_when(loss['detected_at'])}"
+        f"; {loss['recovered']} record messages recovered from the WAL ({loss['from_lsn']} to {loss['to_lsn']}), "
+        f"{count} lost: {loss['detail']} (`unilog capture losses --ack {loss['id']}`)"
+    )
+
+
+def _when(moment: Any) -> str:
+    return f"{moment:%Y-%m-%d %H:%M:%S %Z}" if hasattr(moment, "strftime") else str(moment)
+
+
+def cmd_capture_losses(args: argparse.Namespace) -> int:
+    """List the lost capture slots recorded, or acknowledge one (``--ack ID``)."""
+    from .. import store
+
+    settings = settings_from(args)
+    with store.connect(settings.conninfo, application_name="unilog-capture") as conn:
+        if args.ack is not None:
+            by = args.by or conn.info.user
+            if not store.acknowledge_loss(conn, args.ack, by):
+                raise InvalidUsage(f"no unacknowledged capture loss #{args.ack} (`unilog capture losses` lists them)")
+            conn.commit()
+            print(f"unilog: capture loss #{args.ack} acknowledged by {by}")
+            return ExitCode.OK
+        losses = store.capture_losses(conn)
+    if args.json:
+        print(json.dumps(losses, indent=2, default=str))
+        return ExitCode.OK
+    if not losses:
+        print("no capture slot was ever lost")
+    for loss in losses:
+        count = "unknown" if loss["lost"] is None else loss["lost"]
+        by, at = loss["acknowledged_by"] or "-", loss["acknowledged_at"]
+        acked = f"acknowledged by {by} at {_when(at)}" if at else "NOT ACKNOWLEDGED"
+        print(
+            f"#{loss['id']} {_when(loss['detected_at'])} slot {loss['slot']}: WAL {loss['from_lsn']} to "
+            f"{loss['to_lsn']}, recovered {loss['recovered']}, lost {count} ({loss['detail']}); {acked}"
+        )
+    return ExitCode.OK
 
 
 def add(sub: Any) -> None:
@@ -92,3 +145,9 @@ def add(sub: Any) -> None:
     s.add_argument("--json", action="store_true")
     connection_args(s)
     s.set_defaults(func=cmd_capture_status)
+    losses = capture_sub.add_parser("losses", help="lost capture slots: what was recovered from the WAL, what was lost")
+    losses.add_argument("--ack", type=int, metavar="ID", help="acknowledge loss ID (status and alerts stop naming it)")
+    losses.add_argument("--by", help="who acknowledges (default: the Postgres user)")
+    losses.add_argument("--json", action="store_true")
+    connection_args(losses)
+    losses.set_defaults(func=cmd_capture_losses)

@@ -36,7 +36,9 @@ class ExitCode(IntEnum):
     HORIZON_HELD = 9  # retired (issue 33): no record waits behind another transaction; the number stays reserved
     MALFORMED = 10  # an entry is not a unilog record and the consumer runs with --on-malformed stop
     POISON = 11  # a record keeps failing its handler and the consumer runs with --on-poison stop (the default)
-    CAPTURE_LOST = 12  # WAL capture's slot was dropped or lost its WAL (nothing lost: docs/guides/wal-capture.md)
+    CAPTURE_LOST = (
+        12  # WAL capture lost record messages with its slot, or a batch was in doubt when it went (wal-capture.md)
+    )
     REDIS_FULL = 13  # Redis is out of memory, or the streamer paused for it (--once): the records stay staged
     BACKFILL_REFUSED = 14  # `unilog backfill`: a table, key, --where or name it cannot use; nothing staged
     NOT_CAUGHT_UP = 15  # `unilog demo`: a consumer was still behind when the wait ended (not a disagreement)

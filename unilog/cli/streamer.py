@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from ..stream.streamer import StreamerConfig
@@ -41,6 +42,10 @@ def cmd_streamer(args: argparse.Namespace) -> int:
         if args.once:
             count = streamer.drain(max_wait=args.max_wait)
             print(f"unilog: streamed {count} records")
+            if unrecovered := [loss for loss in streamer.losses if not loss.complete]:
+                # the log went on (everything that could be published was), but records were lost: say so in the code
+                print(f"unilog: the WAL capture slot was lost: {unrecovered[-1].line()}", file=sys.stderr)
+                return ExitCode.CAPTURE_LOST
             return ExitCode.OK
         run_until_signalled(streamer.run)
     return ExitCode.OK

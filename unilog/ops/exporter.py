@@ -57,7 +57,12 @@ def _guard(settings: Settings) -> None:
 
     try:
         with store.connect(settings.conninfo, application_name="unilog-metrics") as conn:
-            guard(conn, streaming=False, in_doubt=lambda: _in_doubt(settings, conn))
+            guard(
+                conn,
+                streaming=False,
+                in_doubt=lambda: _in_doubt(settings, conn),
+                conninfos=settings.standby_conninfos,
+            )
     except (UnilogError, psycopg.Error) as exc:
         error = " ".join(str(exc).split())
         if error not in _GUARD_ERRORS:  # once per cause: a scrape every 15 s would repeat it all day
@@ -229,6 +234,25 @@ def _capture_families(capture: dict[str, Any]) -> Iterator[GaugeMetricFamily]:
             "temporary, not invalidated); no sample without a failover slot",
         ),
         (
+            "unilog_capture_failover_ready",
+            "failover_ready",
+            "1 if every standby of the primary holds a copy of the failover slot that survives a promotion, verified "
+            "on the standbys (DATABASE_URL's hosts, UNILOG_STANDBY_URLS); 0 while one does not or cannot be verified "
+            "(producers are held to rows meanwhile: nothing is lost); 1 with no standby",
+        ),
+        (
+            "unilog_capture_decoding_held_back",
+            "held_back",
+            "1 while synchronized_standby_slots names a physical slot that is missing or inactive: Postgres holds "
+            "logical decoding back and the streamer receives nothing",
+        ),
+        (
+            "unilog_capture_losses_unacknowledged",
+            "losses_unacknowledged",
+            "Lost capture slots whose record messages could not all be recovered from the WAL, not acknowledged yet "
+            "(`unilog capture losses`)",
+        ),
+        (
             "unilog_capture_records_held",
             "held_reason",
             "1 while producers are held to rows because the slot is at risk (a standby without failover slots, or "
@@ -246,6 +270,6 @@ def _capture_families(capture: dict[str, Any]) -> Iterator[GaugeMetricFamily]:
         ),
     ):
         value = capture.get(key) if wal else None
-        if key in ("failover", "held_reason") and wal:
+        if (key in ("failover", "held_reason", "held_back") and wal) or (key == "failover_ready" and value is not None):
             value = 1 if value else 0
         yield _gauge(name, doc, ["slot"], [] if value is None else [(labels, value)])

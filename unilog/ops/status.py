@@ -39,7 +39,7 @@ def collect_status(settings: Settings) -> dict[str, Any]:
         ]
         return {
             "staged": _staged(conn),
-            "capture": capture_health(conn, settings.conninfo),
+            "capture": capture_health(conn, settings.standby_conninfos),
             "streams": streams,
             "consumers": _consumers(api, checkpoints, registrations, now_ms),
             "backfills": [b for b in list_backfills(conn) if b["status"] == "running"],
@@ -54,7 +54,7 @@ def _staged(conn: Any) -> dict[str, Any]:
     return {"records": records, "oldest_age_seconds": oldest, "open_stager": store.oldest_stager(conn)}
 
 
-def capture_health(conn: Any, conninfo: str | None = None) -> dict[str, Any]:
+def capture_health(conn: Any, conninfos: tuple[str, ...] | None = None) -> dict[str, Any]:
     """The capture mode, and in WAL mode its slot's health: whether a streamer streams from it (``active``), the WAL
     the server keeps for it (``retained_bytes``: the current WAL position minus its ``restart_lsn``) and what its
     streamer has not confirmed (``confirmed_lag_bytes``: minus its ``confirmed_flush_lsn``). Table mode has no slot."""
@@ -64,6 +64,7 @@ def capture_health(conn: Any, conninfo: str | None = None) -> dict[str, Any]:
     state = store.slot_state(conn, current.slot)
     if state is None:
         missing = {"exists": False, "active": False, "active_pid": None, "failover": False, "held_reason": None}
+        missing |= _losses(conn)
         return {"mode": "wal", "slot": current.slot, **missing}
     return {
         "mode": "wal",
@@ -74,24 +75,38 @@ def capture_health(conn: Any, conninfo: str | None = None) -> dict[str, Any]:
         "wal_status": state["wal_status"],
         "retained_bytes": state["retained_bytes"],
         "confirmed_lag_bytes": state["confirmed_lag_bytes"],
-        **_failover(conn, current.slot, conninfo),
+        **_failover(conn, current.slot, conninfos),
+        **_losses(conn),
     }
 
 
-def _failover(conn: Any, slot: str, conninfo: str | None) -> dict[str, Any]:
-    """Whether a failover keeps the slot (and, given ``conninfo``, how many standbys among its hosts hold a copy
-    ready to take over), and whether producers are held to rows (and why)."""
-    safety = store.slot_safety(conn, slot)
+def _failover(conn: Any, slot: str, conninfos: tuple[str, ...] | None) -> dict[str, Any]:
+    """Whether a failover keeps the slot: given ``conninfos`` (where the standbys' copies are read), whether every
+    standby holds a copy ready to take over (``failover_ready``; None: not checked, or not a failover slot), how many
+    do, why not, and whether ``synchronized_standby_slots`` holds logical decoding back; and whether producers are
+    held to rows (and why)."""
+    safety = store.slot_safety(conn, slot, conninfos or ())
     reason, _saved, _lsn = store.rows_held(conn)
-    ready = None
-    if conninfo is not None and safety.failover:
-        ready = sum(1 for copy in store.standby_copies(conninfo, slot) if copy["synced"])
+    readiness = safety.readiness if conninfos is not None else None
+    ready = None if conninfos is None else (not safety.standbys if readiness is None else readiness.ready)
     return {
         "failover": safety.failover,
         "protected": safety.protected,
         "risk": safety.risk,
         "held_reason": reason,
-        "copies_ready": ready,
+        "copies_ready": None if readiness is None else sum(1 for c in readiness.copies if c.ready),
+        "failover_ready": ready,  # a promotion now keeps the slot (no standby: nothing to promote)
+        "failover_not_ready": readiness.reason if readiness is not None else (safety.risk if ready is False else None),
+        "held_back": None if safety.readiness is None else safety.readiness.held_back,
+    }
+
+
+def _losses(conn: Any) -> dict[str, Any]:
+    """The capture slots lost with records that could not be recovered, not yet acknowledged."""
+    losses = store.capture_losses(conn, unacknowledged=True)
+    return {
+        "losses_unacknowledged": len(losses),
+        "loss": None if not losses else {k: str(v) if k == "detected_at" else v for k, v in losses[0].items()},
     }
 
 
@@ -347,10 +362,26 @@ def format_capture(capture: dict[str, Any] | None) -> str:
     streamer = f"streamer pid {capture['active_pid']}" if capture["active"] else "NO ACTIVE STREAMER"
     kind = "failover slot" if capture["failover"] else "slot"
     held = f"; PRODUCERS HELD TO ROWS: {capture['held_reason']}" if capture["held_reason"] else ""
+    if capture.get("held_back"):
+        held += f"; LOGICAL DECODING HELD BACK: {capture['held_back']}"
+    if capture.get("failover_ready") is True and capture.get("copies_ready"):
+        held += f"; failover ready ({capture['copies_ready']} standby copies synchronised)"
     return (
         f"capture: WAL mode (commit order), {kind} {slot} ({capture['wal_status']}): {streamer}, WAL retained "
         f"{_size(capture['retained_bytes'])}, confirmation lag {_size(capture['confirmed_lag_bytes'])}{held}; "
-        "`unilog capture table` switches back"
+        f"`unilog capture table` switches back{_format_loss(capture)}"
+    )
+
+
+def _format_loss(capture: dict[str, Any]) -> str:
+    loss = capture.get("loss")
+    if not loss:
+        return ""
+    count = "an unknown number of" if loss["lost"] is None else str(loss["lost"])
+    more = f" ({capture['losses_unacknowledged']} unacknowledged)" if capture["losses_unacknowledged"] > 1 else ""
+    return (
+        f"\ncapture: RECORDS LOST{more}: the slot lost at {loss['detected_at']} took {count} record messages with it "
+        f"({loss['detail']}; WAL {loss['from_lsn']} to {loss['to_lsn']}): `unilog capture losses --ack {loss['id']}`"
     )
 
 

@@ -27,7 +27,7 @@ from ..errors import (
 
 log = structlog.get_logger(__name__)
 
-SCHEMA_HEAD = "unilog_0013"
+SCHEMA_HEAD = "unilog_0014"
 VERSION_TABLE = "unilog_alembic_version"
 _MIGRATE_LOCK = 0x756E696C6F67  # "unilog": serializes concurrent `unilog migrate` runs
 

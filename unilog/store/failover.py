@@ -12,16 +12,17 @@ that new emitters wait for (:func:`hold_rows`).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from ..errors import UnilogError
 from .connection import connect
 from .pgoutput import Decoder, WalRow
+from .readiness import Readiness, failover_readiness, hosts_of
 from .wal import CaptureSlot, drop_slot, lsn_text, record_capture
 
 FAILOVER_SLOTS_SINCE = 170000  # server_version_num of the first Postgres with failover slots
@@ -61,7 +62,8 @@ class SlotSafety:
     """What a failover or the WAL limit could do to the capture slot now. ``risk``: why records written as
     messages could be lost (None: they cannot); ``failover``: the slot is a failover slot; ``protected``:
     ``synchronized_standby_slots`` is set, so the streamer never gets ahead of a standby; ``wal_status``: as
-    ``pg_replication_slots`` says (None: no such slot)."""
+    ``pg_replication_slots`` says (None: no such slot); ``readiness``: for a failover slot, whether every standby
+    holds a copy that survives a promotion, verified on the standbys (:mod:`unilog.store.readiness`)."""
 
     risk: str | None
     failover: bool
@@ -69,10 +71,13 @@ class SlotSafety:
     standbys: tuple[str, ...]
     wal_status: str | None
     streamer_is_sync_standby: bool = False  # synchronous_standby_names matched the streamer's walsender ('*')
+    readiness: Readiness | None = None
 
 
-def slot_safety(conn: psycopg.Connection[Any], slot: str) -> SlotSafety:
-    """The slot's :class:`SlotSafety`."""
+def slot_safety(conn: psycopg.Connection[Any], slot: str, conninfos: Sequence[str] = ()) -> SlotSafety:
+    """The slot's :class:`SlotSafety`. ``conninfos``: where the standbys' copies of a failover slot are read (the
+    hosts of ``DATABASE_URL`` and ``UNILOG_STANDBY_URLS``); a standby attached whose copy is not read there, or not
+    ready, is a risk: the slot's ``failover`` flag alone says nothing about a standby's configuration."""
     newer = failover_slots(conn)
     row = conn.execute(
         sql.SQL("SELECT wal_status, safe_wal_size, {} FROM pg_replication_slots WHERE slot_name = %s").format(
@@ -86,13 +91,16 @@ def slot_safety(conn: psycopg.Connection[Any], slot: str) -> SlotSafety:
         return SlotSafety(f"slot {slot!r} does not exist", False, protected, attached, None)
     status, safe, failover = row
     sync = conn.execute(_SYNC_WALSENDER, (slot,)).fetchone() is not None
+    readiness = failover_readiness(conn, slot, conninfos) if failover else None
     risk = None
     if status in ("lost", "unreserved") or (status == "extended" and safe is not None):
         risk = f"slot {slot!r} is near max_slot_wal_keep_size (wal_status {status})"
     elif attached and not failover:
         why = f"Postgres {conn.info.server_version // 10000} has no failover slots" if not newer else "created so"
         risk = f"a standby is attached ({', '.join(attached)}) and slot {slot!r} is not a failover slot ({why})"
-    return SlotSafety(risk, bool(failover), protected, attached, status, sync)
+    elif readiness is not None and not readiness.ready:
+        risk = readiness.reason
+    return SlotSafety(risk, bool(failover), protected, attached, status, sync, readiness)
 
 
 # The slot's walsender chosen as a synchronous standby: then every commit waits for the streamer's confirmation.
@@ -307,7 +315,7 @@ def standby_copies(conninfo: str, slot: str, timeout: float = 3.0) -> list[dict[
     promotion drops a temporary copy) and its confirmed position. Hosts that cannot be reached, and primaries, are
     left out."""
     copies = []
-    for host, single in _hosts(conninfo):
+    for host, single in hosts_of(conninfo):
         try:
             conn = connect(single, autocommit=True, application_name="unilog-status", timeout=timeout, standby=True)
         except UnilogError:
@@ -325,16 +333,3 @@ def standby_copies(conninfo: str, slot: str, timeout: float = 3.0) -> list[dict[
                 {"host": host, "synced": bool(row and row[0]), "confirmed_flush_lsn": row[1] if row else None}
             )
     return copies
-
-
-def _hosts(conninfo: str) -> list[tuple[str, str]]:
-    """(``host:port``, a conninfo for that host alone) for each host of ``conninfo``."""
-    params = conninfo_to_dict(conninfo)
-    hosts = str(params.get("host") or params.get("hostaddr") or "localhost").split(",")
-    ports = str(params.get("port") or "5432").split(",")
-    ports = ports * len(hosts) if len(ports) == 1 else ports
-    key = "host" if params.get("host") else "hostaddr"
-    return [
-        (f"{h}:{p}", make_conninfo(conninfo, **{key: h}, port=p, target_session_attrs="any"))
-        for h, p in zip(hosts, ports, strict=False)
-    ]

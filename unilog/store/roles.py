@@ -32,6 +32,8 @@ GRANTS: dict[str, list[tuple[str, str]]] = {
         # the mode and the last message published; WAL mode also needs the role attribute REPLICATION (security.md)
         ("SELECT, UPDATE", "unilog_capture"),
         ("SELECT, UPDATE", "SEQUENCE unilog_emit_mode"),  # a lost slot switches producers to rows
+        ("SELECT, INSERT", "unilog_capture_losses"),  # a lost slot's recovery records what it cost
+        ("USAGE", "SEQUENCE unilog_capture_losses_id_seq"),
         ("SELECT", "unilog_alembic_version"),
         ("EXECUTE", "FUNCTION pg_control_system()"),
     ],
@@ -47,6 +49,7 @@ GRANTS: dict[str, list[tuple[str, str]]] = {
         ("SELECT", "unilog_producer"),
         ("SELECT", "unilog_stream_positions"),
         ("SELECT", "unilog_capture"),
+        ("SELECT, UPDATE", "unilog_capture_losses"),  # `unilog capture losses --ack`
         ("SELECT", "unilog_claims"),
         ("SELECT", "unilog_backfills"),  # `unilog status` shows the backfills
         ("SELECT", "unilog_schemas"),  # `unilog schema list|show|export|check`, `unilog asyncapi`, the dashboard

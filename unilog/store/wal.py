@@ -118,12 +118,14 @@ def record_capture(conn: psycopg.Connection[Any], slot: str, publication: str) -
     transaction that takes an xid from here on commits after the slot's consistent point, so it is in the WAL."""
     conn.execute(
         """
-        INSERT INTO unilog_capture (slot_name, publication, from_xid)
-        VALUES (%s, %s, pg_snapshot_xmax(pg_current_snapshot()))
+        INSERT INTO unilog_capture (slot_name, publication, from_xid, restart_lsn)
+        VALUES (%s, %s, pg_snapshot_xmax(pg_current_snapshot()),
+                (SELECT restart_lsn FROM pg_replication_slots WHERE slot_name = %s))
         ON CONFLICT (singleton) DO UPDATE SET slot_name = excluded.slot_name, publication = excluded.publication,
-            from_xid = excluded.from_xid, enabled_at = now(), message_lsn = '0/0', message_ordinal = -1
+            from_xid = excluded.from_xid, enabled_at = now(), message_lsn = '0/0', message_ordinal = -1,
+            restart_lsn = excluded.restart_lsn
         """,
-        (slot, publication),
+        (slot, publication, slot),
     )
 
 

@@ -37,7 +37,7 @@ import psycopg
 import structlog
 
 from .. import routing, store
-from ..errors import CaptureLost, CaptureRecreated, ConfigurationError, PublishError
+from ..errors import CaptureLost, CaptureRecreated, ConfigurationError, PublishError, UnilogError
 from ..store.pgoutput import Decoder, WalRow, WalTransaction
 from ..store.wal import CaptureSlot, ReplicationStream, SlotBusy
 from .capture import BatchResult, Capture
@@ -88,6 +88,8 @@ class WalCapture:
         timeout: float | None,
         pipeline_batches: int,
         streams: tuple[str, ...] | None = None,
+        standbys: tuple[str, ...] = (),
+        losses: list[store.Recovery] | None = None,
     ) -> None:
         if streams is not None:
             raise ConfigurationError(
@@ -98,6 +100,9 @@ class WalCapture:
         self.slot = slot
         self.predrain = predrain
         self.conninfo, self.batch_size, self.timeout = conninfo, batch_size, timeout
+        self.standbys = standbys or (conninfo,)  # where the standbys' copies of the slot are read
+        # lost slots recovered from (records lost or not), the streamer's list: a re-created slot is a new capture
+        self.losses: list[store.Recovery] = [] if losses is None else losses
         self.pipeline_batches = pipeline_batches
         self._reader: ReplicationStream | None = None
         self._decoder = Decoder(part_rows=batch_size)
@@ -133,7 +138,7 @@ class WalCapture:
             return BatchResult(blocked=True)  # another streamer streams this database's slot
         if time.monotonic() >= self._guard_at:
             self._guard_at = time.monotonic() + GUARD_INTERVAL
-            guard(conn, streaming=True)
+            guard(conn, streaming=True, conninfos=self.standbys)
         self._receive(reader, wait=0)
         if not self._pending:
             self._confirm_idle(reader)
@@ -153,13 +158,40 @@ class WalCapture:
                     self.conninfo, self.slot, application_name=f"unilog-{name}-wal", timeout=self.timeout
                 )
             except CaptureLost as exc:
-                lost = _stop_messages_after_loss(conn)
-                if lost.startswith(NOTHING_LOST) and not self.publisher.in_doubt(conn):
-                    store.recreate_slot(self.conninfo, self.slot)  # what `capture wal --recreate` does, done here
-                    raise CaptureRecreated(f"{exc}; {lost}: the slot is re-created") from None
-                raise CaptureLost(f"{exc}; {lost}") from None
+                raise self._after_loss(conn, exc) from None
             log.info("streaming from the WAL", slot=self.slot.slot, streamer=name)
         return self._reader
+
+    def _after_loss(self, conn: psycopg.Connection[Any], exc: CaptureLost) -> UnilogError:
+        """The slot is gone: producers to rows at once; then, unless a batch is in doubt (sent to Redis, not yet
+        saved: only the lost slot knew its order, so the streamer stops with exit 12 naming the recovery), the
+        record messages the slot had not delivered are recovered from the WAL as rows (:func:`store.recover_lost_slot`;
+        none are waiting if producers were held to rows before and every message before was published or rescued),
+        the slot is re-created, and the streamer goes on: a loss never stops the log. What could not be recovered is
+        recorded and logged as an error; the error returned (:class:`CaptureRecreated`) makes the loop reconnect."""
+        lost = _stop_messages_after_loss(conn)
+        if self.publisher.in_doubt(conn):
+            return CaptureLost(f"{exc}; {lost}")
+        if lost.startswith(NOTHING_LOST):
+            store.recreate_slot(self.conninfo, self.slot)  # what `capture wal --recreate` does, done here
+            return CaptureRecreated(f"{exc}; {lost}: the slot is re-created")
+        try:
+            others = store.other_capture_databases(conn, self.conninfo)
+            conn.commit()
+            recovery = store.recover_lost_slot(conn, self.slot.slot, others)
+        except psycopg.errors.LockNotAvailable:
+            conn.rollback()
+            return PublishError(
+                "the capture slot is lost and a transaction writing record messages did not end within 2 s: producers "
+                "stage rows now; the recovery of the messages the slot had not delivered is tried again"
+            )
+        store.recreate_slot(self.conninfo, self.slot)
+        self.losses.append(recovery)
+        if recovery.complete:
+            log.warning("capture slot lost: " + recovery.line(), slot=self.slot.slot, loss=recovery.loss_id)
+        else:
+            log.error("capture slot lost: " + recovery.line(), slot=self.slot.slot, loss=recovery.loss_id)
+        return CaptureRecreated(f"{exc}; {recovery.line()}; the slot is re-created")
 
     def _receive(self, reader: ReplicationStream, wait: float) -> None:
         """Decode what arrived into transactions and parts of a large one, until a batch's worth is pending. A read

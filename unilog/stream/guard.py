@@ -13,7 +13,7 @@ When the risk has passed and the slot is ``reserved`` (the standby gone or the s
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import psycopg
@@ -26,22 +26,33 @@ GUARD_INTERVAL = 2.0  # seconds between a streamer's checks of its slot
 log = structlog.get_logger(__name__)
 
 
-def guard(conn: psycopg.Connection[Any], *, streaming: bool, in_doubt: Callable[[], bool] | None = None) -> str | None:
+def guard(
+    conn: psycopg.Connection[Any],
+    *,
+    streaming: bool,
+    in_doubt: Callable[[], bool] | None = None,
+    conninfos: Sequence[str] = (),
+) -> str | None:
     """Hold producers to rows while the capture slot runs a risk, release them when it has passed; return why they
     are held (None: they are not, or the database is in table mode). ``streaming``: the caller streams from the
     slot itself (a streamer), so it reads the messages already written and no rescue is needed (nor possible: a
     peek needs the slot free). ``in_doubt``: whether a batch was sent to Redis and not yet saved (then no rescue: a
-    rescued row would be a second record of it); without it, no rescue either. ``conn``: not autocommit; each of its
-    transactions is ended here. A hold that cannot be made now is logged and tried again at the next call."""
+    rescued row would be a second record of it); without it, no rescue either. ``conninfos``: where the standbys'
+    copies of a failover slot are read (:func:`unilog.store.failover_readiness`): a standby whose copy is not
+    verified there is a risk. Also keeps the slot's restart position, where a recovery reads the WAL from if the
+    slot is lost. ``conn``: not autocommit; each of its transactions is ended here. A hold that cannot be made now
+    is logged and tried again at the next call; a change of the slot's risk is logged once."""
     current = store.capture_slot(conn)
     if current is None:
         conn.commit()
         return None
-    safety = store.slot_safety(conn, current.slot)
+    safety = store.slot_safety(conn, current.slot, conninfos)
     reason, _saved, _lsn = store.rows_held(conn)
     messages = store.emit_messages(conn)
     state = store.slot_state(conn, current.slot)
+    store.record_restart_lsn(conn, current.slot)
     conn.commit()
+    _say_changes(current.slot, safety)
     if safety.streamer_is_sync_standby:
         log.warning(
             "the WAL streamer is a synchronous standby: every commit waits for it; name the standbys in "
@@ -57,6 +68,29 @@ def guard(conn: psycopg.Connection[Any], *, streaming: bool, in_doubt: Callable[
         log.info("producers write record messages again", slot=current.slot, was=reason)
         return None
     return reason
+
+
+_SAID: dict[str, tuple[str | None, str | None]] = {}  # slot -> (risk, held back) last logged by this process
+
+
+def _say_changes(slot: str, safety: store.SlotSafety) -> None:
+    """Log the slot's risk and a hold-back of logical decoding when they change (not at every check)."""
+    held_back = safety.readiness.held_back if safety.readiness is not None else None
+    now = (safety.risk, held_back)
+    if _SAID.get(slot) == now:
+        return
+    before = _SAID.get(slot, (None, None))
+    _SAID[slot] = now
+    if held_back != before[1]:
+        if held_back:
+            log.error("logical decoding is held back: nothing is streamed", slot=slot, why=held_back)
+        else:
+            log.info("logical decoding is no longer held back", slot=slot)
+    if safety.risk != before[0]:
+        if safety.risk:
+            log.warning("the capture slot is at risk: producers stage rows", slot=slot, why=safety.risk)
+        elif safety.readiness is not None and safety.readiness.copies:
+            log.info("failover ready: every standby holds a synchronised copy of the slot", slot=slot)
 
 
 def _can_rescue(state: dict[str, Any] | None, streaming: bool) -> bool:

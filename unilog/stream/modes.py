@@ -149,19 +149,27 @@ def enable_wal(
         captured = store.capture_slot(conn)
         assert captured is not None
         _fit_read_index(conn, captured)
-        _turn_messages_on(conn, name, fresh=fresh)
+        if not store.install_walinspect(conn):  # a lost slot's messages are recovered from the WAL with it
+            log.warning(
+                "pg_walinspect is not installed (it needs a superuser): a capture slot lost without a ready copy on "
+                "the promoted standby cannot be recovered from the WAL",
+                why=store.walinspect_ready(conn),
+            )
+        _turn_messages_on(conn, name, fresh=fresh, conninfos=settings.standby_conninfos)
         log.info("WAL capture on", slot=name, publication=publication, new_slot=fresh)
         return captured
 
 
-def _turn_messages_on(conn: psycopg.Connection[Any], slot: str, *, fresh: bool) -> None:
+def _turn_messages_on(
+    conn: psycopg.Connection[Any], slot: str, *, fresh: bool, conninfos: tuple[str, ...] = ()
+) -> None:
     """Producers to record messages, only now that the slot exists (it reads every message from here on), unless the
     slot runs a risk now (then they are held to rows until it has passed) or the database is not UTF8 (a message's
     RESP lengths are server-encoding bytes: right only in UTF8). ``conn``: autocommit."""
     if not store.packed_fetch_supported(conn):
         log.warning("producers keep staging rows: record messages need a UTF8 database", encoding="not UTF8")
         return
-    risk = store.slot_safety(conn, slot).risk
+    risk = store.slot_safety(conn, slot, conninfos).risk
     if risk is None:
         with conn.transaction():
             store.clear_rows_hold(conn)
@@ -255,17 +263,29 @@ def capture_status(settings: Settings) -> dict[str, Any]:
         if current is not None:
             report |= {"slot": current.slot, "publication": current.publication, "from_xid": current.from_xid}
             report["slot_state"] = store.slot_state(conn, current.slot)
-            report["safety"] = slot_report(conn, settings.conninfo, current.slot)
+            report["safety"] = slot_report(conn, settings.standby_conninfos, current.slot)
         return report
 
 
-def slot_report(conn: psycopg.Connection[Any], conninfo: str, slot: str) -> dict[str, Any]:
+def slot_report(conn: psycopg.Connection[Any], conninfos: tuple[str, ...], slot: str) -> dict[str, Any]:
     """Whether a failover keeps the slot: a failover slot, protected by ``synchronized_standby_slots``, the standbys
-    attached, the slot's copies on the standbys among ``conninfo``'s hosts (Postgres 17+), and the hold to rows."""
-    safety = store.slot_safety(conn, slot)
+    attached, each one's copy of the slot as read on the standbys among the hosts of ``conninfos`` (Postgres 17+),
+    whether failover is ready (every standby holds a copy that survives a promotion) and why not, whether logical
+    decoding is held back, the hold to rows, and the losses of earlier slots not yet acknowledged."""
+    safety = store.slot_safety(conn, slot, conninfos)
     reason, saved, _lsn = store.rows_held(conn)
-    copies = store.standby_copies(conninfo, slot) if store.failover_slots(conn) else []
+    readiness = safety.readiness
+    copies = [
+        {"standby": c.standby, "host": c.host, "synced": c.ready, "why": c.why, "lag_bytes": c.lag_bytes}
+        for c in (readiness.copies if readiness is not None else ())
+    ]
+    losses = store.capture_losses(conn, unacknowledged=True)
     return {
+        "failover_ready": readiness.ready if readiness is not None else not safety.standbys,
+        "failover_not_ready": readiness.reason if readiness is not None else None,
+        "held_back": readiness.held_back if readiness is not None else None,
+        "losses": losses,
+        "walinspect": store.walinspect_ready(conn) or "ready",
         "failover": safety.failover,
         "protected": safety.protected,
         "standbys": list(safety.standbys),

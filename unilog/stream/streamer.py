@@ -156,6 +156,9 @@ class Streamer(Worker):
             None  # while the database is in WAL capture mode (switched by unilog.stream.capture)
         )
         self._capture: Capture = self._table
+        # WAL capture slots this streamer found lost and recovered from the WAL (unilog.store.Recovery): `streamer
+        # --once` exits 12 after its drain if records could not be recovered
+        self.losses: list[store.Recovery] = []
         self._mode_known = False  # the capture mode is read once per Postgres session
         retry = (self.config.wakeup_retry, self.config.wakeup_retry_max)
         self._listener = CommitListener(settings.conninfo, f"unilog-{name}-listen", *retry)
@@ -280,6 +283,8 @@ class Streamer(Worker):
                     before=slot.from_xid,
                 ),
                 conninfo=self.settings.conninfo,
+                standbys=self.settings.standby_conninfos,
+                losses=self.losses,
                 batch_size=config.batch_size,
                 timeout=config.pg_timeout,
                 streams=config.streams,

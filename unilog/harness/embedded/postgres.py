@@ -272,19 +272,24 @@ class EmbeddedPostgres(ServerProcess):
 
     # -- replication (ReplicatedPostgres builds on these) -------------------- #
 
-    def clone_from(self, source: EmbeddedPostgres, *, slot: str | None = None) -> None:
+    def clone_from(
+        self, source: EmbeddedPostgres, *, slot: str | None = None, write_recovery_conf: bool = False
+    ) -> None:
         """Fill this instance's empty data directory with a ``pg_basebackup`` of the running ``source`` (WAL
         streamed along, through the physical replication ``slot`` if given, which must exist on ``source``).
 
         A later :meth:`start` skips initdb; it starts a standby if :attr:`standby` is set (``primary_conninfo``
         and the like then belong in :attr:`settings`). Raises EmbeddedServerError if the data directory is not
-        empty or the backup fails."""
+        empty or the backup fails. ``write_recovery_conf``: ``pg_basebackup -R``, as operators usually make a standby:
+        its ``primary_conninfo`` (without ``dbname``) goes to ``postgresql.auto.conf``, which wins over
+        :attr:`settings`' (a failover slot is then never copied to this standby)."""
         with self._lock:
             self._prepare_dirs()
             if any(self.data_dir.iterdir()):
                 raise EmbeddedServerError(f"{self.data_dir} is not empty: clone_from needs a fresh instance")
             args = ["-d", source.url, "-D", str(self.data_dir), "-X", "stream", "-c", "fast"]
             args += ["-S", slot] if slot else []
+            args += ["-R"] if write_recovery_conf else []
             self._run_tool("pg_basebackup", *args, *([] if self.fsync else ["--no-sync"]))
 
     def rewind_from(self, source: EmbeddedPostgres) -> None:

@@ -60,7 +60,9 @@ class ReplicatedPostgres:
     :meth:`failover` until :meth:`rejoin`); :attr:`nodes` keeps the fixed order (node A, node B) that :attr:`url`
     lists. With ``synchronous=True`` the primary waits for the standby's flush on each commit
     (``synchronous_standby_names`` naming the standby) while a standby is attached, so a failover loses no committed
-    transaction. ``settings`` are added to both nodes' (see :func:`replication_settings`).
+    transaction. ``settings`` are added to both nodes' (see :func:`replication_settings`). ``basebackup_r``: the
+    standby is made the usual way, ``pg_basebackup -R``, whose ``primary_conninfo`` without ``dbname`` (in
+    ``postgresql.auto.conf``, which wins) keeps slot synchronisation from running although it is configured.
     """
 
     def __init__(
@@ -70,9 +72,11 @@ class ReplicatedPostgres:
         binaries: PostgresBinaries | None = None,
         synchronous: bool = True,
         settings: Mapping[str, str] | None = None,
+        basebackup_r: bool = False,
     ) -> None:
         self.binaries = binaries or find_postgres()
         self.synchronous = synchronous
+        self.basebackup_r = basebackup_r
         self._owns_base_dir = base_dir is None
         self.base_dir = _new_temp_dir("unilog-pgha-") if base_dir is None else Path(base_dir).absolute()
         node_settings = replication_settings() | dict(settings or {})
@@ -123,7 +127,7 @@ class ReplicatedPostgres:
         try:
             primary.start()
             self._create_physical_slot(primary, self.slot_for(standby))
-            standby.clone_from(primary, slot=self.slot_for(standby))
+            standby.clone_from(primary, slot=self.slot_for(standby), write_recovery_conf=self.basebackup_r)
             self._follow(standby, primary)
             standby.start()
             self._attach(primary, standby)
@@ -279,6 +283,8 @@ class ReplicatedPostgres:
         # dbname: slot sync connects to a database; application_name: how pg_stat_replication names the standby
         conninfo = f"host=127.0.0.1 port={primary.port} user=postgres dbname=postgres application_name={name}"
         node.settings |= {"primary_conninfo": conninfo, "primary_slot_name": name}
+        if self.basebackup_r:  # its primary_conninfo names no application: the walreceiver goes by cluster_name
+            node.settings["cluster_name"] = name
         if self.failover_slots:
             node.settings["sync_replication_slots"] = "on"
         node.standby = True
