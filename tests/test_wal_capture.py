@@ -24,7 +24,7 @@ import redis
 from cli import one_line, unilog
 
 from unilog import Settings, Streamer, StreamerConfig
-from unilog.errors import CaptureLost, ConfigurationError, InjectedCrash
+from unilog.errors import ConfigurationError, InjectedCrash
 from unilog.faults import Faults
 from unilog.harness.proxy import FaultProxy
 from unilog.stream.modes import WalCapture, capture_status, disable_wal, enable_wal
