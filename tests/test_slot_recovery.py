@@ -177,3 +177,28 @@ def test_a_slot_whose_wal_is_gone_records_the_loss_exits_12_once_and_the_log_goe
     assert "RECORDS LOST" not in unilog(settings, "status").stdout
     refused = unilog(settings, "capture", "losses", "--ack", str(loss["id"]))
     assert refused.returncode == 2 and "no unacknowledged capture loss" in refused.stderr, refused.stderr
+
+
+@pytest.mark.parametrize("staged_as", ["messages", "rows"])
+def test_a_batch_in_flight_when_the_slot_is_lost_is_settled_from_redis_and_published_once(
+    pg18: tuple[Settings, EmbeddedPostgres], rds: redis.Redis, staged_as: str
+) -> None:
+    """A primary killed mid-batch: Redis confirmed the batch, Postgres never saved it (crash injected right after
+    the publish), and the slot is gone. The entries Redis holds are matched to the staged rows they came from
+    (messages recovered as rows first), which are deleted with the positions saved: every record once, in order."""
+    settings, _server = pg18
+    emit_n(settings, range(2))
+    assert unilog(settings, "streamer", "--once").returncode == 0  # positions saved
+    if staged_as == "rows":
+        with psycopg.connect(settings.conninfo, autocommit=True) as admin:
+            admin.execute("SELECT setval('unilog_emit_mode', 0)")
+    emit_n(settings, range(2, 6), key="k")
+    crashed = unilog(settings, "streamer", "--once", "--exit-on-crash", "--faults", "streamer.crash_after_publish=1")
+    assert crashed.returncode == 7, crashed.stderr
+    assert rds.xlen(STREAM) == 6, "the batch is in Redis, not saved in Postgres"
+    drop_slot(settings)
+    emit_n(settings, range(6, 8))
+    result = unilog(settings, "streamer", "--once")
+    assert result.returncode == 0, result.stderr
+    assert "settled from Redis" in result.stdout, result.stdout[-3000:]
+    assert published(rds) == [(i + 1, i) for i in range(8)], "every record once, in commit order"

@@ -157,6 +157,21 @@ class Publishing(Adapter):
         """The connection pool of the node that serves ``key`` (the one pool of a single Redis)."""
         return node_pool(self.client, key)
 
+    @issues("xrevrange")
+    def unsaved_entries(self, stream: str, producer: str, epoch: int, after: int, upto: int) -> list[dict[str, str]]:
+        """The entries ``producer`` appended to ``stream`` at ``epoch`` with positions ``after`` + 1 .. ``upto`` (a
+        batch Redis confirmed and Postgres never saved), in position order; fewer if some are gone (trimmed). Each
+        is its fields as text. One streamer publishes a stream at a time, so they are the stream's last entries."""
+        wanted = upto - after
+        rows = (self.client.xrevrange(stream, "+", "-", count=wanted) if wanted > 0 else None) or []
+        found = []
+        for _id, raw in rows:
+            fields = {to_str(k): to_str(v) for k, v in (raw or {}).items()}
+            ours = fields.get("producer") == producer and fields.get("epoch") == str(epoch)
+            if ours and after < int(fields.get("seq", "0")) <= upto:
+                found.append(fields)
+        return sorted(found, key=lambda f: int(f["seq"]))
+
     @issues("hget")
     def high_water(self, stream: str, producer: str) -> tuple[int, int] | None:
         """The producer's high-water (epoch, seq) on ``stream``, or None."""

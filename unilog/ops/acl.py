@@ -28,10 +28,12 @@ _CONNECTING: tuple[Callable[..., Any], ...] = (connect, ping)
 # What each kind of process calls in the Redis adapter (the asyncio consumers call the twins of the same names).
 USES: dict[str, tuple[Callable[..., Any], ...]] = {
     # `unilog streamer` in either capture mode (and `unilog capture`, whose settling runs one): publishing, the
-    # producer's high-water mark, partition counts, the check for keys in the layout before hash tags, retention
+    # producer's high-water mark (and the entries past it, to settle a batch in doubt when a WAL slot was lost),
+    # partition counts, the check for keys in the layout before hash tags, retention
     "streamer": (
         R.publish,
         R.high_water,
+        R.unsaved_entries,
         R.partitions,
         R.legacy_keys,
         R.registered,

@@ -100,10 +100,12 @@ from .recovery import (
     acknowledge_loss,
     capture_losses,
     install_walinspect,
+    match_published,
     other_capture_databases,
     record_restart_lsn,
     recover_lost_slot,
     walinspect_ready,
+    walinspect_usable,
 )
 from .schemas import (
     DEFAULT_SCHEMA_MODE,
@@ -251,6 +253,7 @@ __all__ = [
     "lock_registry",
     "lsn_text",
     "mark_dropped",
+    "match_published",
     "message_mark",
     "oldest_stager",
     "other_capture_databases",
@@ -311,4 +314,5 @@ __all__ = [
     "wal_insert_lsn",
     "wal_level",
     "walinspect_ready",
+    "walinspect_usable",
 ]

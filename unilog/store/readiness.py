@@ -147,7 +147,8 @@ def _why_not(view: dict[str, Any], slot: str, syncing: bool | None) -> str:
     if view["feedback"] != "on":
         return "hot_standby_feedback is off, which slot synchronisation requires"
     conninfo = view["conninfo"]
-    if conninfo and "*" not in conninfo and "dbname" not in conninfo_keys(conninfo):
+    # a running worker settles it (RDS names the database in a setting of its own, not in primary_conninfo)
+    if not view["worker"] and conninfo and "*" not in conninfo and "dbname" not in conninfo_keys(conninfo):
         return ("its primary_conninfo has no dbname (pg_basebackup -R writes it so, in postgresql.auto.conf, which "
                 "wins over postgresql.conf): slot synchronisation cannot run")  # fmt: skip
     if not view["worker"] or syncing is False:

@@ -89,10 +89,11 @@ def walinspect_ready(conn: psycopg.Connection[Any]) -> str | None:
     that may not exist: an error line in the server log for every check would be noise."""
     if conn.info.server_version < PAYLOAD_SINCE:
         return f"Postgres {conn.info.server_version // 10000}'s pg_walinspect does not show a message's payload (16+)"
-    return _walinspect_usable(conn)
+    return walinspect_usable(conn)
 
 
-def _walinspect_usable(conn: psycopg.Connection[Any]) -> str | None:
+def walinspect_usable(conn: psycopg.Connection[Any]) -> str | None:
+    """None if pg_walinspect is installed here and this role may call it, else why not (checked in the catalog)."""
     row = conn.execute(
         "SELECT has_function_privilege(p.oid, 'EXECUTE') FROM pg_proc p JOIN pg_extension e ON e.extname = "
         "'pg_walinspect' AND p.pronamespace = e.extnamespace WHERE p.proname = 'pg_get_wal_records_info'"
@@ -180,7 +181,11 @@ def _recover_range(
     why = walinspect_ready(conn)
     if why is not None:
         return [], {}, *_count_only(conn, start, end, why)
-    messages, commits, ambiguous, _foreign = _read(conn, start, end, mark, other_captures)
+    try:
+        with conn.transaction():  # a savepoint: the recovery's transaction goes on if the WAL cannot be read
+            messages, commits, ambiguous, _foreign = _read(conn, start, end, mark, other_captures)
+    except psycopg.Error as exc:  # WAL removed where pg_ls_waldir could not tell, say: then nothing is known
+        return [], {}, None, f"the WAL could not be read back ({' '.join(str(exc).split())})"
     detail = (
         f"{ambiguous} record messages of transactions that wrote nothing else cannot be told apart from another "
         "unilog database's on this cluster"
@@ -194,7 +199,7 @@ def _count_only(conn: psycopg.Connection[Any], start: int, end: int, why: str) -
     """Where messages cannot be read back (Postgres 15, or no pg_walinspect): how many may be lost and why. The WAL's
     logical messages in the range are counted where pg_walinspect is installed (an upper bound: switch markers,
     rolled-back transactions and other databases' count too); none at all means none was lost (only rows, say)."""
-    if _walinspect_usable(conn) is not None:
+    if walinspect_usable(conn) is not None:
         return None, why
     from .failover import count_record_messages
 
@@ -414,3 +419,47 @@ def acknowledge_loss(conn: psycopg.Connection[Any], loss: int, by: str) -> bool:
         (by, loss),
     ).fetchone()
     return row is not None
+
+
+# A staged row that a published entry was made from: the lowest id with the same content, not taken already. Its
+# created time in ms as either path wrote it: WAL mode truncates a row's, table mode rounds it.
+_MATCH = """
+    SELECT id FROM staged_log_records
+    WHERE stream = ANY(%(sources)s) AND action = %(action)s AND object = %(object)s AND data = %(data)s::jsonb
+      AND coalesce(key, '') = %(key)s AND coalesce(record_type, '') = %(type)s
+      AND coalesce(traceparent, '') = %(traceparent)s AND coalesce(tracestate, '') = %(tracestate)s
+      AND %(created)s::bigint IN (floor(extract(epoch FROM created_at) * 1000)::bigint,
+                                  round(extract(epoch FROM created_at) * 1000)::bigint)
+      AND id <> ALL(%(taken)s)
+    ORDER BY id LIMIT 1
+"""
+
+
+def match_published(
+    conn: psycopg.Connection[Any], entries: dict[str, tuple[list[str], list[dict[str, str]]]]
+) -> list[int] | None:
+    """The staged rows that published entries were made from (``entries``: per target stream, its staging
+    sources and the entries' fields), one row per entry; None if any entry matches no row. In ``conn``'s
+    transaction; nothing is changed."""
+    taken: list[int] = []
+    for sources, fields in entries.values():
+        for entry in fields:
+            row = conn.execute(
+                _MATCH,
+                {
+                    "sources": sources,
+                    "action": entry.get("action"),
+                    "object": entry.get("object"),
+                    "data": entry.get("data"),
+                    "key": entry.get("key", ""),
+                    "type": entry.get("type", ""),
+                    "traceparent": entry.get("traceparent", ""),
+                    "tracestate": entry.get("tracestate", ""),
+                    "created": entry.get("created", "0"),
+                    "taken": taken,
+                },
+            ).fetchone()
+            if row is None:
+                return None
+            taken.append(int(row[0]))
+    return taken

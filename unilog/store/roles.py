@@ -24,7 +24,9 @@ GRANTS: dict[str, list[tuple[str, str]]] = {
         ("SELECT", "unilog_schemas"),  # unilog_emit with a record type checks it against the registry
     ],
     "streamer": [
-        ("SELECT, UPDATE, DELETE", "staged_log_records"),
+        # INSERT: a lost slot's record messages are staged again as rows (unilog/store/recovery.py)
+        ("SELECT, INSERT, UPDATE, DELETE", "staged_log_records"),
+        ("USAGE", "SEQUENCE staged_log_records_id_seq"),
         ("SELECT, INSERT, DELETE", "unilog_claims"),  # table mode's batches, saved before they are sent
         ("USAGE", "SEQUENCE unilog_claims_claim_seq"),
         ("SELECT, UPDATE", "unilog_producer"),

@@ -28,6 +28,7 @@ switches are :mod:`unilog.stream.modes`'s):
 from __future__ import annotations
 
 import concurrent.futures
+import re
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -42,7 +43,7 @@ from ..store.pgoutput import Decoder, WalRow, WalTransaction
 from ..store.wal import CaptureSlot, ReplicationStream, SlotBusy
 from .capture import BatchResult, Capture
 from .guard import GUARD_INTERVAL, guard
-from .publisher import Publisher
+from .publisher import Publisher, settle_unsaved
 
 log = structlog.get_logger(__name__)
 
@@ -170,28 +171,46 @@ class WalCapture:
         the slot is re-created, and the streamer goes on: a loss never stops the log. What could not be recovered is
         recorded and logged as an error; the error returned (:class:`CaptureRecreated`) makes the loop reconnect."""
         lost = _stop_messages_after_loss(conn)
-        if self.publisher.in_doubt(conn):
+        recovery = None
+        if not lost.startswith(NOTHING_LOST):
+            try:
+                others = store.other_capture_databases(conn, self.conninfo)
+                conn.commit()
+                recovery = store.recover_lost_slot(conn, self.slot.slot, others)
+            except psycopg.errors.LockNotAvailable:
+                conn.rollback()
+                return PublishError(
+                    "the capture slot is lost and a transaction writing record messages did not end within 2 s: "
+                    "producers stage rows now; the recovery of the messages the slot had not delivered is tried again"
+                )
+        if (doubtful := self.publisher.in_doubt(conn)) and not self._settle(conn, doubtful):
             return CaptureLost(f"{exc}; {lost}")
-        if lost.startswith(NOTHING_LOST):
-            store.recreate_slot(self.conninfo, self.slot)  # what `capture wal --recreate` does, done here
+        store.recreate_slot(self.conninfo, self.slot)  # what `capture wal --recreate` does, done here
+        if recovery is None:
             return CaptureRecreated(f"{exc}; {lost}: the slot is re-created")
-        try:
-            others = store.other_capture_databases(conn, self.conninfo)
-            conn.commit()
-            recovery = store.recover_lost_slot(conn, self.slot.slot, others)
-        except psycopg.errors.LockNotAvailable:
-            conn.rollback()
-            return PublishError(
-                "the capture slot is lost and a transaction writing record messages did not end within 2 s: producers "
-                "stage rows now; the recovery of the messages the slot had not delivered is tried again"
-            )
-        store.recreate_slot(self.conninfo, self.slot)
         self.losses.append(recovery)
-        if recovery.complete:
-            log.warning("capture slot lost: " + recovery.line(), slot=self.slot.slot, loss=recovery.loss_id)
-        else:
-            log.error("capture slot lost: " + recovery.line(), slot=self.slot.slot, loss=recovery.loss_id)
+        say = log.warning if recovery.complete else log.error
+        say("capture slot lost: " + recovery.line(), slot=self.slot.slot, loss=recovery.loss_id)
         return CaptureRecreated(f"{exc}; {recovery.line()}; the slot is re-created")
+
+    def _settle(self, conn: psycopg.Connection[Any], doubtful: list[str]) -> bool:
+        """A batch was in Redis, not saved, when the slot went (a primary killed mid-batch): settle it from what
+        Redis has (:func:`unilog.stream.publisher.settle_unsaved`); False if it cannot be."""
+        default = self.publisher.default_stream
+        sources = {}
+        for target in doubtful:
+            base = (
+                re.sub(r"\.p\d+$", "", target)
+                if self.publisher.partitions(re.sub(r"\.p\d+$", "", target)) > 1
+                else target
+            )
+            sources[target] = [base, ""] if base == default else [base]
+        settled = settle_unsaved(self.publisher.connect(), conn, self.publisher.identity(), sources)
+        log.warning(
+            "a batch in flight when the slot was lost: " + ("settled from Redis" if settled else "cannot be settled"),
+            streams=doubtful,
+        )
+        return settled
 
     def _receive(self, reader: ReplicationStream, wait: float) -> None:
         """Decode what arrived into transactions and parts of a large one, until a batch's worth is pending. A read
@@ -445,7 +464,8 @@ def _stop_messages_after_loss(conn: psycopg.Connection[Any]) -> str:
             f"published or rescued as a row, and {kept}"
         )
     upto = held_at if not messages and held_at is not None else now
-    count = store.count_record_messages(conn, mark[0], upto)
+    # counted only where pg_walinspect can be called: a call that fails leaves an ERROR line in the server's log
+    count = store.count_record_messages(conn, mark[0], upto) if store.walinspect_usable(conn) is None else None
     conn.commit()
     how_many = "(how many: unknown, pg_walinspect cannot read that WAL here)" if count is None else f"({count} at most)"
     return (

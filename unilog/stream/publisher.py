@@ -182,6 +182,38 @@ class Publisher:
         metrics.batch_published(stream, records, time.perf_counter() - started, first_created_ms)
 
 
+def settle_unsaved(
+    api: engine.RedisStreams,
+    conn: psycopg.Connection[Any],
+    identity: store.ProducerIdentity,
+    sources: dict[str, list[str]],
+) -> bool:
+    """Settle the batches in doubt from what Redis has: for each stream where Redis holds positions of ``identity``
+    past what Postgres saved, find the staged rows those entries were published from (``sources``: each target
+    stream's staging sources), delete them and save the positions, in one transaction committed here. Only when
+    every such entry is matched by a staged row (same stream, data, action, object, created, key, type, trace):
+    otherwise nothing is changed and False is returned (then only the capture that sent the batch can re-send it).
+    A record is its content, so two identical rows are interchangeable. For a lost WAL slot, whose batch in flight
+    no one can re-read: everything it held is a staged row by then (rows, or messages recovered as rows)."""
+    positions = store.published_positions(conn)
+    plan: dict[str, tuple[int, list[dict[str, str]]]] = {}
+    for stream, epoch, last_seq in positions:
+        mark = api.high_water(stream, identity.producer_id)
+        if epoch == identity.epoch and mark is not None and mark > (epoch, last_seq):
+            entries = api.unsaved_entries(stream, identity.producer_id, epoch, last_seq, mark[1])
+            if len(entries) != mark[1] - last_seq:
+                conn.rollback()
+                return False
+            plan[stream] = (mark[1], entries)
+    ids = store.match_published(conn, {t: (sources.get(t, [t]), e) for t, (_m, e) in plan.items()})
+    if ids is None:
+        conn.rollback()
+        return False
+    store.delete_ids(conn, ids, identity.epoch, {t: m for t, (m, _e) in plan.items()})
+    conn.commit()
+    return True
+
+
 def unsaved_batches(
     api: engine.RedisStreams, identity: store.ProducerIdentity, positions: list[tuple[str, int, int]]
 ) -> list[str]:

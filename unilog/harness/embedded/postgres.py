@@ -287,7 +287,13 @@ class EmbeddedPostgres(ServerProcess):
             self._prepare_dirs()
             if any(self.data_dir.iterdir()):
                 raise EmbeddedServerError(f"{self.data_dir} is not empty: clone_from needs a fresh instance")
-            args = ["-d", source.url, "-D", str(self.data_dir), "-X", "stream", "-c", "fast"]
+            # -R as operators run it, with host and user but no database: Postgres 17+ writes the dbname of -d too
+            where = (
+                ["-h", "127.0.0.1", "-p", str(source.port), "-U", "postgres"]
+                if write_recovery_conf
+                else ["-d", source.url]
+            )
+            args = [*where, "-D", str(self.data_dir), "-X", "stream", "-c", "fast"]
             args += ["-S", slot] if slot else []
             args += ["-R"] if write_recovery_conf else []
             self._run_tool("pg_basebackup", *args, *([] if self.fsync else ["--no-sync"]))

@@ -1,12 +1,14 @@
 """The dashboard's one page: plain HTML, CSS and JavaScript (no build step, nothing fetched from elsewhere).
 
 It polls ``/api/status`` every two seconds and redraws: the capture mode (in WAL mode the slot's streamer, retained WAL
-and confirmation lag, with a warning while no streamer streams from it), streams, consumers (those registered for
-retention too, a registration without a checkpoint marked "registered, never ran") with their lag drawn as an SVG line
-over the sampled history and what each registration holds of the stream, the oldest open transaction that staged records
-(only its own wait), each stream's record types and their versions (from the schema registry, every 15 seconds), the
-running backfills (rows done of the estimate, the last key), and the dead letters with show /
-replay / drop. Every value is inserted as text, never as HTML, so nothing read from the stream can script the page.
+and confirmation lag, with a warning while no streamer streams from it, while a failover would not keep the slot
+(producers stage rows meanwhile) or logical decoding is held back, and an error while a loss of records is not
+acknowledged), streams, consumers (those registered for retention too, a registration without a checkpoint marked
+"registered, never ran") with their lag drawn as an SVG line over the sampled history and what each registration holds
+of the stream, the oldest open transaction that staged records (only its own wait), each stream's record types and
+their versions (from the schema registry, every 15 seconds), the running backfills (rows done of the estimate, the
+last key), and the dead letters with show / replay / drop. Every value is inserted as text, never as HTML, so nothing
+read from the stream can script the page.
 """
 
 PAGE = """<!doctype html>
@@ -30,6 +32,8 @@ PAGE = """<!doctype html>
 <div id="problem" class="banner error" hidden></div>
 <div id="horizon" class="banner warn" hidden></div>
 <div id="slot" class="banner warn" hidden></div>
+<div id="failover" class="banner warn" hidden></div>
+<div id="loss" class="banner error" hidden></div>
 <h2>Capture</h2>
 <table id="capture"><thead><tr><th>mode</th><th>slot</th><th>streamer</th><th>WAL retained</th>
 <th>confirmation lag</th></tr></thead><tbody></tbody></table>
@@ -149,6 +153,16 @@ function drawCapture(status) {
   if (!box.hidden) box.textContent = c.exists
     ? `No streamer streams from WAL capture slot ${c.slot}: it retains WAL (${bytes(c.retained_bytes)}) until one does.`
     : `WAL capture slot ${c.slot} is missing: run unilog capture wal --recreate.`;
+  const notes = [];
+  if (wal && c.held_back) notes.push(`Logical decoding is held back, nothing is streamed: ${c.held_back}.`);
+  const why = (c.failover_not_ready || "a standby's copy is not verified").replace(/^failover not ready: /, "");
+  if (wal && c.failover_ready === false) notes.push(`Failover not ready, producers stage rows meanwhile: ${why}.`);
+  const fo = $("#failover"); fo.hidden = !notes.length; fo.textContent = notes.join(" ");
+  const l = c.loss, lost = $("#loss"); lost.hidden = !(wal && c.losses_unacknowledged > 0 && l);
+  if (!lost.hidden) lost.textContent = `Records lost with WAL capture slot ${l.slot} at ${l.detected_at}: ` +
+    `${l.lost === null ? "an unknown number" : l.lost} lost (${l.detail}; WAL ${l.from_lsn} to ${l.to_lsn}, ` +
+    `${l.recovered} recovered)` + (c.losses_unacknowledged > 1 ? ` (${c.losses_unacknowledged} unacknowledged)` : "") +
+    `: consumers never get them. Acknowledge with unilog capture losses --ack ${l.id}.`;
 }
 async function post(url) {
   const r = await fetch(url, {method: "POST", headers: {"X-Unilog-Token": TOKEN}});
