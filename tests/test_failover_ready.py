@@ -163,3 +163,24 @@ def test_synchronized_standby_slots_naming_a_missing_slot_is_reported_within_sec
     assert "'standby0'" in held and "synchronized_standby_slots" in held and "does not exist" in held, held
     assert "LOGICAL DECODING HELD BACK" in unilog(settings, "status").stdout
     assert time.monotonic() - started < 10
+
+
+def test_a_primary_named_alone_verifies_its_standbys_through_unilog_standby_urls(
+    pair: ReplicatedPostgres, unilog_redis_url: str
+) -> None:
+    """A DATABASE_URL that names the primary alone (a virtual IP) cannot show the standby's copy: producers stay on
+    rows, saying so; UNILOG_STANDBY_URLS names the standby, and the guard verifies it there."""
+    settings = Settings(database_url=pair.primary.url, redis_url=unilog_redis_url, stream=STREAM)
+    slot = enable_wal(settings).slot
+    pair.wait_slot_synced(slot, advance=True)
+    alone = capture_status(settings)["safety"]
+    assert alone["failover_ready"] is False and "UNILOG_STANDBY_URLS" in alone["failover_not_ready"], alone
+    assert pair.standby is not None
+    named = Settings.from_env(
+        {"DATABASE_URL": pair.primary.url, "REDIS_URL": unilog_redis_url, "UNILOG_STANDBY_URLS": pair.standby.url}
+    )
+    assert named.standby_urls == (pair.standby.url,)
+    safety = capture_status(named)["safety"]
+    assert safety["failover_ready"] is True and safety["copies"][0]["synced"], safety
+    assert scrape(named)["unilog_capture_failover_ready"] == 1
+    assert capture_status(named)["records_as"] == "messages", "the exporter's guard released the hold"

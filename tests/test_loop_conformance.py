@@ -36,7 +36,7 @@ from unilog import (
     emit,
 )
 from unilog.engine import RedisStreams, connect
-from unilog.errors import SchemaMissing, ServerUnreachable
+from unilog.errors import InjectedCrash, SchemaMissing, ServerUnreachable
 from unilog.harness.proxy import FaultProxy
 from unilog.runtime import AsyncLinks, AsyncWorker, Links, Worker, decide
 
@@ -342,8 +342,37 @@ def test_both_faces_retry_the_same_failures() -> None:
     class Probe:
         kind, label, restart_after_crash, retryable = "probe", {}, True, Worker.retryable
 
-        def on_handler_error(self, exc: Exception) -> bool:
+        def is_handler_failure(self, exc: Exception) -> bool:
             return False
 
     assert decide(Probe(), TimeoutError("deadline")).action == "reconnect"
     assert decide(Probe(), TimeoutError("deadline"), drain=True).action == "stop"
+
+
+def test_decide_is_pure_it_changes_nothing_on_a_frozen_worker(settings: Settings) -> None:
+    """Issue 45: the failure policy only asks; what a worker does about a handler failure happens when the loop
+    carries out the verdict (``after_handler_failure``). A worker that refuses every attribute write gets every
+    verdict; a real consumer's state is the same before and after ``decide``."""
+
+    @dataclasses.dataclass(frozen=True)
+    class Frozen:
+        kind: str = "frozen"
+        restart_after_crash: bool = True
+        retryable: tuple[type[BaseException], ...] = Worker.retryable
+
+        def is_handler_failure(self, exc: Exception) -> bool:
+            return isinstance(exc, ValueError)
+
+    frozen = Frozen()
+    assert decide(frozen, ValueError("handler")).action == "retry"
+    assert decide(frozen, ConnectionError("gone")).action == "reconnect"
+    assert decide(frozen, KeyError("bug")).action == "stop"
+    assert decide(frozen, InjectedCrash("x")).action == "restart"
+    consumer = Consumer(settings, ConsumerConfig(name="pure"), lambda conn, records: None)
+    before = dict(vars(consumer))
+    consumer._checkpoint = checkpoint = object()  # type: ignore[assignment]
+    assert decide(consumer, ValueError("handler")).cause == "handler"
+    assert consumer._checkpoint is checkpoint, "decide dropped the consumer's checkpoint"
+    consumer.after_handler_failure(ValueError("handler"))
+    assert consumer._checkpoint is None, "the loop's action does"
+    assert set(vars(consumer)) == set(before)

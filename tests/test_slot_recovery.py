@@ -202,3 +202,31 @@ def test_a_batch_in_flight_when_the_slot_is_lost_is_settled_from_redis_and_publi
     assert result.returncode == 0, result.stderr
     assert "settled from Redis" in result.stdout, result.stdout[-3000:]
     assert published(rds) == [(i + 1, i) for i in range(8)], "every record once, in commit order"
+
+
+def test_another_unilog_database_on_the_cluster_never_feeds_this_log(
+    pg18: tuple[Settings, EmbeddedPostgres], rds: redis.Redis, unilog_redis_url: str
+) -> None:
+    """The WAL is the cluster's: a message of another unilog database is never published here. A transaction that
+    also wrote a row of this database is attributed by the row; one that wrote nothing but messages cannot be told
+    apart from the other database's, so it is counted lost (exit 12, recorded), never guessed."""
+    settings, server = pg18
+    with psycopg.connect(server.url, autocommit=True) as admin:
+        admin.execute("CREATE DATABASE other")
+        admin.execute("CREATE TABLE orders (n int)")
+    other = Settings(database_url=server.url_for("other"), redis_url=unilog_redis_url, stream="other-stream")
+    migrate(other.database_url)
+    enable_wal(other)
+    emit_n(other, range(100, 103))  # the other database's pure-message transactions
+    with psycopg.connect(settings.conninfo) as conn:
+        conn.execute("INSERT INTO orders VALUES (1)")
+        emit(conn, action="create", object="ride", data={"n": 0})  # with a row of this database: attributed
+        conn.commit()
+    emit_n(settings, range(1, 2))  # nothing but a message: ambiguous here
+    drop_slot(settings)
+    result = unilog(settings, "streamer", "--once")
+    assert result.returncode == 12, result.stderr
+    assert "cannot be told apart" in result.stderr, result.stderr
+    assert published(rds) == [(1, 0)], "this database's attributed record only, never the other's"
+    [loss] = losses(settings)
+    assert loss["recovered"] == 1 and loss["lost"] == 1, loss

@@ -3,7 +3,9 @@
 :func:`decide` is pure: it classifies the exception and returns a :class:`Verdict` (stop, restart, reconnect or
 retry, and why); the loop (:func:`unilog.runtime.serve`) acts on it, and the loop's hooks
 (:mod:`unilog.runtime.hooks`) log it, count it and report it to ``/readyz``. No worker decides this for itself:
-a worker only says, through ``on_handler_error``, whether an exception was its handler's rolled-back failure.
+a worker only says, through ``is_handler_failure`` (a question: nothing changes), whether an exception was its
+handler's rolled-back failure; what it does about one, ``after_handler_failure``, the loop calls when it carries
+out the verdict.
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ def decide(worker: Any, exc: BaseException, *, drain: bool = False) -> Verdict:
     * Reconnect, then retry after a back-off: a connection failure (``worker.retryable``).
     * Retry on the same connections after a back-off: a dead letter too few replicas acknowledged
       (:class:`~unilog.errors.NotReplicated`), and a handler's failure that was rolled back
-      (``worker.on_handler_error(exc)`` returns True).
+      (``worker.is_handler_failure(exc)`` returns True; the loop then calls ``worker.after_handler_failure(exc)``).
 
     * Reconnect at once: a WAL capture slot lost at no cost and replaced (:class:`~unilog.errors.CaptureRecreated`;
       the new session reads the new slot), in burst mode too (it happens once per loss).
@@ -103,7 +105,7 @@ def _classify(worker: Any, exc: BaseException) -> Verdict:
         return Verdict("retry", "replicas", exc)
     if isinstance(exc, worker.retryable):
         return Verdict("reconnect", "connection", exc)
-    if isinstance(exc, Exception) and worker.on_handler_error(exc):
+    if isinstance(exc, Exception) and worker.is_handler_failure(exc):
         return Verdict("retry", "handler", exc)
     return Verdict("stop", "error", exc)
 

@@ -354,12 +354,16 @@ class AsyncConsumer(AsyncWorker):
 
     # -- modes -------------------------------------------------------------------------------------------------------
 
-    def on_handler_error(self, exc: Exception) -> bool:
-        """A handler error: the batch was rolled back; the loop retries it with back-off. After ``max_attempts``
-        failures of the batch the next pass applies it record by record, and the poison policy settles the record
-        that fails alone (:meth:`_poisoned`): a record is never skipped without a dead letter."""
-        self._checkpoint = None
+    def is_handler_failure(self, exc: Exception) -> bool:
+        """A handler error (:func:`unilog.consume.base.is_handler_failure`): the batch was rolled back; the loop
+        retries it with back-off. After ``max_attempts`` failures of the batch the next pass applies it record by
+        record, and the poison policy settles the record that fails alone (:meth:`_poisoned`): a record is never
+        skipped without a dead letter."""
         return is_handler_failure(exc)
+
+    def after_handler_failure(self, exc: Exception) -> None:
+        """The rolled-back batch's checkpoint is read again from Postgres by the retry."""
+        self._checkpoint = None
 
     async def drain_pass(self) -> tuple[int, bool]:
         """One pass of :meth:`drain` (burst mode: consume until the stream has nothing after the checkpoint)."""

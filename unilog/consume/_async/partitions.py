@@ -24,6 +24,7 @@ from ...routing import partition_stream
 from ...runtime._async.loop import AsyncLinks, AsyncWorker
 from ...runtime.policy import TRANSIENT
 from ...store import aio as store
+from ..base import is_handler_failure
 from ..records import AsyncHandler
 from ..settings import PartitionConfig, default_worker_name
 from ..typed import typed_handler
@@ -195,9 +196,13 @@ class AsyncPartitionedConsumer(AsyncWorker):
     async def recover(self) -> None:
         await self.restart()
 
-    def on_handler_error(self, exc: Exception) -> bool:
-        """A handler failure: the partition's batch was rolled back; retry from the checkpoints, keeping each
-        partition consumer (it counts its batch's failures towards its poison policy)."""
+    def is_handler_failure(self, exc: Exception) -> bool:
+        """A partition consumer's handler failure (its batch was rolled back), as a checkpoint consumer judges it:
+        any other exception is the infrastructure's or a stop, as for every worker."""
+        return is_handler_failure(exc)
+
+    def after_handler_failure(self, exc: Exception) -> None:
+        """Retry from the checkpoints, keeping each partition consumer (it counts its batch's failures towards its
+        poison policy)."""
         for consumer in self.owned.values():
-            consumer.on_handler_error(exc)
-        return True
+            consumer.after_handler_failure(exc)

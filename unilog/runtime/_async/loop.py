@@ -142,7 +142,8 @@ class AsyncWorker(abc.ABC):
 
     Both modes run :func:`serve`: one failure policy, one set of :attr:`hooks`. Subclasses set :attr:`links`,
     :attr:`restart_after_crash` and :attr:`max_backoff` in ``__init__`` and may override :meth:`before_pass`,
-    :meth:`idle`, :meth:`restart`, :meth:`recover`, :meth:`forget`, :meth:`stopped` and :meth:`on_handler_error`.
+    :meth:`idle`, :meth:`restart`, :meth:`recover`, :meth:`forget`, :meth:`stopped`, :meth:`is_handler_failure` and
+    :meth:`after_handler_failure`.
     """
 
     kind: ClassVar[str] = "worker"  # names the process in its log lines ("streamer started", ...)
@@ -245,10 +246,16 @@ class AsyncWorker(abc.ABC):
         """After a connection failure, before the back-off: drop what may be broken."""
         await self.close()
 
-    def on_handler_error(self, exc: Exception) -> bool:
-        """After any other exception from a pass: return True if it was a handler's failure that was rolled back
-        (the loop backs off and retries the batch), False to let it propagate."""
+    def is_handler_failure(self, exc: Exception) -> bool:
+        """Whether ``exc``, raised by a pass, was a handler's failure that was rolled back (the loop backs off and
+        retries the batch) rather than one to let propagate. A question only: the failure policy
+        (:func:`unilog.runtime.policy.decide`) asks it and must change nothing; what the worker does about the
+        failure is :meth:`after_handler_failure`."""
         return False
+
+    def after_handler_failure(self, exc: Exception) -> None:  # noqa: B027 (an optional hook)
+        """Called by the loop when it carries out a handler failure's verdict (retry), before the back-off: drop
+        what the rolled-back batch left in memory."""
 
     async def stopped(self) -> None:  # noqa: B027 (an optional hook)
         """Called once when :meth:`run` ends, however it ends, before the connections are closed."""
@@ -296,6 +303,8 @@ async def serve(worker: AsyncWorker, stop_event: AEvent | None, *, drain: bool =
 async def _settle(worker: AsyncWorker, exc: BaseException, backoff: Backoff, stop_event: AEvent, drain: bool) -> None:
     """Act on the failure policy's verdict for ``exc``: raise it, restart, or reconnect/retry after the back-off."""
     verdict = decide(worker, exc, drain=drain)
+    if verdict.cause == "handler" and isinstance(exc, Exception):
+        worker.after_handler_failure(exc)
     for hook in worker.hooks:
         hook.failed(worker, exc, verdict, backoff.delay)
     if verdict.action == "stop":
