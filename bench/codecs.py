@@ -1,4 +1,4 @@
-"""``typed-codec``: microseconds per record of encoding and decoding bench.typed's six-field record, no I/O.
+"""``typed-codec``: microseconds per record of encoding and decoding bench.rides' six-field record, no I/O.
 
 Issue 37 asks for "msgspec or pydantic-core, whichever is faster, measured". In one fresh process, over a pool of
 1,000 records (best of 5 passes, ``typed_reps`` trials):
@@ -32,6 +32,7 @@ from unilog.produce.encoding import encode_data
 from unilog.produce.records import DEFAULT_RULES, NO_DATA, prepare
 
 from .core import Measurement, Profile, Results, in_fresh_process, log
+from .rides import BenchRide, ride, ride_fields
 
 PASSES = 5
 CASE = "6 fields, per record"
@@ -40,7 +41,7 @@ try:
     import msgspec
 
     class RideStruct(msgspec.Struct):
-        """bench.typed.BenchRide's fields as a msgspec Struct."""
+        """bench.rides.BenchRide's fields as a msgspec Struct."""
 
         ride_id: uuid.UUID
         rider: str
@@ -65,8 +66,6 @@ def per_record_us(fn: Callable[[Any], Any], items: list[Any]) -> float:
 
 
 def _pydantic_cases(rides: list[Any], fields: list[dict[str, Any]]) -> dict[str, Callable[[], float]]:
-    from .typed import BenchRide
-
     contract = BenchRide.__unilog_contract__  # type: ignore[attr-defined]
     serializer = contract._codec.serializer
     texts = [contract.encode(r) for r in rides]
@@ -117,8 +116,6 @@ def _msgspec_cases(rides: list[Any], fields: list[dict[str, Any]]) -> dict[str, 
 
 def _measure() -> tuple[dict[str, float], str | None]:
     """In a fresh process: every case once (each the best of its passes)."""
-    from .typed import ride, ride_fields
-
     fields = [ride_fields(i) for i in range(1000)]
     rides = [ride(i) for i in range(1000)]
     cases = {**_pydantic_cases(rides, fields), **_msgspec_cases(rides, fields)}

@@ -19,28 +19,26 @@
   never parses ``data``; a typed entry carries one more field, ``type``).
 * ``typed-codec`` (bench/codecs.py): per-record microseconds of encoding and decoding the record with pydantic-core
   (unilog's codec) and with msgspec, in one process, no I/O.
+
+The record, ``BenchRide``, and its values are in ``bench/rides.py``, which both this module and the codecs' import.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import gc
 import time
-import uuid
 from collections.abc import Sequence
-from decimal import Decimal
 from typing import Any
 
 import psycopg
-from pydantic import BaseModel
 
 from unilog import Consumer, ConsumerConfig, Record, Streamer, emit, emit_many
-from unilog.contracts import record_type
 from unilog.wire import registry_key
 
 from .codecs import run_codecs
 from .core import Measurement, Profile, Results, in_fresh_process, interleaved, log
 from .env import BenchEnv, Urls
+from .rides import BenchRide, ride, ride_fields
 
 EMIT_VARIANTS = ("dict", "typed", "dict, emit_many", "typed, emit_many")
 CONSUME_VARIANTS = (
@@ -55,35 +53,6 @@ DRAIN_VARIANTS = ("untyped", "typed")
 NAME = "bench-typed"
 POOL = 1000
 FILL_TRANSACTION = 1000
-EPOCH = dt.datetime(2026, 11, 27, 10, 0, tzinfo=dt.UTC)
-
-
-@record_type(object="ride", action="created", version=1, name="BenchRide", key="ride_id")
-class BenchRide(BaseModel):
-    """Six fields of the kinds a business record has (the default stream, as the untyped records)."""
-
-    ride_id: uuid.UUID
-    rider: str
-    fare: Decimal
-    requested_at: dt.datetime
-    passengers: int
-    city: str
-
-
-def ride_fields(i: int) -> dict[str, Any]:
-    """Record ``i``'s values (Python objects: a dict emit encodes by unilog's rules, or the model's fields)."""
-    return {
-        "ride_id": uuid.UUID(int=(i * 0x9E3779B97F4A7C15) % (1 << 128)),
-        "rider": f"r-{i % 10000:04d}",
-        "fare": Decimal(f"{(i % 10000) / 100 + 2.5:.2f}"),
-        "requested_at": EPOCH + dt.timedelta(seconds=i),
-        "passengers": 1 + i % 4,
-        "city": f"city-{i % 50:02d}",
-    }
-
-
-def ride(i: int) -> BenchRide:
-    return BenchRide(**ride_fields(i))
 
 
 # -- emit -------------------------------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""The adapter rules, read from the code's syntax tree: SQL only in the store, Redis commands only in the adapter.
+"""The adapter rules, read from the code's syntax tree: SQL only in the store, Redis commands only in the adapter;
+and the tree's import graph, read the same way, in which no circle may be (:func:`import_circles`).
 
 Used by ``tests/test_architecture.py``. A string counts as SQL when it starts with a statement keyword and looks
 like a statement (``SELECT ... FROM``, ``INSERT INTO``, ...), so prose in docstrings and log messages does not. A
@@ -114,3 +115,120 @@ def violations() -> list[Violation]:
         if REDIS_HOME not in path.parents:
             found += redis_in(source, path)
     return found
+
+
+# -- the import graph -------------------------------------------------------------------------------------------------
+
+# the tree's Python code; not tests/ (no package: nothing imports it) nor migrations/ (Alembic's scripts)
+PACKAGES = ("unilog", "services", "bench", "tools")
+
+
+def tree_modules(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
+    """Every module of the tree by its dotted name (a package by its ``__init__.py``)."""
+    found = {}
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            rel = path.relative_to(root).with_suffix("")
+            found[".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)] = path
+    return found
+
+
+def _owner(name: str, modules: dict[str, Path]) -> str | None:
+    """The tree module ``name`` names: itself, or the nearest enclosing one (``pkg.func`` names ``pkg``)."""
+    while name:
+        if name in modules:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def imports_of(module: str, modules: dict[str, Path]) -> set[str]:
+    """The tree modules ``module`` imports: every ``import``/``from`` statement in it (at the top, in a function, under
+    ``if TYPE_CHECKING``), relative ones resolved. ``from pkg import name`` is an edge to ``pkg.name`` when that is a
+    module, else to ``pkg``. An edge to the module's own ancestor package (``from . import X`` in a submodule) is left
+    out: Python initialises a module's ancestors before the module whatever its code says, so that edge adds no order
+    the layout does not impose already. (The one such pair in the tree: ``unilog.ops.dashboard.routes`` takes
+    ``History`` from its package, whose ``create_app`` imports ``routes`` in the function.)"""
+    path = modules[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str | None] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(_owner(alias.name, modules) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join([*parts[: len(parts) - node.level + 1], *([base] if base else [])])
+            found.update(_owner(f"{base}.{alias.name}", modules) for alias in node.names)
+    ancestors = {".".join(module.split(".")[:i]) for i in range(1, module.count(".") + 1)}
+    return {m for m in found if m is not None and m != module and m not in ancestors}
+
+
+def import_graph(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> dict[str, set[str]]:
+    modules = tree_modules(root, packages)
+    return {module: imports_of(module, modules) for module in modules}
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Each circle of the graph (a strongly connected component of more than one module) as one cycle through it,
+    ``[a, b, ..., a]``, found by Tarjan's algorithm (iterative: the graph has hundreds of modules)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    components.append(set(component))
+    return [_cycle_through(graph, component) for component in components]
+
+
+def _cycle_through(graph: dict[str, set[str]], component: set[str]) -> list[str]:
+    """A shortest cycle from the component's first module back to itself, inside the component (breadth first)."""
+    first = min(component)
+    came_from: dict[str, str] = {}
+    frontier = [first]
+    while frontier:
+        following = []
+        for node in frontier:
+            for child in sorted(graph[node] & component):
+                if child == first:
+                    path = [node]
+                    while path[-1] != first:
+                        path.append(came_from[path[-1]])
+                    return [first, *reversed(path[:-1]), first]
+                if child not in came_from:
+                    came_from[child] = node
+                    following.append(child)
+        frontier = following
+    raise AssertionError(f"no cycle through {first} in {sorted(component)}")  # a component always has one

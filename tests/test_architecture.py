@@ -5,7 +5,9 @@
 * a syntax-tree check (``tests/architecture.py``) keeps every SQL statement in ``unilog/store/`` and every Redis
   command in ``unilog/engine/`` (its generated ``_sync/`` face and ``_async/`` source included);
 * every long-running worker implements :class:`unilog.runtime.Worker` and runs its one loop;
-* no module over 600 lines and no function over 60 in the library, the harness, the demo and the benchmarks.
+* no module over 600 lines and no function over 60 in the library, the harness, the demo and the benchmarks;
+* no import circle anywhere in the tree (``unilog``, ``services``, ``bench``, ``tools``): the graph of every
+  ``import`` statement, in functions too, read from the syntax tree (``tests/architecture.py``).
 
 Each contract is also run against a planted violation, so a contract that can no longer fail fails here.
 """
@@ -22,7 +24,17 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from architecture import REDIS_HOME, ROOT, Violation, library_modules, redis_in, sql_in, violations
+from architecture import (
+    REDIS_HOME,
+    ROOT,
+    Violation,
+    import_circles,
+    import_graph,
+    library_modules,
+    redis_in,
+    sql_in,
+    violations,
+)
 from unilog.backfill import Backfill
 
 from unilog import Consumer, GroupConsumer, PartitionedConsumer, Streamer
@@ -194,6 +206,48 @@ def test_the_failure_policy_is_applied_in_one_place_per_face() -> None:
         if names & {"decide", "Backoff", "_settle", "serve_async"}:
             users.append(path.relative_to(ROOT).as_posix())
     assert users == []
+
+
+def test_no_import_circle_in_the_tree() -> None:
+    """A circle makes a module's behaviour depend on which module of the circle is imported first (a partly
+    initialised module, an ImportError under one entry point only) and makes the modules one unit in all but name."""
+    circles = [" -> ".join(cycle) for cycle in import_circles(import_graph())]
+    assert circles == [], f"import circles: {circles}"
+
+
+def test_the_import_graph_reads_the_whole_tree() -> None:
+    graph = import_graph()
+    assert {"unilog.stream.streamer", "services.rides", "bench.typed", "bench.codecs", "tools.faces"} <= set(graph)
+    assert "unilog.errors" in graph["unilog.stream.streamer"]  # a relative `from ..errors import ...`
+    assert "bench.core" in graph["bench.typed"]
+
+
+def test_the_circle_check_finds_planted_circles(tmp_path: Path) -> None:
+    """Circles through module-level, function-level, relative and ``from pkg import module`` imports are found and
+    named; a package importing its children (and a child its own package) is not a circle."""
+    files = {
+        "app/__init__.py": "from .a import A\nfrom . import pkg\n",
+        "app/a.py": "import app.b\nA = 1\n",
+        "app/b.py": "def f():\n    from app import a\n",  # function-level, `from package import module`
+        "app/pkg/__init__.py": "from .x import X\n",
+        "app/pkg/x.py": "from . import y\nX = 1\n",
+        "app/pkg/y.py": "def g():\n    from .z import Z\n",
+        "app/pkg/z.py": "from .. import pkg\nfrom .x import X as Z\n",  # its own package: no edge
+        "other/__init__.py": "",
+        "other/leaf.py": "import app.pkg.x\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    graph = import_graph(tmp_path, ("app", "other"))
+    assert graph["app.b"] == {"app.a"} and graph["app.pkg.z"] == {"app.pkg.x"}
+    assert sorted(import_circles(graph)) == [
+        ["app.a", "app.b", "app.a"],
+        ["app.pkg.x", "app.pkg.y", "app.pkg.z", "app.pkg.x"],
+    ]
+    (tmp_path / "app/b.py").write_text("B = 1\n")
+    (tmp_path / "app/pkg/y.py").write_text("Y = 1\n")
+    assert import_circles(import_graph(tmp_path, ("app", "other"))) == []
 
 
 def _sources() -> list[Path]:

@@ -156,15 +156,24 @@ def test_consumer_crash_mid_batch_rolls_back_partial_effects(settings: Settings,
 
 
 def test_crash_after_commit_replays_nothing(settings: Settings, pg: Any) -> None:
-    """A process that dies right after the commit restarts from the committed checkpoint."""
+    """A process that dies right after a batch's commit restarts from the committed checkpoint. The crash is
+    injected at the first step after the committed pass (``loop.crash_before_pass``, before the next pass), and the
+    crashed consumer is not closed (a dead process closes nothing) before a new one takes over."""
     produce(settings, 3)
     Streamer(settings).drain()
-    with consumer(settings) as c:
-        c.run_once()
-    produce(settings, 2, start=3)
-    Streamer(settings).drain()
-    with consumer(settings) as c:  # a new process: nothing but the committed checkpoint carries over
-        c.drain()
+    faults = Faults.scripted(loop__crash_before_pass=[False, True])
+    crashed = consumer(settings, faults=faults, restart_after_crash=False)
+    try:
+        with pytest.raises(InjectedCrash, match="crash_before_pass"):
+            crashed.drain()  # pass 1 applies the batch and commits; the crash lands before pass 2
+        assert faults.counts["loop.crash_before_pass"] == 1
+        assert applied(pg) == [0, 1, 2], "the batch was committed before the crash"
+        produce(settings, 2, start=3)
+        Streamer(settings).drain()
+        with consumer(settings) as c:  # a new process: nothing but the committed checkpoint carries over
+            assert c.drain() == 2, "only the records after the crash are handled"
+    finally:
+        crashed.close()
     assert applied(pg) == [0, 1, 2, 3, 4]
 
 

@@ -6,7 +6,8 @@ A standby streamer retried the wake-up lock with ``lock_timeout`` about 10 times
 on it; each try left ``canceling statement due to lock timeout`` in the server log (871 in a compose run, endlessly
 on an idle system). The fleet here runs on a Postgres of its own, started with
 ``idle_in_transaction_session_timeout`` and a log line prefix naming each session's application, and is judged by
-that log: nothing lost, nothing applied twice, and no ERROR or FATAL line from a ``unilog-`` session.
+that log: nothing lost, nothing applied twice, and no ERROR or FATAL line from a ``unilog-`` session (and, as a
+positive control, an error provoked in a unilog session afterwards is found by the same check).
 """
 
 from __future__ import annotations
@@ -81,6 +82,23 @@ def unilog_errors(log_path: Path) -> list[str]:
     """The server log's ERROR/FATAL/PANIC lines (with their statement) from sessions unilog named ``unilog-...``."""
     lines = log_path.read_text(errors="replace").splitlines()
     return [line for line in lines if re.search(r"app=unilog-\S* (ERROR|FATAL|PANIC):", line)]
+
+
+def assert_no_unilog_error_and_the_check_sees_one(server: EmbeddedPostgres, app: Settings) -> None:
+    """No unilog error in the log; then the positive control: a statement failing in a session unilog opened and
+    named (a streamer's, ``unilog-control``) is found by the same check in the same log, so a change of unilog's
+    session names or of the log's line prefix cannot make the check pass by seeing nothing."""
+    assert unilog_errors(server.log_path) == []
+    streamer = Streamer(app, StreamerConfig(restart_after_crash=False), name="control")
+    try:
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            streamer.links.pg().execute("SELECT 1/0")
+    finally:
+        streamer.close()
+    deadline = time.monotonic() + 10
+    while not (found := unilog_errors(server.log_path)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(found) == 1 and "app=unilog-control ERROR:" in found[0] and "division by zero" in found[0], found
 
 
 def run_fleet(app: Settings, seconds: float, records: int, idle_timeout: int) -> None:
@@ -161,7 +179,7 @@ def test_an_idle_fleet_with_a_standby_streamer_leaves_no_error_in_the_server_log
         sampler_stop.set()
         sampler.join(10)
     assert sampled == [], "a unilog session sat idle in transaction for over half a second"
-    assert unilog_errors(server.log_path) == []
+    assert_no_unilog_error_and_the_check_sees_one(server, app)
 
 
 @pytest.mark.slow
@@ -171,4 +189,4 @@ def test_a_five_minute_fleet_run_leaves_no_error_in_the_server_log(
     server, app = quiet_pg
     seconds = float(os.environ.get("UNILOG_QUIET_SECONDS") or 300)
     run_fleet(app, seconds=seconds, records=3000, idle_timeout=timeout_for(request))
-    assert unilog_errors(server.log_path) == []
+    assert_no_unilog_error_and_the_check_sees_one(server, app)

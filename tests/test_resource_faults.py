@@ -89,17 +89,36 @@ def test_redis_replies_lost_unknown_outcome_is_deduplicated(redis_proxy: Any, se
     assert_exactly_once(settings.redis_url, 10)
 
 
+def xlen(redis_url: str, stream: str = "test-stream") -> int:
+    client = redis.Redis.from_url(redis_url)
+    try:
+        return int(client.xlen(stream))
+    finally:
+        client.close()
+
+
+def wait_for_failures(logs: list[dict[str, Any]], fault: str) -> None:
+    """Until the streamer has logged two failed passes: the fault met, and met again by the retry."""
+    wait_until(lambda: len(errors_logged(logs)) >= 2, 15, f"the streamer to log the fault twice ({fault})")
+
+
+REDIS_DEADLINE = 0.5  # the streamer's redis_timeout in the Redis network faults
+PG_DEADLINE = 1.0  # its pg_timeout in the Postgres ones
+
+
 @pytest.mark.parametrize("fault", ["reset", "blackhole", "delay"])
 def test_redis_network_faults(redis_proxy: Any, settings: Settings, fault: str) -> None:
+    """Redis reset, blackholed, or delayed past the deadline (every chunk held twice ``redis_timeout``, so no reply
+    arrives in time; Redis may still run a batch whose reply comes too late). While the fault is on the streamer
+    logs failed passes and deletes nothing; once it clears every record is in the stream exactly once."""
     proxy, via = redis_proxy
     stage(settings, 5)
-    streamer = Streamer(via, StreamerConfig(redis_timeout=0.5, poll_interval=0.1, max_backoff=0.5))
+    streamer = Streamer(via, StreamerConfig(redis_timeout=REDIS_DEADLINE, poll_interval=0.1, max_backoff=0.5))
     streamer.connect()
-    getattr(proxy, fault)(*([0.3] if fault == "delay" else []))
-    with running(streamer.run):
-        time.sleep(1.0)
-        if fault != "delay":
-            assert staged(settings) == 5, f"nothing may be deleted while Redis is unreachable ({fault})"
+    getattr(proxy, fault)(*([2 * REDIS_DEADLINE] if fault == "delay" else []))
+    with capture_logs() as logs, running(streamer.run):
+        wait_for_failures(logs, fault)
+        assert staged(settings) == 5, f"nothing may be deleted while Redis is unreachable ({fault})"
         proxy.pass_through()
         stage(settings, 5, start=5)
         wait_until(lambda: staged(settings) == 0, 15, "the streamer to resume")
@@ -109,14 +128,19 @@ def test_redis_network_faults(redis_proxy: Any, settings: Settings, fault: str) 
 
 @pytest.mark.parametrize("fault", ["reset", "blackhole", "delay"])
 def test_postgres_network_faults(pg_proxy: Any, settings: Settings, fault: str) -> None:
+    """Postgres reset, blackholed, or delayed past the deadline (every chunk held 1.5 times ``pg_timeout``: the
+    deadline breaks each call, no connection completes). While the fault is on the streamer logs failed passes and
+    publishes and deletes nothing; once it clears every record is published exactly once."""
     proxy, via = pg_proxy
     stage(settings, 5)
-    streamer = Streamer(via, StreamerConfig(pg_timeout=1.0, poll_interval=0.1, max_backoff=0.5))
+    streamer = Streamer(via, StreamerConfig(pg_timeout=PG_DEADLINE, poll_interval=0.1, max_backoff=0.5))
     streamer.connect()
-    getattr(proxy, fault)(*([0.05] if fault == "delay" else []))
-    with running(streamer.run):
+    getattr(proxy, fault)(*([1.5 * PG_DEADLINE] if fault == "delay" else []))
+    with capture_logs() as logs, running(streamer.run):
         stage(settings, 5, start=5)  # producers talk to Postgres directly
-        time.sleep(1.5)
+        wait_for_failures(logs, fault)
+        assert staged(settings) == 10, f"nothing may be deleted while Postgres is unreachable ({fault})"
+        assert xlen(settings.redis_url) == 0, f"nothing may be published while Postgres is unreachable ({fault})"
         proxy.pass_through()
         wait_until(lambda: staged(settings) == 0, 20, "the streamer to resume")
     streamer.close()

@@ -229,4 +229,5 @@ def test_another_unilog_database_on_the_cluster_never_feeds_this_log(
     assert "cannot be told apart" in result.stderr, result.stderr
     assert published(rds) == [(1, 0)], "this database's attributed record only, never the other's"
     [loss] = losses(settings)
-    assert loss["recovered"] == 1 and loss["lost"] == 1, loss
+    # an upper bound: this database's pure-message transaction and the other database's three cannot be told apart
+    assert loss["recovered"] == 1 and loss["lost"] == 4, loss

@@ -278,8 +278,13 @@ def wait_for(predicate: Any, timeout: float, what: str) -> None:
         time.sleep(0.1)
 
 
+SPARK_SESSION = "application_name = 'unilog-spark-spark0'"
+
+
 @pytest.mark.slow
 def test_spark_consumer_killed_mid_batch_and_restarted(app: Settings, pg: Any, tmp_path: Path) -> None:
+    """SIGKILLed inside a batch (twice: restarted with its checkpoint folder, then without it), the Spark consumer
+    commits nothing of that batch and, restarted, catches up with every ride applied once."""
     env = {**os.environ, "DATABASE_URL": app.database_url, "REDIS_URL": app.redis_url, "PYTHONPATH": str(ROOT)}
     checkpoint = tmp_path / "chk"
 
@@ -292,24 +297,38 @@ def test_spark_consumer_killed_mid_batch_and_restarted(app: Settings, pg: Any, t
             stderr=subprocess.DEVNULL,
         )
 
-    def in_batch() -> bool:
+    def waiting_in_batch() -> bool:
+        """The sink's batch transaction is writing its effect and waits for the lock the test holds."""
         row = pg.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'unilog-spark-spark0' "
-            "AND state IN ('idle in transaction', 'active')"
+            f"SELECT count(*) FROM pg_stat_activity WHERE {SPARK_SESSION} AND state = 'active' "
+            "AND wait_event_type = 'Lock' AND query LIKE '%consumer_states%'"
         ).fetchone()
         return bool(row[0])
 
+    def session_open() -> bool:
+        return bool(pg.execute(f"SELECT count(*) FROM pg_stat_activity WHERE {SPARK_SESSION}").fetchone()[0])
+
+    def committed() -> tuple[Any, Any]:
+        state = pg.execute("SELECT total_distance, ride_count, checksum FROM consumer_states WHERE name = 'spark0'")
+        position = pg.execute("SELECT last_id, positions FROM unilog_checkpoints WHERE name = 'spark0'")
+        return state.fetchall(), position.fetchall()
+
     def kill_mid_batch(proc: subprocess.Popen[bytes]) -> None:
-        for _ in range(20):  # keep producing until we catch the consumer inside a batch transaction
+        """The test holds a lock the batch's effect needs (SHARE on consumer_states, which the INSERT waits for), so
+        the next batch waits inside its transaction (planned, its totals computed, nothing committed) until the
+        SIGKILL lands there; then nothing of that batch may have committed."""
+        with psycopg.connect(app.conninfo) as holder:
+            holder.execute("LOCK TABLE consumer_states IN SHARE MODE")
             rides(app, 200)
             streamer.drain()
-            deadline = time.monotonic() + 60
-            while not in_batch() and time.monotonic() < deadline:
-                time.sleep(0.01)
-            if in_batch():
-                break
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
+            wait_for(waiting_in_batch, 120, "a Spark batch to wait inside its transaction")
+            at_kill = committed()
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+            holder.rollback()  # the killed session's INSERT runs now; its transaction must end uncommitted
+        wait_for(lambda: not session_open(), 30, "the killed consumer's session to end")
+        assert committed() == at_kill, "the batch the kill landed in committed nothing"
+        assert consumer_totals(pg).get("spark0") != canonical_totals(pg), "the batch's rides are not applied yet"
 
     def caught_up(what: str) -> None:
         with psycopg.connect(app.conninfo, autocommit=True) as conn:

@@ -3,7 +3,6 @@ span and a handler's own span, with the SDK's in-memory exporter. And without Op
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -85,18 +84,50 @@ def test_a_record_staged_outside_any_span_carries_no_context(
 
 
 def test_without_opentelemetry_nothing_is_imported(settings: Settings) -> None:
+    """With opentelemetry missing (a finder that reports it not found, as Python does for a package not installed),
+    emit and the tracing helpers work and nothing imports it: every ``import`` of it is recorded (the one
+    ``find_spec`` probe that decides ``ENABLED`` is not an import). The recorder is checked to see an import."""
     code = """
-import sys
-sys.modules["opentelemetry"] = None  # as if not installed
+import builtins, importlib, sys
+
+class NotInstalled:
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name.partition(".")[0] == "opentelemetry":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, NotInstalled)
+attempts = []
+real_import, real_import_module = builtins.__import__, importlib.import_module
+
+def recording_import(name, *args, **kwargs):
+    if name.partition(".")[0] == "opentelemetry":
+        attempts.append(name)
+    return real_import(name, *args, **kwargs)
+
+def recording_import_module(name, package=None):
+    if name.partition(".")[0] == "opentelemetry":
+        attempts.append(name)
+    return real_import_module(name, package)
+
+builtins.__import__, importlib.import_module = recording_import, recording_import_module
 import psycopg, unilog
 from unilog import tracing
 assert not tracing.ENABLED
 with psycopg.connect(sys.argv[1]) as conn:
     unilog.emit(conn, action="create", object="ride", data={"n": 1})
-assert not [m for m in sys.modules if m.startswith("opentelemetry.")], "imported"
+assert tracing.current_context() == (None, None) and not tracing.recording()
+assert tracing.context_of("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01") is None
+assert attempts == [], f"imported: {attempts}"
+assert not [m for m in sys.modules if m.partition(".")[0] == "opentelemetry"], "imported"
+try:  # the positive control: an import of it is seen
+    import opentelemetry.trace
+except ModuleNotFoundError:
+    pass
+assert attempts == ["opentelemetry.trace"], attempts
 """
-    env = {**os.environ}
-    result = subprocess.run([sys.executable, "-c", code, settings.conninfo], env=env, capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-c", code, settings.conninfo], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
 
 

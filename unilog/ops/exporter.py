@@ -211,6 +211,57 @@ def _lag_families(report: dict[str, Any]) -> Iterator[GaugeMetricFamily]:
     )
 
 
+# The WAL capture gauges read off the status report: (name, its key there, help)
+_CAPTURE_GAUGES: tuple[tuple[str, str, str], ...] = (
+    (
+        "unilog_capture_slot_failover",
+        "failover",
+        "1 if the WAL capture slot is a failover slot (Postgres 17+: standbys with sync_replication_slots copy it)",
+    ),
+    (
+        "unilog_capture_slot_copies_ready",
+        "copies_ready",
+        "Standbys among DATABASE_URL's hosts whose copy of the failover slot is ready to take over (synced, not "
+        "temporary, not invalidated); no sample without a failover slot",
+    ),
+    (
+        "unilog_capture_failover_ready",
+        "failover_ready",
+        "1 if every standby of the primary holds a copy of the failover slot that survives a promotion, verified "
+        "on the standbys (DATABASE_URL's hosts, UNILOG_STANDBY_URLS); 0 while one does not or cannot be verified "
+        "(producers are held to rows meanwhile: nothing is lost); 1 with no standby",
+    ),
+    (
+        "unilog_capture_decoding_held_back",
+        "held_back",
+        "1 while synchronized_standby_slots names a physical slot that is missing or inactive: Postgres holds "
+        "logical decoding back and the streamer receives nothing",
+    ),
+    (
+        "unilog_capture_losses_unacknowledged",
+        "losses_unacknowledged",
+        "Lost capture slots whose record messages could not all be recovered from the WAL, not acknowledged yet "
+        "(`unilog capture losses`)",
+    ),
+    (
+        "unilog_capture_records_held",
+        "held_reason",
+        "1 while producers are held to rows because the slot is at risk (a standby without failover slots, or "
+        "max_slot_wal_keep_size near): nothing is lost, record messages resume when it has passed",
+    ),
+    (
+        "unilog_capture_slot_retained_bytes",
+        "retained_bytes",
+        "WAL the server keeps for the slot: current WAL position - restart_lsn",
+    ),
+    (
+        "unilog_capture_slot_confirmed_lag_bytes",
+        "confirmed_lag_bytes",
+        "WAL not yet confirmed by the slot's streamer: current WAL position - confirmed_flush_lsn",
+    ),
+)
+
+
 def _capture_families(capture: dict[str, Any]) -> Iterator[GaugeMetricFamily]:
     """WAL capture's slot (label ``slot``); no samples in table mode, which has no slot."""
     wal = capture["mode"] == "wal"
@@ -221,54 +272,7 @@ def _capture_families(capture: dict[str, Any]) -> Iterator[GaugeMetricFamily]:
         ["slot"],
         [(labels, 1 if capture["active"] else 0)] if wal else [],
     )
-    for name, key, doc in (
-        (
-            "unilog_capture_slot_failover",
-            "failover",
-            "1 if the WAL capture slot is a failover slot (Postgres 17+: standbys with sync_replication_slots copy it)",
-        ),
-        (
-            "unilog_capture_slot_copies_ready",
-            "copies_ready",
-            "Standbys among DATABASE_URL's hosts whose copy of the failover slot is ready to take over (synced, not "
-            "temporary, not invalidated); no sample without a failover slot",
-        ),
-        (
-            "unilog_capture_failover_ready",
-            "failover_ready",
-            "1 if every standby of the primary holds a copy of the failover slot that survives a promotion, verified "
-            "on the standbys (DATABASE_URL's hosts, UNILOG_STANDBY_URLS); 0 while one does not or cannot be verified "
-            "(producers are held to rows meanwhile: nothing is lost); 1 with no standby",
-        ),
-        (
-            "unilog_capture_decoding_held_back",
-            "held_back",
-            "1 while synchronized_standby_slots names a physical slot that is missing or inactive: Postgres holds "
-            "logical decoding back and the streamer receives nothing",
-        ),
-        (
-            "unilog_capture_losses_unacknowledged",
-            "losses_unacknowledged",
-            "Lost capture slots whose record messages could not all be recovered from the WAL, not acknowledged yet "
-            "(`unilog capture losses`)",
-        ),
-        (
-            "unilog_capture_records_held",
-            "held_reason",
-            "1 while producers are held to rows because the slot is at risk (a standby without failover slots, or "
-            "max_slot_wal_keep_size near): nothing is lost, record messages resume when it has passed",
-        ),
-        (
-            "unilog_capture_slot_retained_bytes",
-            "retained_bytes",
-            "WAL the server keeps for the slot: current WAL position - restart_lsn",
-        ),
-        (
-            "unilog_capture_slot_confirmed_lag_bytes",
-            "confirmed_lag_bytes",
-            "WAL not yet confirmed by the slot's streamer: current WAL position - confirmed_flush_lsn",
-        ),
-    ):
+    for name, key, doc in _CAPTURE_GAUGES:
         value = capture.get(key) if wal else None
         if (key in ("failover", "held_reason", "held_back") and wal) or (key == "failover_ready" and value is not None):
             value = 1 if value else 0

@@ -183,7 +183,7 @@ class WalCapture:
                     "the capture slot is lost and a transaction writing record messages did not end within 2 s: "
                     "producers stage rows now; the recovery of the messages the slot had not delivered is tried again"
                 )
-        if (doubtful := self.publisher.in_doubt(conn)) and not self._settle(conn, doubtful):
+        if (doubtful := self.publisher.in_doubt(conn)) and not self._settle_in_doubt(conn, doubtful):
             return CaptureLost(f"{exc}; {lost}")
         store.recreate_slot(self.conninfo, self.slot)  # what `capture wal --recreate` does, done here
         if recovery is None:
@@ -193,7 +193,7 @@ class WalCapture:
         say("capture slot lost: " + recovery.line(), slot=self.slot.slot, loss=recovery.loss_id)
         return CaptureRecreated(f"{exc}; {recovery.line()}; the slot is re-created")
 
-    def _settle(self, conn: psycopg.Connection[Any], doubtful: list[str]) -> bool:
+    def _settle_in_doubt(self, conn: psycopg.Connection[Any], doubtful: list[str]) -> bool:
         """A batch was in Redis, not saved, when the slot went (a primary killed mid-batch): settle it from what
         Redis has (:func:`unilog.stream.publisher.settle_unsaved`); False if it cannot be."""
         default = self.publisher.default_stream
