@@ -147,8 +147,7 @@ def imports_of(module: str, modules: dict[str, Path]) -> set[str]:
     ``if TYPE_CHECKING``), relative ones resolved. ``from pkg import name`` is an edge to ``pkg.name`` when that is a
     module, else to ``pkg``. An edge to the module's own ancestor package (``from . import X`` in a submodule) is left
     out: Python initialises a module's ancestors before the module whatever its code says, so that edge adds no order
-    the layout does not impose already. (The one such pair in the tree: ``unilog.ops.dashboard.routes`` takes
-    ``History`` from its package, whose ``create_app`` imports ``routes`` in the function.)"""
+    the layout does not impose already."""
     path = modules[module]
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found: set[str | None] = set()

@@ -14,66 +14,17 @@ from __future__ import annotations
 
 import secrets
 import threading
-import time
-from collections import deque
 from typing import Any
 
 import structlog
 
 from ...config import Settings
-from ...errors import ConfigurationError, UnilogError
+from ...errors import ConfigurationError
+from .history import History
 
 log = structlog.get_logger(__name__)
 
 THREADS = 8  # requests served at once: a few browsers polling every 2 s, and dead-letter actions
-
-
-class History:
-    """Lag samples per consumer (``stream/name``), the last ``seconds`` of them, and the latest status report."""
-
-    def __init__(self, settings: Settings, *, interval: float = 2.0, seconds: float = 600.0) -> None:
-        self.settings = settings
-        self.interval = interval
-        self.seconds = seconds
-        self.latest: dict[str, Any] | None = None
-        self.error: str | None = None
-        self._series: dict[str, deque[tuple[float, int, float]]] = {}
-        self._lock = threading.Lock()
-
-    def sample(self) -> None:
-        """Read the status once and add a lag sample per consumer and group."""
-        from ..status import collect_status
-
-        try:
-            report = collect_status(self.settings)
-        except UnilogError as exc:
-            with self._lock:
-                self.error = str(exc)
-            return
-        now = time.time()
-        rows = [(f"{c['stream']}/{c['name']}", c) for c in report["consumers"]]
-        rows += [(f"{s['name']}/{g['name']} (group)", g) for s in report["streams"] for g in s["groups"]]
-        with self._lock:
-            self.latest, self.error = report, None
-            for key, row in rows:
-                series = self._series.setdefault(key, deque())
-                series.append((now, row["lag_entries"], row["lag_seconds"]))
-                while series and series[0][0] < now - self.seconds:
-                    series.popleft()
-
-    def snapshot(self) -> dict[str, Any]:
-        with self._lock:
-            return {
-                "status": self.latest,
-                "error": self.error,
-                "lag": {key: [list(point) for point in series] for key, series in self._series.items()},
-                "at": time.time(),
-            }
-
-    def run(self, stop: threading.Event) -> None:
-        while not stop.is_set():
-            self.sample()
-            stop.wait(self.interval)
 
 
 def create_app(settings: Settings, history: History, *, read_only: bool = False) -> Any:

@@ -13,7 +13,7 @@ from ... import engine, store
 from ...config import Settings, validate_stream_name
 from ...errors import ConfigurationError, UnilogError
 from .. import dlq
-from . import History
+from .history import History
 from .page import PAGE
 
 log = structlog.get_logger(__name__)
