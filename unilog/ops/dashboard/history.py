@@ -8,7 +8,6 @@ from collections import deque
 from typing import Any
 
 import psycopg
-
 import structlog
 
 from ... import engine
