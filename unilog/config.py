@@ -6,10 +6,15 @@ Library code never reads the environment: entry points call :meth:`Settings.from
 
 from __future__ import annotations
 
+import importlib
+import importlib.machinery
+import importlib.util
 import os
 import re
-from collections.abc import Mapping
+import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from types import ModuleType
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -259,3 +264,22 @@ class Settings:
             "redis_url": redact_url(self.redis_url),
             "default_stream": self.stream,  # a process's own stream, when it has one, is its "stream"
         }
+
+
+def import_user_module(module_name: str, search: Sequence[str] | None = None) -> ModuleType:
+    """``importlib.import_module``, with a top-level package or module that is not importable looked for in
+    ``search`` (default: the working directory, as ``python -m`` finds it) without changing ``sys.path``: how every
+    command finds the user's code (handlers, record types, backfill types), through the ``unilog`` console script
+    as through ``python -m unilog``. Modules it imports by their own top-level names must then be importable."""
+    top = module_name.partition(".")[0]
+    if top not in sys.modules and importlib.util.find_spec(top) is None:
+        spec = importlib.machinery.PathFinder.find_spec(top, [os.getcwd()] if search is None else list(search))
+        if spec is not None and spec.loader is not None:
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[top] = module
+            try:
+                spec.loader.exec_module(module)
+            except BaseException:
+                del sys.modules[top]
+                raise
+    return importlib.import_module(module_name)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
 import sys
 from collections.abc import Callable, Sequence
 from importlib.metadata import EntryPoint, entry_points
@@ -119,19 +118,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``unilog`` command; return its exit code."""
     args = _parser().parse_args(argv)
     configure_logging(level=args.log_level, json=args.log_json)
-    _user_code_from_the_working_directory()
     _freeze_startup_objects()
     return _guarded(args.func, args)
-
-
-def _user_code_from_the_working_directory() -> None:
-    """Every command finds the user's modules (``unilog schema register shop.records``, ``backfill --type``,
-    ``asyncapi --module``, a handler) in the working directory, as ``python -m unilog`` does: the ``unilog``
-    console script does not put it on ``sys.path`` by itself. Appended, not prepended, so a file there never
-    shadows an installed package."""
-    here = os.getcwd()
-    if here not in sys.path and "" not in sys.path:
-        sys.path.append(here)
 
 
 def consume_main(handler: Handler, argv: Sequence[str] | None = None, *, prog: str = "consumer") -> int:

@@ -14,7 +14,6 @@ import importlib.machinery
 import importlib.util
 import json
 import os
-import sys
 import sysconfig
 import traceback
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
@@ -24,6 +23,7 @@ from typing import Any, TypeVar, cast
 
 import psycopg
 
+from ..config import import_user_module
 from ..errors import HandlerNotFound, InjectedCrash, MalformedEntry, UnreadableRecord
 
 T = TypeVar("T")
@@ -357,19 +357,9 @@ def _is_module(name: str) -> bool:
 
 
 def _import(module_name: str, search: list[str]) -> ModuleType:
-    """``importlib.import_module``, with the top-level name found in ``search`` if it is not importable."""
-    top = module_name.partition(".")[0]
-    if top not in sys.modules and importlib.util.find_spec(top) is None:
-        spec = importlib.machinery.PathFinder.find_spec(top, search)
-        if spec is not None and spec.loader is not None:
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[top] = module
-            try:
-                spec.loader.exec_module(module)
-            except BaseException:
-                del sys.modules[top]
-                raise
-    return importlib.import_module(module_name)
+    """:func:`unilog.config.import_user_module`: the top-level name found in ``search`` if it is not
+    importable."""
+    return import_user_module(module_name, search)
 
 
 def load_handler(ref: str, search: Sequence[str] | None = None) -> Handler:

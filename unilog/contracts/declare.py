@@ -8,7 +8,6 @@ one :class:`~unilog.errors.ConfigurationError` line instead of surfacing at the 
 from __future__ import annotations
 
 import builtins
-import importlib
 import pkgutil
 import re
 import threading
@@ -16,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from ..config import validate_stream_name
+from ..config import import_user_module, validate_stream_name
 from ..errors import ConfigurationError, InvalidStreamName
 from .codec import Codec
 
@@ -216,7 +215,7 @@ def _import(module_name: str) -> Any:
     from ..errors import HandlerNotFound
 
     try:
-        return importlib.import_module(module_name)
+        return import_user_module(module_name)
     except (Exception, SystemExit) as exc:  # anything the user's module does while it is imported
         reason = " ".join(f"{type(exc).__name__}: {exc}".split())
         raise HandlerNotFound(f"cannot import {module_name!r}: {reason}") from None

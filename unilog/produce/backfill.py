@@ -25,7 +25,6 @@ value. A killed page commits nothing: neither records nor cursor; the next run s
 from __future__ import annotations
 
 import hashlib
-import importlib
 import threading
 import time
 from collections.abc import Callable
@@ -36,7 +35,7 @@ import psycopg
 import structlog
 
 from .. import metrics, store
-from ..config import Settings, validate_stream_name
+from ..config import Settings, import_user_module, validate_stream_name
 from ..errors import (
     BackfillRefused,
     PayloadNotSerializable,
@@ -110,7 +109,7 @@ def load_type(reference: str) -> type:
     if not module_name or not attr:
         raise BackfillRefused(f"--type {reference!r} must look like module:Class")
     try:
-        cls = getattr(importlib.import_module(module_name), attr)
+        cls = getattr(import_user_module(module_name), attr)
     except (Exception, SystemExit) as exc:  # whatever the application's module does while it is imported
         raise BackfillRefused(f"--type {reference}: {type(exc).__name__}: {' '.join(str(exc).split())}") from None
     if not isinstance(cls, type) or getattr(cls, "__unilog_contract__", None) is None:

@@ -24,6 +24,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from .failover import _RESCUE, _fields, count_record_messages
 from .pgoutput import MESSAGE_PREFIX
 from .wal import lsn_text
 
@@ -201,8 +202,6 @@ def _count_only(conn: psycopg.Connection[Any], start: int, end: int, why: str) -
     rolled-back transactions and other databases' count too); none at all means none was lost (only rows, say)."""
     if walinspect_usable(conn) is not None:
         return None, why
-    from .failover import count_record_messages
-
     count = count_record_messages(conn, start, end)
     if count == 0:
         return 0, ""
@@ -325,7 +324,7 @@ def _restage(conn: psycopg.Connection[Any], messages: list[_Message], commits: d
             conn.execute(copy, (ident,))
         else:
             assert message is not None
-            conn.execute(_STAGE, _arguments(message.payload))
+            conn.execute(_RESCUE, _arguments(message.payload))
 
 
 _COPY = "INSERT INTO staged_log_records ({cols}) SELECT {cols} FROM unilog_recovery_moved WHERE id = %s"
@@ -342,7 +341,7 @@ def _columns(conn: psycopg.Connection[Any]) -> list[str]:
 
 def _arguments(payload: bytes) -> tuple[Any, ...]:
     """A record message's content (``stream LF tail-length LF body tail``, as unilog_stage writes it) as the
-    arguments of :data:`_STAGE`."""
+    arguments of the rescue's insert (:mod:`unilog.store.failover`)."""
     first = payload.index(b"\n")
     second = payload.index(b"\n", first + 1)
     size = payload[first + 1 : second]
@@ -351,25 +350,6 @@ def _arguments(payload: bytes) -> tuple[Any, ...]:
     parent, state, typed = (*_fields(payload[tail_at:]), "", "", "")[:3]
     stream = payload[:first].decode()
     return (stream, data, action, obj, created, key or None, parent or None, state or None, typed or None)
-
-
-def _fields(resp: bytes) -> tuple[str, ...]:
-    """The bulk strings of ``resp`` (``$len CRLF bytes CRLF`` each), as text."""
-    out: list[str] = []
-    pos = 0
-    while pos < len(resp):
-        eol = resp.index(b"\r\n", pos)
-        size = int(resp[pos + 1 : eol])
-        out.append(resp[eol + 2 : eol + 2 + size].decode())
-        pos = eol + 4 + size
-    return tuple(out)
-
-
-_STAGE = """
-    INSERT INTO staged_log_records (stream, data, action, object, created_at, key, traceparent, tracestate,
-                                    record_type)
-    VALUES (%s, %s::jsonb, %s, %s, to_timestamp(%s::bigint / 1000.0), %s, %s, %s, %s)
-"""
 
 
 def other_capture_databases(conn: psycopg.Connection[Any], conninfo: str) -> bool:
