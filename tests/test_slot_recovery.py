@@ -231,3 +231,24 @@ def test_another_unilog_database_on_the_cluster_never_feeds_this_log(
     [loss] = losses(settings)
     # an upper bound: this database's pure-message transaction and the other database's three cannot be told apart
     assert loss["recovered"] == 1 and loss["lost"] == 4, loss
+
+
+def test_a_streamer_never_opens_a_slot_another_one_re_created_under_it(
+    pg18: tuple[Settings, EmbeddedPostgres],
+) -> None:
+    """Two streamers found the slot lost; one re-created it (a new from_xid: rows staged before it go out first).
+    The other, still holding the capture it read before, is refused the new slot and reads the capture again,
+    instead of streaming past the rows staged before it (seen in a chaos run: a record lost, another twice)."""
+    from unilog import store
+    from unilog.store.wal import ReplicationStream, SlotReplaced
+
+    settings, _server = pg18
+    with psycopg.connect(settings.conninfo, autocommit=True) as conn:
+        old = store.capture_slot(conn)
+    assert old is not None
+    drop_slot(settings)
+    store.recreate_slot(settings.conninfo, old)
+    with psycopg.connect(settings.conninfo, autocommit=True) as conn:
+        assert store.capture_slot(conn) != old, "a new from_xid"
+    with pytest.raises(SlotReplaced, match="re-created by another streamer"):
+        ReplicationStream(settings.conninfo, old, application_name="stale", timeout=5)

@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..errors import UnilogError
+from ..errors import PublishError, UnilogError
 from .connection import connect
 from .pgoutput import Decoder, WalRow
 from .readiness import Readiness, failover_readiness, hosts_of
@@ -277,12 +277,45 @@ _RESCUE = """
 """
 
 
-def recreate_slot(conninfo: str, capture: CaptureSlot) -> None:
+class SlotBusyError(PublishError):
+    """The slot's streaming lock stayed taken while a lost slot was being replaced: retried by the loop."""
+
+
+def try_slot_lock(conn: psycopg.Connection[Any], slot: str) -> bool:
+    """Take the slot's streaming lock for ``conn``'s session (the one a streamer's replication session holds while it
+    streams), committed; False if another session holds it. Released by :func:`release_slot_lock` or the session's
+    end. While it is held no streamer opens the slot."""
+    row = conn.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (f"unilog.slot:{slot}",)).fetchone()
+    conn.commit()
+    return bool(row and row[0])
+
+
+def _try_lock(conn: psycopg.Connection[Any], key: str) -> bool:
+    row = conn.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (key,)).fetchone()
+    return bool(row and row[0])
+
+
+def release_slot_lock(conn: psycopg.Connection[Any], slot: str) -> None:
+    """Release :func:`try_slot_lock`'s lock, committed."""
+    conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (f"unilog.slot:{slot}",))
+    conn.commit()
+
+
+def recreate_slot(conninfo: str, capture: CaptureSlot, *, locked: bool = False) -> None:
     """Replace a lost capture slot by a new one of the same name (a failover slot where the server has them), and
     take ``from_xid`` again: every row staged before it is then published by table-mode passes first, as after
     ``unilog capture wal --recreate``. For a streamer that found its slot lost at no cost (producers were held to
     rows, every record message before published or rescued) and no batch in doubt."""
     with connect(conninfo, autocommit=True, application_name="unilog-capture") as conn:
+        # the slot's streaming lock for the whole replacement (released with this session): another streamer cannot
+        # open the new slot before its from_xid is recorded, which would skip the rows staged before it
+        # (``locked``: the caller's session holds it already)
+        key = f"unilog.slot:{capture.slot}"
+        deadline = time.monotonic() + 10.0
+        while not locked and not _try_lock(conn, key):
+            if time.monotonic() > deadline:
+                raise SlotBusyError(f"another session holds slot {capture.slot!r}'s streaming lock: tried again later")
+            time.sleep(0.05)
         if conn.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (capture.slot,)).fetchone():
             drop_slot(conn, capture.slot)
         create_slot(conn, capture.slot, failover=True)

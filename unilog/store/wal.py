@@ -364,6 +364,10 @@ class SlotBusy(Exception):
     """Another session streams from the slot (another streamer owns this database's capture)."""
 
 
+class SlotReplaced(Exception):
+    """The slot was re-created since this streamer read the database's capture: it must read it again."""
+
+
 class ReplicationStream:
     """One logical slot's changes over the streaming replication protocol, as raw pgoutput messages.
 
@@ -405,6 +409,13 @@ class ReplicationStream:
         if not free:
             self.close()
             raise SlotBusy(f"another session streams from slot {self.slot.slot!r}")
+        # with the lock held, the capture row must still be the one this stream was made for: a slot re-created
+        # by another streamer (a lost slot replaced) has a new from_xid, and rows staged before it go out first
+        row = self.conn.pgconn.exec_(b"SELECT from_xid::text FROM unilog_capture")
+        current = row.get_value(0, 0) if row.status == pq.ExecStatus.TUPLES_OK and row.ntuples else None
+        if current is not None and current.decode() != self.slot.from_xid:
+            self.close()
+            raise SlotReplaced(f"slot {self.slot.slot!r} was re-created by another streamer: the capture is read again")
 
     def _start(self) -> None:
         pgconn = self.conn.pgconn

@@ -40,7 +40,7 @@ import structlog
 from .. import routing, store
 from ..errors import CaptureLost, CaptureRecreated, ConfigurationError, PublishError, UnilogError
 from ..store.pgoutput import Decoder, WalRow, WalTransaction
-from ..store.wal import CaptureSlot, ReplicationStream, SlotBusy
+from ..store.wal import CaptureSlot, ReplicationStream, SlotBusy, SlotReplaced
 from .capture import BatchResult, Capture
 from .guard import GUARD_INTERVAL, guard
 from .publisher import Publisher, settle_unsaved
@@ -160,6 +160,8 @@ class WalCapture:
                 )
             except CaptureLost as exc:
                 raise self._after_loss(conn, exc) from None
+            except SlotReplaced as exc:  # a new session reads the capture again: its rows before from_xid first
+                raise CaptureRecreated(str(exc)) from None
             log.info("streaming from the WAL", slot=self.slot.slot, streamer=name)
         return self._reader
 
@@ -170,6 +172,24 @@ class WalCapture:
         none are waiting if producers were held to rows before and every message before was published or rescued),
         the slot is re-created, and the streamer goes on: a loss never stops the log. What could not be recovered is
         recorded and logged as an error; the error returned (:class:`CaptureRecreated`) makes the loop reconnect."""
+        # one streamer handles a loss: the slot's streaming lock for the whole of it (a second streamer that found
+        # the slot lost too comes back to a re-created slot, and reads the capture again)
+        deadline = time.monotonic() + 5.0  # the refused replication session's backend may not have ended yet
+        while not store.try_slot_lock(conn, self.slot.slot):
+            if time.monotonic() > deadline:
+                return PublishError(f"another streamer is replacing the lost slot {self.slot.slot!r}: tried again")
+            time.sleep(0.05)
+        try:
+            current = store.capture_slot(conn)
+            conn.commit()
+            if current is not None and current != self.slot:
+                return CaptureRecreated(f"{exc}; another streamer re-created it: the capture is read again")
+            return self._replace_lost(conn, exc)
+        finally:
+            store.release_slot_lock(conn, self.slot.slot)
+
+    def _replace_lost(self, conn: psycopg.Connection[Any], exc: CaptureLost) -> UnilogError:
+        """:meth:`_after_loss`, with the slot's streaming lock held."""
         lost = _stop_messages_after_loss(conn)
         recovery = None
         if not lost.startswith(NOTHING_LOST):
@@ -185,7 +205,7 @@ class WalCapture:
                 )
         if (doubtful := self.publisher.in_doubt(conn)) and not self._settle_in_doubt(conn, doubtful):
             return CaptureLost(f"{exc}; {lost}")
-        store.recreate_slot(self.conninfo, self.slot)  # what `capture wal --recreate` does, done here
+        store.recreate_slot(self.conninfo, self.slot, locked=True)  # what `capture wal --recreate` does, done here
         if recovery is None:
             return CaptureRecreated(f"{exc}; {lost}: the slot is re-created")
         self.losses.append(recovery)
