@@ -24,6 +24,66 @@ def pytest_configure(config: pytest.Config) -> None:
             os.environ[test] = os.environ[app]
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto`` (pyproject's addopts): one worker per CPU, each with throw-away servers of its own; none (a serial
+    run) on servers given by URL, since some tests change server-wide state there (``maxmemory``, roles, ACL users)
+    that a second worker's tests would meet."""
+    del config  # the hook's signature
+    given = ("DATABASE_URL", "REDIS_URL", "UNILOG_TEST_DATABASE_URL", "UNILOG_TEST_REDIS_URL")
+    if any(os.environ.get(name) for name in given):
+        return 0
+    return max(2, len(os.sched_getaffinity(0)))
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Longest first, so parallel workers end together instead of one finishing a five-minute test alone: the
+    durations the last run on this checkout recorded (pytest's cache), else the ``slow`` marker. A module whose
+    tests share a fixture of its own (a Spark session, a cluster, a built wheel) stays on one worker
+    (``--dist loadgroup``) and in one piece, so the fixture is built once."""
+    known: dict[str, float] = config.cache.get(DURATIONS_KEY, {}) if config.cache else {}
+
+    def took(item: pytest.Item) -> float:
+        return known.get(item.nodeid) or (60.0 if item.get_closest_marker("slow") else 0.0)
+
+    groups: dict[str, float] = {}
+    for item in items:
+        if _shares_a_module_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))
+            groups[item.path.stem] = groups.get(item.path.stem, 0.0) + took(item)
+    order = {id(item): index for index, item in enumerate(items)}
+    items.sort(key=lambda item: (-groups.get(item.path.stem, took(item)), order[id(item)]))
+
+
+def _shares_a_module_fixture(item: pytest.Item) -> bool:
+    module = item.nodeid.partition("::")[0]
+    fixtures = getattr(item, "_fixtureinfo", None)
+    if fixtures is None:
+        return False
+    return any(
+        definition.scope != "function" and definition.baseid == module
+        for definitions in fixtures.name2fixturedefs.values()
+        for definition in definitions
+    )
+
+
+DURATIONS_KEY = "unilog/durations"
+_durations: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Each test's time (set-up, call and teardown) for the next run's order; under xdist the controller sees every
+    worker's reports."""
+    nodeid = report.nodeid.partition("@")[0]  # xdist's loadgroup appends "@group"
+    _durations[nodeid] = _durations.get(nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if session.config.cache is None or hasattr(session.config, "workerinput"):
+        return  # the controller (or a serial run) records: a worker saw only its share
+    session.config.cache.set(DURATIONS_KEY, session.config.cache.get(DURATIONS_KEY, {}) | _durations)
+
+
 @pytest.fixture
 def settings(unilog_settings: Settings) -> Settings:
     with psycopg.connect(unilog_settings.conninfo, autocommit=True) as conn:

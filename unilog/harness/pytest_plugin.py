@@ -35,6 +35,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
 import pytest
@@ -111,11 +112,13 @@ def unilog_redis() -> Iterator[RedisHandle]:
     """The session's Redis server: ``UNILOG_TEST_REDIS_URL`` if set, else one it starts (AOF fsync always) and
     removes.
 
-    On a given server the plugin owns the one database the URL names (``/N``, 0 when absent): the session refuses
+    On a given server the plugin owns the one database the URL names (``/N``, 0 when absent; under pytest-xdist,
+    worker ``gwK`` owns ``N + K`` instead, see :func:`worker_redis_url`): the session refuses
     to start (:func:`pytest.exit`, one line) while it holds keys, since they are not the plugin's to flush, and it
     is flushed after the session. Other databases on that server are never touched."""
     url = os.environ.get(TEST_REDIS_ENV)
     if url:
+        url = worker_redis_url(url, os.environ.get("PYTEST_XDIST_WORKER", ""))
         _claim_redis_database(url)
         try:
             yield RedisHandle(url=url)
@@ -127,6 +130,21 @@ def unilog_redis() -> Iterator[RedisHandle]:
         yield RedisHandle(url=server.url, server=server)
     finally:
         server.stop(cleanup=True)
+
+
+def worker_redis_url(url: str, worker: str) -> str:
+    """The Redis database a pytest-xdist worker owns on a given server: ``gwN`` takes the URL's number plus N (``gw0``
+    the URL's own), so parallel workers never flush each other's keys; outside xdist, ``url`` unchanged."""
+    if not worker.startswith("gw") or not worker[2:].isdigit():
+        return url
+    parts = urlsplit(url)
+    query = dict(parse_qsl(parts.query))
+    offset = int(worker[2:])
+    if parts.scheme == "unix" or "db" in query:  # a socket's database is a query parameter
+        query["db"] = str(int(query.get("db", 0)) + offset)
+        return urlunsplit(parts._replace(query=urlencode(query)))
+    number = int(parts.path.strip("/") or 0) + offset
+    return urlunsplit(parts._replace(path=f"/{number}"))
 
 
 def _claim_redis_database(url: str) -> None:
