@@ -171,7 +171,8 @@ def test_the_adapters_generated_face_and_its_source_are_the_adapter() -> None:
         "unilog/engine/_async/groups.py",
         "unilog/engine/_sync/groups.py",
     }
-    assert all(redis_in(p.read_text(), p) for p in adapter if p.stem != "__init__"), "each sends commands"
+    senders = [p for p in adapter if p.stem not in ("__init__", "connection", "nodes")]  # those two open, lend
+    assert all(redis_in(p.read_text(), p) for p in senders), "each sends commands"
     assert not any(REDIS_HOME in v.path.parents for v in violations())
 
 

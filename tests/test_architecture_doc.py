@@ -45,13 +45,13 @@ def test_only_the_shared_core_sits_at_the_top() -> None:
 
 
 ALLOWED_OPENERS = {
-    "unilog/store/connection.py",
-    "unilog/store/aio.py",
+    "unilog/store/_async/connection.py",
+    "unilog/store/_sync/connection.py",
     "unilog/store/wal.py",
-    "unilog/engine/connection.py",
-    "unilog/engine/aio.py",
+    "unilog/engine/_async/connection.py",
+    "unilog/engine/_sync/connection.py",
 }
-OPENERS = re.compile(r"\b(psycopg\.connect|AsyncConnection\.connect|Redis\.from_url|Redis\(|RedisCluster\()")
+OPENERS = re.compile(r"\b(psycopg\.connect|(?:Async)?Connection\.connect|Redis\.from_url|Redis\(|RedisCluster\()")
 
 
 def test_connections_are_opened_only_by_the_adapters() -> None:

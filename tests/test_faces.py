@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +32,11 @@ def test_every_generated_face_matches_its_source() -> None:
     assert tool.stale() == [], "run `python tools/faces.py`"
 
 
-@pytest.mark.parametrize("pair", [0, 1, 2, 3], ids=["runtime", "consume", "engine", "produce"])
+@pytest.mark.parametrize("pair", [0, 1, 2, 3, 4], ids=["runtime", "consume", "engine", "produce", "store"])
 def test_the_check_catches_an_edited_source_and_a_face_left_behind(pair: int, tmp_path: Path) -> None:
     tool = faces()
     source_dir = tool.PAIRS[pair][0]
-    assert len(tool.PAIRS) == 4
+    assert len(tool.PAIRS) == 5
     source = next(p for p in tool.sources() if p.parent == source_dir)
     tool.PAIRS = [(tmp_path / "_async", tmp_path / "_sync")]
     for directory in tool.PAIRS[0]:
@@ -131,7 +132,7 @@ def test_the_store_and_the_adapter_offer_each_face_the_same_names() -> None:
 
     used = {n for n in dir(store_aio) if not n.startswith("_") and callable(getattr(store_aio, n))}
     used -= {"connect_options", "schema_verdict", "unreachable", "checkpoint_from_row", "save_params"}
-    used -= {"Checkpoint", "AsyncIterator", "Any", "version_refusal", "standby_refusal"}  # helpers
+    used -= {"Checkpoint", "AsyncIterator", "Any"}  # helpers
     used = {"connect" if n == "connect_async" else n for n in used}
     assert used <= set(dir(store)), sorted(used - set(dir(store)))
     methods = {n for n in dir(engine_aio.AsyncRedisStreams) if not n.startswith("_") and n != "aclose"}
@@ -140,3 +141,81 @@ def test_the_store_and_the_adapter_offer_each_face_the_same_names() -> None:
     assert missing == set()
     assert set(engine_aio.__all__) == {"AsyncRedisStreams", "Entry", "connect_async", "ping"}
     assert callable(engine.ping) and callable(engine.connect)
+
+
+# A drift planted by hand in the threaded face of each former twin (the copies that used to be kept in step by hand:
+# ``store/aio.py`` beside ``store/connection.py``, ``checkpoints.py``, ``groups.py`` and ``locks.py``;
+# ``engine/aio.py`` beside ``engine/connection.py``; the two node connections of ``engine/nodes.py``; the links'
+# ``pg()`` and ``close()`` that ``unilog.django`` re-implemented): (the generated file, its text, the drift).
+DRIFTS = {
+    "store.check_schema returns early": (
+        "unilog/store/_sync/connection.py",
+        "    row = conn.execute(HAS_VERSION_TABLE",
+        "    return\n    row = conn.execute(HAS_VERSION_TABLE",
+    ),
+    "store.lock_checkpoint takes no lock": (
+        "unilog/store/_sync/checkpoints.py",
+        "return read_checkpoint(conn, name, lock=True)",
+        "return read_checkpoint(conn, name)",
+    ),
+    "store.claim_identities claims every identity": (
+        "unilog/store/_sync/groups.py",
+        "return claimed_from_row(row, identities)",
+        "return set(identities)",
+    ),
+    "store.release_partition_lock locks instead": (
+        "unilog/store/_sync/locks.py",
+        "conn.execute(PARTITION_UNLOCK, (key,))",
+        "conn.execute(PARTITION_LOCK, (key,))",
+    ),
+    "engine.connect retries a timed-out command": (
+        "unilog/engine/_sync/connection.py",
+        "retry_on_timeout=False",
+        "retry_on_timeout=True",
+    ),
+    "node_connection reuses a failed connection": (
+        "unilog/engine/_sync/nodes.py",
+        "        conn.disconnect()\n        raise",
+        "        raise",
+    ),
+    "the links (Django's too) skip the schema check": (
+        "unilog/runtime/_sync/loop.py",
+        "                store.check_schema(conn)\n",
+        "                pass\n",
+    ),
+}
+
+
+@pytest.mark.parametrize("drift", sorted(DRIFTS))
+def test_a_drift_planted_in_a_former_twin_fails_the_check(
+    drift: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The check, run over a copy of the tree, reports the threaded face a hand edit made drift from its source;
+    only the pairs that generate it are checked (none, if the file were no pair's: the test then fails)."""
+    path, text, planted = DRIFTS[drift]
+    tool = faces()
+    shutil.copytree(ROOT / "unilog", tmp_path / "unilog", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)  # ruff formats the copy as it formats the tree
+    target = tmp_path / path
+    tool.ROOT = tmp_path
+    tool.PAIRS = [
+        (tmp_path / source.relative_to(ROOT), tmp_path / face.relative_to(ROOT))
+        for source, face in tool.PAIRS
+        if face == (ROOT / path).parent
+    ]
+    assert tool.stale() == [], "the copy is in step before the drift"
+    assert target.read_text().count(text) == 1, "the generated face changed: plant the drift anew"
+    target.write_text(target.read_text().replace(text, planted))
+    assert tool.main(["--check"]) == 1
+    assert capsys.readouterr().out.splitlines() == [f"faces: {path} is stale: run `python tools/faces.py`"]
+
+
+def test_the_django_links_reuse_the_links() -> None:
+    """Django's links lend Django's session and give it back; opening, checking and closing are the links' own
+    (generated) code, so a drift in it is a drift of the links the face check sees. Read from the syntax tree: importing
+    ``unilog.django`` here would add its consumer to the workers other tests count."""
+    tree = ast.parse((ROOT / "unilog" / "django" / "__init__.py").read_text())
+    links = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "_DjangoLinks")
+    assert [ast.unparse(base) for base in links.bases] == ["Links"]
+    own = {n.name for n in links.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+    assert own == {"__init__", "session", "end_session"}

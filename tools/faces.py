@@ -3,8 +3,9 @@ them, if a generated file is stale, missing, or left behind by a source that is 
 
 unilog writes code that both faces run once, as asyncio, in the ``_async/`` directories of :data:`PAIRS`: the
 worker loop and its connections (``unilog/runtime/_async/``), the consumers' exactly-once sequences and the
-partition worker (``unilog/consume/_async/``), and the Redis adapter's methods both faces have
-(``unilog/engine/_async/``). Each source is transformed **on its syntax tree** (libcst, which keeps comments and
+partition worker (``unilog/consume/_async/``), the Redis adapter's methods both faces have and its connecting
+(``unilog/engine/_async/``), ``emit`` (``unilog/produce/_async/``) and the store's statements both faces run
+(``unilog/store/_async/``). Each source is transformed **on its syntax tree** (libcst, which keeps comments and
 layout) into its ``_sync/`` twin, then formatted with ruff:
 
 * ``async def``, ``async with``, ``async for`` lose ``async``; ``await x`` becomes ``x`` (with the parentheses
@@ -39,6 +40,7 @@ PAIRS: list[tuple[Path, Path]] = [
     (ROOT / "unilog" / "consume" / "_async", ROOT / "unilog" / "consume" / "_sync"),
     (ROOT / "unilog" / "engine" / "_async", ROOT / "unilog" / "engine" / "_sync"),
     (ROOT / "unilog" / "produce" / "_async", ROOT / "unilog" / "produce" / "_sync"),
+    (ROOT / "unilog" / "store" / "_async", ROOT / "unilog" / "store" / "_sync"),
 ]
 RUFF = Path(sys.executable).parent / "ruff"
 HEADER = "# Generated from "
@@ -60,7 +62,8 @@ RENAMES = {
     "AsyncRetentionCore": "RetentionCore",
     "AsyncPartitionsCore": "PartitionsCore",
     "AsyncClient": "Client",
-    "async_node_connection": "node_connection",  # unilog.engine.nodes: a key's node's connection, of each face
+    "async_node_connection": "node_connection",  # unilog.engine._async.nodes: a key's node's connection
+    "anode_pool": "node_pool",  # unilog.engine.nodes: the pool (or a cluster node's connections) of each face
     "connect_async": "connect",  # unilog.store.aio / unilog.engine.aio -> unilog.store / unilog.engine
     "ping_async": "ping",
     "emit_async": "emit",  # unilog.produce: emit_async(tx, ...) -> emit(tx, ...)
@@ -87,6 +90,10 @@ RENAMES = {
 MODULES = {
     "unilog.store.aio": "unilog.store",
     "unilog.engine.aio": "unilog.engine",
+    # redis-py's asyncio client and its parts -> the threaded ones
+    "redis.asyncio": "redis",
+    "redis.asyncio.cluster": "redis.cluster",
+    "redis.asyncio.retry": "redis.retry",
 }
 FORBIDDEN_IMPORTS = {"asyncio"}  # what differs goes through unilog._acompat's pairs
 WORD = re.compile(r"\b(" + "|".join(sorted(map(re.escape, RENAMES), key=len, reverse=True)) + r")\b")

@@ -39,7 +39,7 @@ from ..produce.handles import raise_if_schema_missing
 from ..produce.producer import Producer
 from ..produce.records import DEFAULT_RULES, RecordFields
 from ..runtime import Links
-from ..store import INSERT_STAGED, INSERT_STAGED_MANY, check_schema, staged_columns
+from ..store import INSERT_STAGED, INSERT_STAGED_MANY, staged_columns
 
 __all__ = ["DjangoConsumer", "database_url", "emit", "emit_many"]
 
@@ -143,40 +143,32 @@ def _libpq_keywords() -> set[str]:
 
 
 class _DjangoLinks(Links):
-    """A consumer's Postgres connection is Django's own (``using``): the ORM in a handler writes in its transaction."""
+    """A consumer's Postgres connection is Django's own (``using``): the ORM in a handler writes in its transaction.
+
+    The links' own code checks the schema of each new session and runs the consumer's callback
+    (:class:`unilog.runtime.Links`); only where the session comes from and where it goes differ."""
 
     def __init__(self, settings: Settings, using: str, **kw: Any) -> None:
-        super().__init__(settings, **kw)
+        # Django's session commits itself: outside ``atomic()`` each statement, inside one the block
+        super().__init__(settings, autocommit=True, **kw)
         self.using = using
 
-    def pg(self) -> Any:
+    def session(self) -> Any:
+        """Django's connection of ``using`` (opened if it is not)."""
         wrapper = connections[self.using]
         wrapper.ensure_connection()
         raw = wrapper.connection
-        if raw is not self._pg:
-            if wrapper.vendor != "postgresql" or not hasattr(raw, "pgconn"):
-                raise ConfigurationError(
-                    f"Django database {self.using!r} is not PostgreSQL on psycopg 3 (Django's 'psycopg' backend): "
-                    "unilog's consumer needs it"
-                )
-            check_schema(raw)
-            self._pg = raw
-            callback = self._on_pg_connect() if self._on_pg_connect is not None else self._on_pg_connect_fn
-            if callback is not None:
-                callback(raw)
+        if raw is not self._pg and (wrapper.vendor != "postgresql" or not hasattr(raw, "pgconn")):
+            raise ConfigurationError(
+                f"Django database {self.using!r} is not PostgreSQL on psycopg 3 (Django's 'psycopg' backend): "
+                "unilog's consumer needs it"
+            )
         return raw
 
-    def close(self) -> None:
-        self._pg = None
+    def end_session(self, conn: Any) -> None:
+        """Give Django's connection back: closed unless inside ``atomic()`` (Django opens it again on next use)."""
         if not connections[self.using].in_atomic_block:
-            connections[self.using].close()  # Django opens it again on next use
-        if self._redis is not None:
-            self._redis.close()
-            self._redis = None
-
-    def discard_failed_transaction(self) -> None:
-        if self._pg is not None and self._pg.broken:
-            self.close()
+            connections[self.using].close()
 
 
 class DjangoConsumer(Consumer):

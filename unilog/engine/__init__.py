@@ -13,7 +13,8 @@ commands it issues (:mod:`~unilog.engine.commands`), which is where the ACL of e
 (:mod:`unilog.ops.acl`).
 
 Two faces, one source: the methods the asyncio consumers need too (reads after a checkpoint, registration, dead
-letters, group work, the client and ``explained`` of :class:`~unilog.engine._sync.base.Adapter`) are written once,
+letters, group work, the client and ``explained`` of :class:`~unilog.engine._sync.base.Adapter`, connecting, a key's
+node's connection) are written once,
 as asyncio code under ``_async/`` (:class:`~unilog.engine.aio.AsyncRedisStreams` is them), and their threaded face
 under ``_sync/`` is generated from it by ``tools/faces.py`` (on the syntax tree: ``await`` dropped, ``AsyncReadingCore``
 -> ``ReadingCore``, ``aclose`` -> ``close``), declarations included; each concern class above adds the methods only

@@ -4,14 +4,13 @@
 another connection (redis-py's pool hands out any) it counts nothing of those writes, and a cluster client sends a
 keyless ``WAIT`` to every primary. So a write that must be replicated before unilog moves on is sent with its
 ``WAIT`` on one connection, taken from the pool of the node that owns the key's slot (the one pool of a single
-Redis): :func:`node_connection` for the threaded client, :func:`async_node_connection` for the asyncio one (the
-generated threaded face of ``unilog/engine/_async/`` names the first where its source names the second).
+Redis): ``node_connection``, written once for both faces (:mod:`unilog.engine._async.nodes`), over the pair here
+that tells the faces apart, :func:`node_pool` for the threaded client and :func:`anode_pool` for the asyncio one
+(the generated threaded face names the first where its source names the second).
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import redis
@@ -38,43 +37,25 @@ def node_pool(client: Any, key: str) -> Any:
     return client.connection_pool
 
 
-@contextlib.contextmanager
-def node_connection(client: Any, key: str) -> Iterator[Any]:
-    """One connection of the node that serves ``key`` (threaded client); a connection whose exchange failed part
-    way is closed, never reused (its replies are out of step)."""
-    pool = node_pool(client, key)
-    conn = pool.get_connection()
-    try:
-        yield conn
-    except BaseException:
-        conn.disconnect()
-        raise
-    finally:
-        pool.release(conn)
+class _NodeConnections:
+    """An asyncio cluster node's connections, lent and taken back as a pool's are (the node lends them itself)."""
+
+    def __init__(self, node: Any) -> None:
+        self.node = node
+
+    async def get_connection(self) -> Any:
+        return self.node.acquire_connection()
+
+    async def release(self, conn: Any) -> None:
+        self.node.release(conn)
 
 
-@contextlib.asynccontextmanager
-async def async_node_connection(client: Any, key: str) -> AsyncIterator[Any]:
-    """:func:`node_connection` for redis-py's asyncio client (a cluster node lends its connections itself)."""
+def anode_pool(client: Any, key: str) -> Any:
+    """:func:`node_pool` for redis-py's asyncio client: its pool, or on a cluster the connections of the node that
+    serves ``key``, lent as a pool lends them (with ``await``)."""
     if isinstance(client, aredis.RedisCluster):
         node = client.get_node_from_key(key)
         if node is None:  # no node owns the slot now (a failover under way): retried as a connection failure
             raise redis.ConnectionError(f"no Redis Cluster node serves {key!r}")
-        conn = node.acquire_connection()
-        try:
-            yield conn
-        except BaseException:
-            await conn.disconnect()
-            raise
-        finally:
-            node.release(conn)
-        return
-    pool = client.connection_pool
-    conn = await pool.get_connection()
-    try:
-        yield conn
-    except BaseException:
-        await conn.disconnect()
-        raise
-    finally:
-        await pool.release(conn)
+        return _NodeConnections(node)
+    return client.connection_pool

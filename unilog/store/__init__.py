@@ -9,7 +9,13 @@ check), ``staging`` (the staging table), ``claims`` (table mode's claims: what a
 identities), ``locks`` (advisory locks) and ``snapshots`` (consistent parallel reads for reconciliation), ``wal`` and
 ``pgoutput`` (WAL capture: the replication stream, its decoding, the capture switches), ``backfills`` (a backfill's
 checks, pages and cursor; imported as ``store.backfills``), ``schemas`` (the schema registry: record types' JSON
-Schemas by name and version, and each stream's compatibility mode).
+Schemas by name and version, and each stream's compatibility mode), ``rows`` (a checkpoint's row:
+:class:`Checkpoint`).
+
+Two faces, one source: the statements the asyncio consumers run too (opening a session and the schema check,
+checkpoints, groups' identities, partition locks) are written once, as asyncio code under ``_async/``
+(:mod:`unilog.store.aio` names them), and their threaded face under ``_sync/`` is generated from it by
+``tools/faces.py``; ``connection``, ``checkpoints``, ``groups`` and ``locks`` name it beside what only it has.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The asyncio face of the store: the statements the consumers run, on a psycopg ``AsyncConnection``.
 
-The SQL is the store's own (imported, not rewritten), so the asyncio workers read and save the same rows the same
-way; like those functions, these never commit: the caller's transaction holds its effects too. The names and
-signatures are those of :mod:`unilog.store` (with ``await``), because the workers' sync face is generated from
-their asyncio source by naming :mod:`unilog.store` where the source names this module (``tools/faces.py``).
+They are written once, as this asyncio code (:mod:`unilog.store._async`), and the threaded face that
+:mod:`unilog.store` names is generated from it by ``tools/faces.py`` (which names :mod:`unilog.store` where a source
+names this module); like those functions, these never commit: the caller's transaction holds their effects too. Only
+:func:`deadline` is written per face: a timeout of the event loop here, a watchdog thread there.
 """
 
 from __future__ import annotations
@@ -15,45 +15,18 @@ from typing import Any
 
 import psycopg
 
-from . import groups
-from .checkpoints import (
-    HOLD_LETTER,
-    INSERT_CHECKPOINT,
-    SAVE_CHECKPOINT,
-    SELECT_CHECKPOINT,
-    TAKE_HELD,
-    Checkpoint,
-    checkpoint_from_row,
-    save_params,
+from ._async.checkpoints import (
+    ensure_checkpoint,
+    hold_letter,
+    lock_checkpoint,
+    read_checkpoint,
+    save_checkpoint,
+    take_held,
 )
-from .connection import (
-    HAS_VERSION_TABLE,
-    VERSION_TABLE,
-    VERSIONS,
-    connect_options,
-    schema_verdict,
-    standby_refusal,
-    unreachable,
-    version_refusal,
-)
-from .locks import PARTITION_LOCK, PARTITION_UNLOCK
-
-
-async def connect_async(
-    conninfo: str, *, autocommit: bool = False, application_name: str = "unilog", timeout: float | None = None
-) -> psycopg.AsyncConnection[Any]:
-    """:func:`unilog.store.connect` for asyncio: the same keepalives and refusals (:class:`ServerUnreachable`
-    naming the server, password redacted; a server older than unilog supports)."""
-    try:
-        conn = await psycopg.AsyncConnection.connect(
-            conninfo, autocommit=autocommit, **connect_options(application_name, timeout)
-        )
-    except psycopg.OperationalError as exc:
-        raise unreachable(conninfo, exc) from None
-    if (refused := version_refusal(conn, conninfo) or standby_refusal(conn, conninfo)) is not None:
-        await conn.close()
-        raise refused
-    return conn
+from ._async.connection import check_schema, connect_async
+from ._async.groups import advance_watermarks, claim_identities, group_watermarks, try_prune_lock
+from ._async.locks import release_partition_lock, try_partition_lock
+from .rows import Checkpoint
 
 
 @contextlib.asynccontextmanager
@@ -67,86 +40,21 @@ async def deadline(_conn: psycopg.AsyncConnection[Any], seconds: float | None) -
         yield
 
 
-async def check_schema(conn: psycopg.AsyncConnection[Any]) -> None:
-    """See :func:`unilog.store.check_schema`."""
-    row = await (await conn.execute(HAS_VERSION_TABLE, (VERSION_TABLE,))).fetchone()
-    versions = {r[0] for r in await (await conn.execute(VERSIONS)).fetchall()} if row and row[0] else None
-    schema_verdict(versions)
-
-
-async def read_checkpoint(conn: psycopg.AsyncConnection[Any], name: str, *, lock: bool = False) -> Checkpoint | None:
-    """Consumer ``name``'s checkpoint; with ``lock``, row-locked in the caller's transaction (copies serialize)."""
-    cursor = await conn.execute(SELECT_CHECKPOINT + (" FOR UPDATE" if lock else ""), (name,))
-    row = await cursor.fetchone()
-    return None if row is None else checkpoint_from_row(name, row)
-
-
-async def ensure_checkpoint(conn: psycopg.AsyncConnection[Any], name: str, stream: str) -> Checkpoint:
-    """See :func:`unilog.store.ensure_checkpoint`."""
-    await conn.execute(INSERT_CHECKPOINT, (name, stream))
-    checkpoint = await read_checkpoint(conn, name)
-    assert checkpoint is not None
-    return checkpoint
-
-
-async def lock_checkpoint(conn: psycopg.AsyncConnection[Any], name: str) -> Checkpoint | None:
-    """See :func:`unilog.store.lock_checkpoint`."""
-    return await read_checkpoint(conn, name, lock=True)
-
-
-async def save_checkpoint(conn: psycopg.AsyncConnection[Any], checkpoint: Checkpoint) -> None:
-    """Write the checkpoint in the caller's transaction."""
-    await conn.execute(SAVE_CHECKPOINT, save_params(checkpoint))
-
-
-async def hold_letter(conn: psycopg.AsyncConnection[Any], consumer: str, stream: str, origin_id: str) -> None:
-    """See :func:`unilog.store.hold_letter`."""
-    await conn.execute(HOLD_LETTER, (consumer, origin_id, stream))
-
-
-async def take_held(conn: psycopg.AsyncConnection[Any], consumer: str, origin_ids: list[str]) -> set[str]:
-    """See :func:`unilog.store.take_held`."""
-    cursor = await conn.execute(TAKE_HELD, (consumer, origin_ids))
-    return {row[0] for row in await cursor.fetchall()}
-
-
-# -- consumer groups (the statements of ``store.groups``) ------------------------------------------------------------
-
-
-async def group_watermarks(conn: psycopg.AsyncConnection[Any], group: str, stream: str) -> dict[tuple[str, int], int]:
-    """See :func:`unilog.store.group_watermarks`."""
-    cursor = await conn.execute(groups.WATERMARKS, (group, stream))
-    return groups.watermarks_from_rows(await cursor.fetchall())
-
-
-async def claim_identities(
-    conn: psycopg.AsyncConnection[Any], group: str, stream: str, identities: list[groups.Identity]
-) -> set[groups.Identity]:
-    """See :func:`unilog.store.claim_identities`."""
-    if not identities:
-        return set()
-    cursor = await conn.execute(groups.CLAIM, groups.claim_params(group, stream, identities))
-    return groups.claimed_from_row(await cursor.fetchone(), identities)
-
-
-async def try_prune_lock(conn: psycopg.AsyncConnection[Any], group: str, stream: str) -> bool:
-    """See :func:`unilog.store.try_prune_lock`."""
-    row = await (await conn.execute(groups.PRUNE_LOCK, (group, stream))).fetchone()
-    return bool(row and row[0])
-
-
-async def advance_watermarks(conn: psycopg.AsyncConnection[Any], group: str, stream: str) -> int:
-    """See :func:`unilog.store.advance_watermarks`."""
-    await conn.execute(groups.ADVANCE, {"g": group, "s": stream})
-    return (await conn.execute(groups.PRUNE, {"g": group, "s": stream})).rowcount
-
-
-async def try_partition_lock(conn: psycopg.AsyncConnection[Any], key: str) -> bool:
-    """See :func:`unilog.store.try_partition_lock`."""
-    row = await (await conn.execute(PARTITION_LOCK, (key,))).fetchone()
-    return bool(row and row[0])
-
-
-async def release_partition_lock(conn: psycopg.AsyncConnection[Any], key: str) -> None:
-    """See :func:`unilog.store.release_partition_lock`."""
-    await conn.execute(PARTITION_UNLOCK, (key,))
+__all__ = [
+    "Checkpoint",
+    "advance_watermarks",
+    "check_schema",
+    "claim_identities",
+    "connect_async",
+    "deadline",
+    "ensure_checkpoint",
+    "group_watermarks",
+    "hold_letter",
+    "lock_checkpoint",
+    "read_checkpoint",
+    "release_partition_lock",
+    "save_checkpoint",
+    "take_held",
+    "try_partition_lock",
+    "try_prune_lock",
+]

@@ -16,8 +16,8 @@ import redis
 from ...wire import to_str
 from ..base import AsyncClient
 from ..commands import issues
-from ..nodes import async_node_connection
 from ..refusals import refusal, type_checked
+from .nodes import async_node_connection
 
 
 class AsyncAdapter:

@@ -1,5 +1,5 @@
 """Checking a Redis server before work: it answers, takes the credentials, is not loading and is recent enough.
-Both faces check alike (the refusals' words are :mod:`unilog.engine.connection`')."""
+Both faces check alike (the refusals' words are those of :mod:`unilog.engine._async.connection`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import redis
 
 from ..base import AsyncClient
 from ..commands import issues
-from ..connection import ping_refusal, version_refusal
+from .connection import ping_refusal, version_refusal
 
 
 @issues("info", "ping")

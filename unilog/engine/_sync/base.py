@@ -17,8 +17,8 @@ import redis
 from ...wire import to_str
 from ..base import Client
 from ..commands import issues
-from ..nodes import node_connection
 from ..refusals import refusal, type_checked
+from .nodes import node_connection
 
 
 class Adapter:

@@ -1,6 +1,6 @@
 # Generated from unilog/engine/_async/server.py by tools/faces.py: do not edit.
 """Checking a Redis server before work: it answers, takes the credentials, is not loading and is recent enough.
-Both faces check alike (the refusals' words are :mod:`unilog.engine.connection`')."""
+Both faces check alike (the refusals' words are those of :mod:`unilog.engine._sync.connection`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import redis
 
 from ..base import Client
 from ..commands import issues
-from ..connection import ping_refusal, version_refusal
+from .connection import ping_refusal, version_refusal
 
 
 @issues("info", "ping")

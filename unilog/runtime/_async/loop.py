@@ -61,25 +61,37 @@ class AsyncLinks:
 
     async def pg(self) -> psycopg.AsyncConnection[Any]:
         """The Postgres connection, (re)opened and schema-checked if needed."""
-        if self._pg is None or self._pg.closed:
-            conn = await store.connect_async(
-                self.settings.conninfo,
-                autocommit=self.autocommit,
-                application_name=self.app_name,
-                timeout=self.pg_timeout,
-            )
+        conn = await self.session()
+        if conn is not self._pg:
             try:
                 await store.check_schema(conn)
                 if not self.autocommit:
                     await conn.commit()
             except BaseException:
-                await conn.close()
+                await self.end_session(conn)
                 raise
             self._pg = conn
             callback = self._on_pg_connect() if self._on_pg_connect is not None else self._on_pg_connect_fn
             if callback is not None:
                 callback(conn)
-        return self._pg
+        return conn
+
+    async def session(self) -> psycopg.AsyncConnection[Any]:
+        """The Postgres session to use: the open one, else a new one; :meth:`pg` checks the schema of each new one.
+        A subclass may lend a session of its own (Django's links lend Django's)."""
+        if self._pg is not None and not self._pg.closed:
+            return self._pg
+        return await store.connect_async(
+            self.settings.conninfo,
+            autocommit=self.autocommit,
+            application_name=self.app_name,
+            timeout=self.pg_timeout,
+        )
+
+    async def end_session(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Close a session :meth:`session` gave (a subclass that lends one of its own gives it back instead)."""
+        if not conn.closed:
+            await conn.close()
 
     async def redis(self) -> engine.AsyncRedisStreams:
         """The Redis client, created and pinged if needed."""
@@ -104,11 +116,12 @@ class AsyncLinks:
         return self._redis
 
     async def discard_failed_transaction(self) -> None:
-        """After a failure: drop the Postgres connection if it is broken or still inside a transaction."""
-        pg = self.pg_open
-        if pg is not None and (pg.broken or pg.info.transaction_status != psycopg.pq.TransactionStatus.IDLE):
+        """After a failure: drop the Postgres connection if it is closed, broken or still inside a transaction."""
+        pg = self._pg
+        idle = psycopg.pq.TransactionStatus.IDLE
+        if pg is not None and (pg.closed or pg.broken or pg.info.transaction_status != idle):
             self._pg = None
-            await pg.close()
+            await self.end_session(pg)
 
     async def drop_redis(self) -> None:
         """Close the Redis client; the next call reconnects (after a timeout its connection state is unknown)."""
@@ -119,8 +132,8 @@ class AsyncLinks:
     async def close(self) -> None:
         """Close both connections."""
         pg, self._pg = self._pg, None
-        if pg is not None and not pg.closed:
-            await pg.close()
+        if pg is not None:
+            await self.end_session(pg)
         await self.drop_redis()
 
 

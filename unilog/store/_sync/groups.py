@@ -1,0 +1,136 @@
+# Generated from unilog/store/_async/groups.py by tools/faces.py: do not edit.
+"""Consumer groups in Postgres: the identities of records a group applied, and the watermarks that prune them;
+the statements both faces of a group worker run (:mod:`unilog.store.groups` adds what only the threaded face has)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+
+Identity = tuple[str, int, int]  # (producer, epoch, seq)
+
+
+WATERMARKS = "SELECT producer, epoch, seq FROM unilog_group_watermarks WHERE group_name = %s AND stream = %s"
+CLAIM = """
+    WITH ins AS (
+        INSERT INTO unilog_processed (group_name, stream, producer, epoch, seq)
+        SELECT %(g)s, %(s)s, r.p, r.e, n
+        FROM unnest(%(p)s::text[], %(e)s::bigint[], %(lo)s::bigint[], %(hi)s::bigint[]) AS r(p, e, lo, hi),
+             generate_series(r.lo, r.hi) AS n
+        ON CONFLICT DO NOTHING
+        RETURNING producer, epoch, seq
+    )
+    SELECT count(*),
+           CASE WHEN count(*) < %(n)s THEN array_agg(producer) END,
+           CASE WHEN count(*) < %(n)s THEN array_agg(epoch) END,
+           CASE WHEN count(*) < %(n)s THEN array_agg(seq) END
+    FROM ins
+"""
+ADVANCE = """
+        WITH pairs AS (
+            SELECT DISTINCT producer, epoch FROM unilog_processed
+            WHERE group_name = %(g)s AND stream = %(s)s AND producer <> ''
+        ), current AS (
+            SELECT p.producer, p.epoch, coalesce(w.seq, 0) AS seq
+            FROM pairs p LEFT JOIN unilog_group_watermarks w
+              ON w.group_name = %(g)s AND w.stream = %(s)s AND w.producer = p.producer AND w.epoch = p.epoch
+        ), runs AS (
+            SELECT c.producer, c.epoch, r.seq, r.seq - c.seq - row_number() OVER (
+                PARTITION BY c.producer, c.epoch ORDER BY r.seq) AS offset_from_run
+            FROM current c JOIN unilog_processed r
+              ON r.group_name = %(g)s AND r.stream = %(s)s AND r.producer = c.producer AND r.epoch = c.epoch
+             AND r.seq > c.seq
+        ), advanced AS (
+            SELECT producer, epoch, max(seq) AS seq FROM runs WHERE offset_from_run = 0 GROUP BY producer, epoch
+        )
+        INSERT INTO unilog_group_watermarks (group_name, stream, producer, epoch, seq)
+        SELECT %(g)s, %(s)s, producer, epoch, seq FROM advanced
+        ON CONFLICT (group_name, stream, producer, epoch) DO UPDATE SET seq = excluded.seq
+        """
+PRUNE = """
+        DELETE FROM unilog_processed r USING unilog_group_watermarks w
+        WHERE r.group_name = %(g)s AND r.stream = %(s)s
+          AND w.group_name = r.group_name AND w.stream = r.stream AND w.producer = r.producer AND w.epoch = r.epoch
+          AND r.seq <= w.seq
+        """
+PRUNE_LOCK = "SELECT pg_try_advisory_xact_lock(hashtextextended('unilog.group:' || %s || ':' || %s, 0))"
+
+
+def group_watermarks(conn: psycopg.Connection[Any], group: str, stream: str) -> dict[tuple[str, int], int]:
+    """(producer, epoch) -> the seq at or below which every record was applied by ``group``."""
+    cursor = conn.execute(WATERMARKS, (group, stream))
+    return watermarks_from_rows(cursor.fetchall())
+
+
+def watermarks_from_rows(rows: Sequence[tuple[Any, ...]]) -> dict[tuple[str, int], int]:
+    return {(r[0], int(r[1])): int(r[2]) for r in rows}
+
+
+def claim_params(group: str, stream: str, identities: Sequence[Identity]) -> dict[str, Any]:
+    """:data:`CLAIM`'s parameters: ``identities`` as runs of consecutive seqs."""
+    producers, epochs, lows, highs = _runs(identities)
+    return {"g": group, "s": stream, "p": producers, "e": epochs, "lo": lows, "hi": highs, "n": len(identities)}
+
+
+def claimed_from_row(row: tuple[Any, ...] | None, identities: Sequence[Identity]) -> set[Identity]:
+    """The new identities, from :data:`CLAIM`'s one row."""
+    assert row is not None
+    if row[0] == len(identities):
+        return set(identities)
+    if not row[0]:
+        return set()
+    return {(p, int(e), int(n)) for p, e, n in zip(row[1], row[2], row[3], strict=True)}
+
+
+def claim_identities(
+    conn: psycopg.Connection[Any], group: str, stream: str, identities: Sequence[Identity]
+) -> set[Identity]:
+    """Insert ``identities`` (distinct) as applied by ``group`` in the caller's transaction; return those that were
+    new.
+
+    Identities already present belong to records this group applied before (a redelivery): the caller skips them.
+    They are sent as runs of consecutive seqs, which is what a stream's positions mostly are, and the new ones are
+    listed only when some were not new: the common batch costs a few values each way, not one per record.
+    """
+    if not identities:
+        return set()
+    cursor = conn.execute(CLAIM, claim_params(group, stream, identities))
+    row = cursor.fetchone()
+    return claimed_from_row(row, identities)
+
+
+def _runs(identities: Sequence[Identity]) -> tuple[list[str], list[int], list[int], list[int]]:
+    """``identities`` as runs of consecutive seqs per (producer, epoch): four parallel lists."""
+    producers: list[str] = []
+    epochs: list[int] = []
+    lows: list[int] = []
+    highs: list[int] = []
+    last: Identity | None = None
+    for identity in identities:
+        producer, epoch, seq = identity
+        if last is not None and seq == last[2] + 1 and epoch == last[1] and producer == last[0]:
+            highs[-1] = seq
+        else:
+            producers.append(producer)
+            epochs.append(epoch)
+            lows.append(seq)
+            highs.append(seq)
+        last = identity
+    return producers, epochs, lows, highs
+
+
+def advance_watermarks(conn: psycopg.Connection[Any], group: str, stream: str) -> int:
+    """Move each (producer, epoch) watermark over the contiguous run of applied seqs above it and prune the rows
+    at or below it, in the caller's transaction; return rows pruned. Seqs are dense per producer and stream, so a
+    watermark never passes a record that was not applied (a dead letter, say): that record blocks it until it is
+    replayed and applied, or dropped."""
+    conn.execute(ADVANCE, {"g": group, "s": stream})
+    return conn.execute(PRUNE, {"g": group, "s": stream}).rowcount
+
+
+def try_prune_lock(conn: psycopg.Connection[Any], group: str, stream: str) -> bool:
+    """Take the transaction-level lock that lets one worker of ``group`` prune at a time; False if another has it."""
+    row = conn.execute(PRUNE_LOCK, (group, stream)).fetchone()
+    return bool(row and row[0])
