@@ -24,13 +24,14 @@ RUN if [ "$SPARK" = 1 ]; then apt-get update && apt-get install -y --no-install-
 
 # Dependencies first, in their own layer, so editing the code does not reinstall them: the runtime, `demo` and
 # `dashboard` (Flask and waitress) requirements, read from pyproject.toml (all of them ship wheels, no compiler
-# needed). `demo` names `unilog[embedded]` (throw-away servers for `unilog demo`): skipped here, the compose file runs
-# real ones; and `unilog[contracts]` (pydantic, for the demo's typed records): its own requirements are taken instead.
+# needed). `demo` names `unilog-outbox[embedded]` (throw-away servers for `unilog demo`): skipped here, the compose
+# file runs real ones; and `unilog-outbox[contracts]` (pydantic, for the demo's typed records): its own requirements
+# are taken instead. (unilog-outbox is this project's distribution: the project's own name, p['name'].)
 COPY pyproject.toml README.md ./
 RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
 extra = p['optional-dependencies']; deps = p['dependencies'] + extra['demo'] + extra['contracts'] + extra['dashboard'] \
 + (extra['spark'] if '$SPARK' == '1' else []); \
-print('\n'.join(d for d in deps if not d.startswith('unilog')))" \
+print('\n'.join(d for d in deps if not d.startswith(p['name'])))" \
     > /tmp/requirements.txt \
     && pip install --no-cache-dir -r /tmp/requirements.txt \
     && rm /tmp/requirements.txt

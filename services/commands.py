@@ -4,8 +4,9 @@ They are entry points in the group ``unilog.commands`` (see pyproject.toml): the
 when this package is installed and works without them. Each ``add`` function adds one sub-parser whose
 ``func(args)`` returns an exit code; imports of the harness wait until the command runs, so ``unilog --help``
 stays fast. Each command first checks that the demo extra's packages it needs are importable
-(:func:`require_demo_extra`): without them it stops at once, in one line naming ``pip install 'unilog[demo]'``, with
-exit code 3 (``ExitCode.CONFIG``), instead of starting servers for an API that cannot start.
+(:func:`require_demo_extra`): without them it stops at once, in one line naming ``pip install
+'unilog-outbox[demo]'``, with exit code 3 (``ExitCode.CONFIG``), instead of starting servers for an API that cannot
+start.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def add_demo(sub: Any) -> None:
 def require_demo_extra(command: str, api: str, *also: str) -> None:
     """Refuse in one line, before any server starts, when what this run needs from the demo extra (pyproject.toml)
     cannot be imported here: the API's framework and server for ``--api`` (the fleet's ``App.missing_modules``),
-    and the modules in ``also``. A bare ``pip install unilog`` has none of them."""
+    and the modules in ``also``. A bare ``pip install unilog-outbox`` has none of them."""
     from unilog.harness.app import missing_modules
 
     from .fleet import APP
@@ -63,7 +64,7 @@ def require_demo_extra(command: str, api: str, *also: str) -> None:
     if missing:
         raise ConfigurationError(
             f"unilog {command} needs the demo extra, which is not installed here (no {', '.join(missing)}): "
-            "pip install 'unilog[demo]'"
+            "pip install 'unilog-outbox[demo]'"
         )
 
 

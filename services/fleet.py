@@ -43,7 +43,7 @@ APP = App(
     state_tables=("consumer_states",),
     asgi_api="api_fastapi:app",
     # the demo extra's packages each API imports (pyproject.toml): greenlet is SQLAlchemy's asyncio layer's,
-    # pydantic the record types' (unilog[contracts])
+    # pydantic the record types' (unilog-outbox[contracts])
     api_requires=("flask", "pydantic"),
     asgi_requires=("fastapi", "greenlet", "pydantic"),
 )

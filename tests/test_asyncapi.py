@@ -1,6 +1,8 @@
 """The AsyncAPI 3.0 document of the log (``unilog asyncapi``): built on real servers from the registered record types,
 a registered consumer and a consumer group, and valid under the official parser (``@asyncapi/parser`` v3 from npm,
-run by tools/validate_asyncapi.mjs); a broken document fails that validator, so the check can fail.
+run by tools/validate_asyncapi.mjs, which runs the validator the package ships, unilog/ops/validate_asyncapi.mjs); a
+broken document fails that validator, so the check can fail. ``unilog asyncapi --validate`` runs the same validator
+(tests/test_asyncapi_validate.py).
 
 The parser is installed once into a cache folder outside the repository (``~/.cache/unilog-tests/asyncapi-parser``,
 or ``$UNILOG_ASYNCAPI_PARSER_DIR``); without node and npm, or offline with nothing cached, those tests are skipped

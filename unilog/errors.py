@@ -101,7 +101,18 @@ class InvalidUsage(ConfigurationError):
 
 class MissingExtra(ConfigurationError):
     """A command needs an optional package that is not installed; the message names the package and the extra that
-    installs it (``pip install 'unilog[dashboard]'``), and nothing was started."""
+    installs it (``pip install 'unilog-outbox[dashboard]'``), and nothing was started."""
+
+
+class MissingTool(ConfigurationError):
+    """A command needs a program that is not a Python package (``node`` or ``npm`` for ``unilog asyncapi
+    --validate``) and did not find it, or could not install what it needs with it; the one-line message names the
+    program and how to install it, and nothing was validated."""
+
+
+class AsyncAPIInvalid(UnilogError):
+    """``unilog asyncapi --validate``: the official AsyncAPI parser found errors in the document (printed above the
+    message, one line each: severity, rule, path, message)."""
 
 
 class UnsupportedServer(ConfigurationError):

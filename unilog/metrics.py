@@ -20,13 +20,14 @@ from typing import Any
 from prometheus_client import Counter, Gauge, Histogram, Info, make_wsgi_app
 
 from . import health
+from .config import DISTRIBUTION
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 _SIZE_BUCKETS = (1, 10, 50, 100, 500, 1000, 5000, 10000, 50000)
 
 INFO = Info("unilog", "The unilog version of this process")
 try:
-    INFO.info({"version": version("unilog")})
+    INFO.info({"version": version(DISTRIBUTION)})
 except PackageNotFoundError:  # running from a source tree that was never installed
     INFO.info({"version": "unknown"})
 

@@ -23,6 +23,7 @@ from typing import Any
 from .. import __version__
 from ..consume.records import Handler
 from ..errors import (
+    AsyncAPIInvalid,
     BackfillRefused,
     CaptureLost,
     ConfigurationError,
@@ -104,6 +105,7 @@ _ERROR_CODES: list[tuple[type[BaseException], ExitCode]] = [
     (BackfillRefused, ExitCode.BACKFILL_REFUSED),
     (ConsumerRunning, ExitCode.CONSUMER_RUNNING),
     (SchemaIncompatible, ExitCode.SCHEMA_INCOMPATIBLE),
+    (AsyncAPIInvalid, ExitCode.ASYNCAPI_INVALID),
     (InvalidUsage, ExitCode.USAGE),
     (ConfigurationError, ExitCode.CONFIG),
     (InvalidStreamName, ExitCode.CONFIG),  # a stream name given on the command line
@@ -203,7 +205,7 @@ def _add_plugin(sub: Any, plugin: EntryPoint) -> None:
         extra = plugin.dist.name if plugin.dist is not None else "the package that provides it"
         message = f"the {plugin.name!r} command cannot be loaded ({reason}); is {extra!r} installed with its extra?"
         if plugin.value.startswith("unilog_demo."):
-            message = f"the {plugin.name!r} command needs the demo extra: pip install 'unilog[demo]' ({reason})"
+            message = f"the {plugin.name!r} command needs the demo extra: {extras.install('demo')} ({reason})"
         # no option prefix: whatever follows the command name is taken, so running it reaches the one-line error
         stand_in = sub.add_parser(
             plugin.name, help="(unavailable: run it to see why)", add_help=False, prefix_chars="\0"

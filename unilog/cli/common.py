@@ -27,7 +27,7 @@ class ExitCode(IntEnum):
     OK = 0
     FAILURE = 1  # an unexpected error, or a check that failed (e.g. the demo's verdict)
     USAGE = 2  # bad command-line arguments (argparse's own code), or options that contradict each other
-    CONFIG = 3  # a setting is missing or malformed (or a command's extra is not installed: pip install "unilog[demo]")
+    CONFIG = 3  # a bad setting, or a command's extra (pip install "unilog-outbox[demo]") or program is missing
     UNREACHABLE = 4  # Postgres or Redis cannot be reached
     SCHEMA = 5  # the database is not migrated, or `unilog migrate` could not migrate it
     HANDLER = 6  # the consumer's handler cannot be imported
@@ -44,6 +44,7 @@ class ExitCode(IntEnum):
     NOT_CAUGHT_UP = 15  # `unilog demo`: a consumer was still behind when the wait ended (not a disagreement)
     CONSUMER_RUNNING = 16  # `unilog consumer|group delete`: a process of it is running; nothing deleted
     SCHEMA_INCOMPATIBLE = 17  # `unilog schema check|register`: a record type breaks its registered versions
+    ASYNCAPI_INVALID = 18  # `unilog asyncapi --validate`: the official parser found errors in the document
     INTERRUPTED = 130  # Ctrl-C
 
 

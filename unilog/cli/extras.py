@@ -1,9 +1,10 @@
 """Optional packages: which extra of unilog installs a module, and the one line a command ends with when one is
 missing (exit code 3), before it starts anything.
 
-The extras are read from unilog's own metadata (``pyproject.toml``'s ``[project.optional-dependencies]``), so a
-package an extra gains (a dashboard server, say) is named without an edit here; the table below covers only
-modules whose import name is not their distribution's, or that come with another package (Werkzeug with Flask).
+The extras are read from unilog's own metadata (its distribution, ``unilog-outbox``: ``pyproject.toml``'s
+``[project.optional-dependencies]``), so a package an extra gains (a dashboard server, say) is named without an edit
+here; the table below covers only modules whose import name is not their distribution's, or that come with another
+package (Werkzeug with Flask).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Sequence
 from functools import cache
 from importlib import metadata
 
+from ..config import DISTRIBUTION
 from ..errors import MissingExtra
 
 # import name -> the extra that installs it, where the metadata cannot tell (or names several: flask is in demo too)
@@ -29,6 +31,7 @@ _KNOWN = {
     "django": "django",
 }
 _NOT_EXTRAS = ("dev",)  # everything is in dev: never the one to name
+_OWN = DISTRIBUTION.replace("-", "_")  # an extra that names others (demo: unilog-outbox[embedded])
 
 
 @cache
@@ -36,14 +39,14 @@ def _extras_by_module() -> dict[str, list[str]]:
     """import name (a distribution's name, normalized) -> the extras that list it, in pyproject.toml's order."""
     found: dict[str, list[str]] = {}
     try:
-        requirements = metadata.requires("unilog") or []
+        requirements = metadata.requires(DISTRIBUTION) or []
     except metadata.PackageNotFoundError:  # run from a source tree that was never installed
         return found
     for requirement in requirements:
         name = re.match(r"[A-Za-z0-9._-]+", requirement)
         extra = re.search(r"""extra\s*==\s*["']([^"']+)["']""", requirement)
-        if name and extra and extra.group(1) not in _NOT_EXTRAS and name.group(0) != "unilog":  # not an extra's extras
-            module = name.group(0).lower().replace("-", "_").replace(".", "_")
+        module = name.group(0).lower().replace("-", "_").replace(".", "_") if name else ""
+        if extra and module and extra.group(1) not in _NOT_EXTRAS and module != _OWN:  # not an extra's extras
             found.setdefault(module, []).append(extra.group(1))
     return found
 
@@ -70,7 +73,12 @@ def missing(
     if extra is None:
         return None
     top = exc.name.partition(".")[0]
-    return MissingExtra(f"{needed_by} needs {top!r}, which is not installed: pip install 'unilog[{extra}]'")
+    return MissingExtra(f"{needed_by} needs {top!r}, which is not installed: {install(extra)}")
+
+
+def install(extra: str) -> str:
+    """The command that installs ``extra`` of unilog: ``pip install 'unilog-outbox[demo]'``."""
+    return f"pip install '{DISTRIBUTION}[{extra}]'"
 
 
 def require(modules: Sequence[str], needed_by: str, prefer: Sequence[str] = (), hint: str = "") -> None:

@@ -6,7 +6,7 @@ consumer gets instances back (:meth:`Contract.decode`), older versions brought u
 functions. :mod:`unilog.contracts.compat` tells whether a new version can be read where an older one is, the way
 Confluent's schema registry defines it.
 
-``import unilog`` does not import pydantic; this package does (``pip install 'unilog[contracts]'``).
+``import unilog`` does not import pydantic; this package does (``pip install 'unilog-outbox[contracts]'``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ try:
 except ImportError as exc:  # pragma: no cover - the dev environment has pydantic
     from ..errors import MissingExtra
 
-    raise MissingExtra("record contracts need pydantic: pip install 'unilog[contracts]'") from exc
+    raise MissingExtra("record contracts need pydantic: pip install 'unilog-outbox[contracts]'") from exc
 
 from .declare import Contract, all_contracts, contract_of, contracts_in, record_type, upcaster
 

@@ -26,7 +26,7 @@ except ModuleNotFoundError as exc:  # imported outside a Django project: say whi
     if (exc.name or "").partition(".")[0] != "django":
         raise
     raise ModuleNotFoundError(
-        "unilog.django needs Django, which is not installed: pip install 'unilog[django]'", name="django"
+        "unilog.django needs Django, which is not installed: pip install 'unilog-outbox[django]'", name="django"
     ) from None
 
 from ..config import Settings

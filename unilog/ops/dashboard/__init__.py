@@ -32,7 +32,7 @@ def create_app(settings: Settings, history: History, *, read_only: bool = False)
     try:
         from flask import Flask
     except ImportError:
-        raise ConfigurationError("the dashboard needs Flask: pip install 'unilog[dashboard]'") from None
+        raise ConfigurationError("the dashboard needs Flask: pip install 'unilog-outbox[dashboard]'") from None
     from .routes import register
 
     app = Flask("unilog.ops.dashboard")
@@ -50,7 +50,7 @@ class Server:
         try:
             from waitress.server import create_server
         except ImportError:
-            raise ConfigurationError("the dashboard needs waitress: pip install 'unilog[dashboard]'") from None
+            raise ConfigurationError("the dashboard needs waitress: pip install 'unilog-outbox[dashboard]'") from None
         # ident: the Server header names the software, not its version
         self._server = create_server(app, host=addr, port=port, threads=threads, ident="waitress")
         self.port: int = self._server.effective_port
