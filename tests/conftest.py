@@ -48,6 +48,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     groups: dict[str, float] = {}
     for item in items:
+        if item.path.stem in CORE:
+            item.add_marker(pytest.mark.core)
         if _shares_a_module_fixture(item):
             item.add_marker(pytest.mark.xdist_group(item.path.stem))
             groups[item.path.stem] = groups.get(item.path.stem, 0.0) + took(item)
@@ -67,6 +69,15 @@ def _shares_a_module_fixture(item: pytest.Item) -> bool:
     )
 
 
+# The inner loop (`pytest -m core`, about a minute): the producer, the streamer, the consumers' exactly-once
+# sequences and both loops' conformance, the engine, the generated faces
+CORE = frozenset(
+    f"test_{name}"
+    for name in (
+        "producer", "producers", "async_producer", "typed_records", "encoding", "malformed", "settings", "engine",
+        "streamers", "conformance", "loop_conformance", "pipeline", "commit_order", "groups", "edges", "faces",
+    )
+)
 DURATIONS_KEY = "unilog/durations"
 _durations: dict[str, float] = {}
 

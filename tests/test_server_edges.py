@@ -193,8 +193,8 @@ def test_a_server_older_than_supported_is_one_line_and_exit_code_3(
 ) -> None:
     """No older server is installable here, so the real one is made "too old" by raising the minimum in-process."""
     from unilog.cli import main
-    from unilog.engine import connection as redis_connection
-    from unilog.store import connection
+    from unilog.engine._sync import connection as redis_connection  # where the threaded face reads its minimum
+    from unilog.store._sync import connection
 
     if server == "postgres":
         monkeypatch.setattr(connection, "MIN_SERVER_VERSION", 990000)

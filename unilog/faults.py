@@ -6,6 +6,10 @@ inject a failure at one exact step). Every fault that fires is logged and counte
 
 Points:
 
+``loop.crash_before_pass``
+    Any worker: crash before a pass starts.
+``loop.crash_after_connect``
+    Any worker: crash once ``connect`` returned, before the first pass (settled as a failure to connect).
 ``streamer.double_send``
     Re-send the whole batch to Redis right after it was sent (the reference design's 10 %).
 ``streamer.crash_after_claim``
@@ -44,6 +48,7 @@ log = structlog.get_logger(__name__)
 
 POINTS = (
     "loop.crash_before_pass",  # any worker, between passes (unilog.runtime.hooks.FaultHook)
+    "loop.crash_after_connect",  # any worker, connected, before its first pass (unilog.runtime.hooks.FaultHook)
     "streamer.double_send",
     "streamer.crash_after_claim",  # table mode: the claim saved, nothing sent
     "streamer.crash_after_publish",

@@ -108,7 +108,7 @@ def unilog_postgres() -> Iterator[PostgresHandle]:
 
 
 @pytest.fixture(scope="session")
-def unilog_redis() -> Iterator[RedisHandle]:
+def unilog_redis(request: pytest.FixtureRequest) -> Iterator[RedisHandle]:
     """The session's Redis server: ``UNILOG_TEST_REDIS_URL`` if set, else one it starts (AOF fsync always) and
     removes.
 
@@ -118,7 +118,9 @@ def unilog_redis() -> Iterator[RedisHandle]:
     is flushed after the session. Other databases on that server are never touched."""
     url = os.environ.get(TEST_REDIS_ENV)
     if url:
-        url = worker_redis_url(url, os.environ.get("PYTEST_XDIST_WORKER", ""))
+        # this session's own xdist worker id (a pytest it starts in a subprocess inherits the variable, not the role)
+        worker = getattr(request.config, "workerinput", {}).get("workerid", "")
+        url = worker_redis_url(url, worker)
         _claim_redis_database(url)
         try:
             yield RedisHandle(url=url)

@@ -418,7 +418,8 @@ class Backfill(Worker):
     def totals(self) -> dict[str, Any]:
         return {"rows": self.staged_total, "outcome": self.outcome or "stopped"}
 
-    def stopped(self) -> None:
+    def finish(self) -> None:
+        """The loop ended (either mode): this process no longer runs the backfill."""
         metrics.BACKFILL_RUNNING.labels(self.name).set(0)
 
     def close(self) -> None:

@@ -14,7 +14,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from ._sync.loop import Links, Worker, serve
-from .hooks import DEFAULT_HOOKS, Hook
+from .hooks import DEFAULT_HOOKS, Hook, Hooks
 from .policy import FATAL, TRANSIENT, Backoff, Verdict, account_batch, decide, fatal, health_name
 
 if TYPE_CHECKING:
@@ -40,6 +40,7 @@ __all__ = [
     "AsyncWorker",
     "Backoff",
     "Hook",
+    "Hooks",
     "Links",
     "Verdict",
     "Worker",

@@ -1,11 +1,11 @@
 """The one failure policy of every worker loop, both faces: what a pass that raised leads to.
 
 :func:`decide` is pure: it classifies the exception and returns a :class:`Verdict` (stop, restart, reconnect or
-retry, and why); the loop (:func:`unilog.runtime.serve`) acts on it, and the loop's hooks
-(:mod:`unilog.runtime.hooks`) log it, count it and report it to ``/readyz``. No worker decides this for itself:
-a worker only says, through ``is_handler_failure`` (a question: nothing changes), whether an exception was its
-handler's rolled-back failure; what it does about one, ``after_handler_failure``, the loop calls when it carries
-out the verdict.
+retry, and why), for a pass and for connecting at start alike; the loop (:func:`unilog.runtime.serve`) acts on it,
+with one back-off (:class:`Backoff`), and the loop's hooks (:mod:`unilog.runtime.hooks`) log it, count it and report
+it to ``/readyz``. No worker decides this for itself and no worker retries on its own: a worker only says, through
+``is_handler_failure`` (a question: nothing changes), whether an exception was its handler's rolled-back failure;
+what it does about one, ``after_handler_failure``, the loop calls when it carries out the verdict.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from ..errors import (
     InjectedCrash,
     NotReplicated,
     PolicyStop,
+    ReadOnlyServer,
     ServerUnreachable,
     UnilogError,
 )
@@ -54,17 +55,18 @@ def fatal(exc: BaseException) -> UnilogError | None:
 
 @dataclass(frozen=True)
 class Verdict:
-    """What the loop does after a failed pass: ``action``, because of ``cause`` (a word for logs and metrics:
-    ``crash``, ``connection``, ``replicas``, ``handler``; for a stop, what stopped it), raising ``error`` on a
-    stop."""
+    """What the loop does after a failed pass (or a failed connect): ``action``, because of ``cause`` (a word for
+    logs and metrics: ``crash``, ``connection``, ``standby``, ``replicas``, ``handler``, ``recreated``; for a stop,
+    what stopped it), raising ``error`` on a stop."""
 
     action: Action
     cause: str
     error: BaseException
 
 
-def decide(worker: Any, exc: BaseException, *, drain: bool = False) -> Verdict:
-    """The failure policy, for a pass of ``worker`` that raised ``exc``.
+def decide(worker: Any, exc: BaseException, *, drain: bool = False, connecting: bool = False) -> Verdict:
+    """The failure policy, for a pass of ``worker`` that raised ``exc`` (``connecting``: for its ``connect`` at
+    start). It reads the worker (``restart_after_crash``, ``retryable``, ``is_handler_failure``) and changes nothing.
 
     * Stop (raise): data loss (:class:`~unilog.errors.DataLoss`), a configuration no retry can fix, a worker's
       policy to stop (:class:`~unilog.errors.PolicyStop`), a server's refusal no retry can fix (raised as its one
@@ -83,11 +85,25 @@ def decide(worker: Any, exc: BaseException, *, drain: bool = False) -> Verdict:
     ``drain`` (burst mode) retries only a handler's failure (its poison policy bounds the retries); anything else ends
     the drain, raised: a crash, a lost connection, a dead letter no replica acknowledged (a caller of burst mode wants
     to know now, not wait for a server to come back).
+
+    ``connecting`` (the loop's first step, ``connect``): a process that cannot start says so at once, so every
+    failure stops it, raised as it is, but two: a read-only standby, waited for as a failover promotes one (reconnect
+    after the back-off, cause ``standby``; ``drain``: raised), and an injected crash, restarted as above.
     """
     verdict = _classify(worker, exc)
+    if connecting:
+        return _connecting(verdict, exc, drain)
     if drain and verdict.cause not in ("handler", "recreated") and verdict.action != "stop":
         return Verdict("stop", verdict.cause, exc)
     return verdict
+
+
+def _connecting(verdict: Verdict, exc: BaseException, drain: bool) -> Verdict:
+    if isinstance(exc, ReadOnlyServer) and not drain:
+        return Verdict("reconnect", "standby", exc)
+    if verdict.action == "restart" and not drain:
+        return verdict
+    return Verdict("stop", verdict.cause if verdict.action == "stop" else "connect", exc)
 
 
 def _classify(worker: Any, exc: BaseException) -> Verdict:

@@ -152,15 +152,16 @@ class PartitionedConsumer(Worker):
 
     # -- work --------------------------------------------------------------------------------------------------------
 
-    def before_pass(self) -> None:
-        """Re-balance if due: take free partitions up to the fair share, give back any beyond it."""
+    def prepare_pass(self, drain: bool) -> None:
+        """Re-balance if due, and before every pass of burst mode (a drain takes this worker's share now): take free
+        partitions up to the fair share, give back any beyond it."""
         now = time.monotonic()
-        if now - self._last_rebalance >= self.config.rebalance_interval:
+        if drain or now - self._last_rebalance >= self.config.rebalance_interval:
             self._last_rebalance = now
             self.rebalance()
 
     def run_once(self) -> int:
-        """One batch from every owned partition (:meth:`before_pass` or :meth:`rebalance` takes partitions)."""
+        """One batch from every owned partition (:meth:`prepare_pass` or :meth:`rebalance` takes partitions)."""
         handled = 0
         for consumer in list(self.owned.values()):
             handled += consumer.run_once(block_ms=-1).handled
@@ -168,9 +169,8 @@ class PartitionedConsumer(Worker):
         return handled
 
     def drain_pass(self) -> tuple[int, bool]:
-        """Burst mode in one pass: take this worker's share of partitions and consume each until it is caught up."""
-        self._last_rebalance = time.monotonic()
-        self.rebalance()
+        """Burst mode in one pass: consume each partition of this worker's share (taken by :meth:`prepare_pass`)
+        until it is caught up."""
         handled = 0
         for consumer in list(self.owned.values()):
             handled += consumer.drain()

@@ -4,8 +4,8 @@
 ``close``) that every long-running unilog process implements; :class:`AsyncLinks` opens a worker's Postgres and
 Redis connections lazily, checks the schema once per Postgres session and pings Redis once per client, and drops
 both on :meth:`AsyncLinks.close` (a restart: only committed state carries over). :func:`serve` is the one loop every
-worker runs, ``run`` and ``drain`` alike, with the one failure policy (:func:`unilog.runtime.policy.decide`) and
-the loop's hooks (:mod:`unilog.runtime.hooks`).
+worker runs, ``run`` and ``drain`` alike, from ``connect`` on, with the one failure policy
+(:func:`unilog.runtime.policy.decide`), one back-off and the worker's hooks (:mod:`unilog.runtime.hooks`).
 """
 
 from __future__ import annotations
@@ -17,17 +17,13 @@ from collections.abc import Callable
 from typing import Any, ClassVar, Self
 
 import psycopg
-import structlog
 
 from ..._acompat import AEvent, asleep_until
 from ...config import Settings
 from ...engine import aio as engine
-from ...errors import ReadOnlyServer
 from ...store import aio as store
-from ..hooks import DEFAULT_HOOKS, Hook
+from ..hooks import DEFAULT_HOOKS, Hook, Hooks
 from ..policy import TRANSIENT, Backoff, decide
-
-log = structlog.get_logger("unilog.runtime")
 
 
 class AsyncLinks:
@@ -153,19 +149,36 @@ class AsyncWorker(abc.ABC):
     * :meth:`close` drops the connections (and with them the session's locks); only committed state carries over,
       so a closed worker can be connected again.
 
-    Both modes run :func:`serve`: one failure policy, one set of :attr:`hooks`. Subclasses set :attr:`links`,
-    :attr:`restart_after_crash` and :attr:`max_backoff` in ``__init__`` and may override :meth:`before_pass`,
-    :meth:`idle`, :meth:`restart`, :meth:`recover`, :meth:`forget`, :meth:`stopped`, :meth:`is_handler_failure` and
-    :meth:`after_handler_failure`.
+    Both modes run :func:`serve`: one failure policy, one back-off, the worker's :attr:`hooks` (its own: see
+    :class:`~unilog.runtime.hooks.Hooks`; a subclass changes its defaults with :attr:`default_hooks`). Subclasses
+    set :attr:`links`, :attr:`restart_after_crash` and :attr:`max_backoff` in ``__init__`` and may override the
+    loop's steps :meth:`prepare_pass`, :meth:`idle`, :meth:`restart`, :meth:`recover`, :meth:`forget`,
+    :meth:`finish`, :meth:`is_handler_failure` and :meth:`after_handler_failure` (no step is named as a hook's
+    method: those all start with ``on_``).
     """
 
     kind: ClassVar[str] = "worker"  # names the process in its log lines ("streamer started", ...)
     # failures of the infrastructure: reconnect, back off, retry; never held against a record
     retryable: ClassVar[tuple[type[BaseException], ...]] = TRANSIENT
-    hooks: ClassVar[tuple[Hook, ...]] = DEFAULT_HOOKS
+    default_hooks: ClassVar[tuple[Hook, ...]] = DEFAULT_HOOKS  # each instance's hooks start as these
     links: AsyncLinks
     restart_after_crash: bool = True
     max_backoff: float = 10.0
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for old, new in _RENAMED_STEPS.items():
+            if old in vars(cls):
+                raise TypeError(f"{cls.__name__}.{old} is a step of the loop by an earlier name: it is now {new}")
+
+    @property
+    def hooks(self) -> Hooks:
+        """This worker's hooks, in the order the loop calls them: its class's :attr:`default_hooks`, then what was
+        added (``worker.hooks.add(hook, before=..., after=...)``); another worker's are not changed."""
+        hooks = self.__dict__.get("_hooks")
+        if hooks is None:
+            hooks = self.__dict__["_hooks"] = Hooks(type(self).default_hooks)
+        return hooks
 
     @abc.abstractmethod
     async def connect(self) -> None:
@@ -185,40 +198,17 @@ class AsyncWorker(abc.ABC):
         """What names this process in log lines (its stream, consumer, group or worker)."""
 
     async def drain(self) -> int:
-        """Work until nothing is left (burst mode); return the records processed."""
-        await self.connect()
+        """Connect, then work until nothing is left (burst mode); return the records processed."""
         return await serve(self, None, drain=True)
 
     async def run(self, stop_event: AEvent | None = None) -> None:
-        """Work until ``stop_event`` is set, finishing the pass in progress first (see :func:`serve`); the
-        connections are closed when it returns."""
-        stop_event = stop_event if stop_event is not None else AEvent()
+        """Connect, then work until ``stop_event`` is set, finishing the pass in progress first (see :func:`serve`:
+        a server that cannot be reached stops it at once, a read-only standby is waited for); the connections are
+        closed when it returns."""
         try:
-            if not await self._connect_to_primary(stop_event):
-                return
-            log.info(f"{self.kind} started", **self.label, **self.describe())
             await serve(self, stop_event)
         finally:
-            await self.stopped()
             await self.close()
-        log.info(f"{self.kind} stopped", **self.label, **self.totals())
-
-    async def _connect_to_primary(self, stop_event: AEvent) -> bool:
-        """Connect (a server that cannot be reached or refuses raises: a process that cannot start says so at
-        once), waiting while the Postgres reached is a read-only standby, as a failover promotes one; False if
-        ``stop_event`` was set first."""
-        backoff = Backoff(self.max_backoff)
-        while True:
-            try:
-                await self.connect()
-                return True
-            except ReadOnlyServer as exc:
-                log.warning("waiting for a primary", error=str(exc), retry_in=backoff.delay, **self.label)
-                await self.close()
-            await asleep_until(stop_event, backoff.delay)
-            backoff.grow()
-            if stop_event.is_set():
-                return False
 
     async def close(self) -> None:
         """Close both connections; only committed state carries over."""
@@ -231,7 +221,7 @@ class AsyncWorker(abc.ABC):
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    # -- hooks -------------------------------------------------------------------------------------------------------
+    # -- the loop's steps (what the loop asks of the worker; hooks only hear of it) -----------------------------------
 
     def describe(self) -> dict[str, Any]:
         """Extra fields for the start-up log line (servers, with passwords redacted)."""
@@ -241,13 +231,14 @@ class AsyncWorker(abc.ABC):
         """Extra fields for the stop log line (what was processed)."""
         return {}
 
-    def forget(self) -> None:  # noqa: B027 (an optional hook)
+    def forget(self) -> None:  # noqa: B027 (an optional step)
         """Drop state cached from the connections (a checkpoint, a pending cursor) when they are closed."""
 
-    async def before_pass(self) -> None:  # noqa: B027 (an optional hook)
-        """Called by the loop before each pass of :meth:`run` (the partition worker re-balances here)."""
+    async def prepare_pass(self, drain: bool) -> None:  # noqa: B027 (an optional step)
+        """Called by the loop before each pass, in both modes (``drain``: burst mode's), after the hooks'
+        ``on_pass_start``; raising here counts as the pass failing (the partition worker re-balances here)."""
 
-    async def idle(self, result: Any, stop_event: AEvent) -> None:  # noqa: B027 (an optional hook)
+    async def idle(self, result: Any, stop_event: AEvent) -> None:  # noqa: B027 (an optional step)
         """Called by the loop after a successful pass of :meth:`run` with its result: wait here when there was
         nothing to do and :meth:`run_once` does not block by itself (the streamer sleeps on ``LISTEN``)."""
 
@@ -266,60 +257,81 @@ class AsyncWorker(abc.ABC):
         failure is :meth:`after_handler_failure`."""
         return False
 
-    def after_handler_failure(self, exc: Exception) -> None:  # noqa: B027 (an optional hook)
+    def after_handler_failure(self, exc: Exception) -> None:  # noqa: B027 (an optional step)
         """Called by the loop when it carries out a handler failure's verdict (retry), before the back-off: drop
         what the rolled-back batch left in memory."""
 
-    async def stopped(self) -> None:  # noqa: B027 (an optional hook)
-        """Called once when :meth:`run` ends, however it ends, before the connections are closed."""
+    async def finish(self) -> None:  # noqa: B027 (an optional step)
+        """Called once when the loop ends, in both modes and however it ends, before the hooks' ``on_stop`` (and
+        before :meth:`run` closes the connections)."""
+
+
+# the loop's steps by their earlier names (a subclass defining one would never be called): refused
+_RENAMED_STEPS = {"before_pass": "prepare_pass", "stopped": "finish"}
 
 
 async def serve(worker: AsyncWorker, stop_event: AEvent | None, *, drain: bool = False) -> int:
-    """The loop every worker runs: passes until ``stop_event`` is set (the pass in progress always finishes) or, in
-    burst mode (``drain``), until a pass finds nothing left; returns the records processed in burst mode.
+    """The loop every worker runs: connects the worker, then passes until ``stop_event`` is set (the pass in progress
+    always finishes) or, in burst mode (``drain``), until a pass finds nothing left; returns the records processed
+    in burst mode. It connects even if ``stop_event`` is already set.
 
-    A pass that raised is settled by :func:`~unilog.runtime.policy.decide`, for the pass and for the wait after it
-    alike (a WAL-mode streamer reads its slot's connection while it waits: a connection lost then is reconnected,
-    not fatal); ``worker.hooks`` hear of every pass and every failure.
+    Whatever raised, ``connect``, a pass or the wait after it (a WAL-mode streamer reads its slot's connection while
+    it waits: a connection lost then is reconnected, not fatal), is settled by
+    :func:`~unilog.runtime.policy.decide` and this loop's one back-off: there is no other retry loop. The steps are
+    the same in both modes: ``prepare_pass``, then ``run_once`` (``idle`` after it) or ``drain_pass``, and
+    ``finish`` at the end; ``worker.hooks`` hear of the start, the connect, every pass, every failure and the stop.
     """
     stop_event = stop_event if stop_event is not None else AEvent()
-    backoff, total = Backoff(worker.max_backoff), 0
+    backoff, total, connected, first = Backoff(worker.max_backoff), 0, False, True
     for hook in worker.hooks:
-        hook.started(worker)
+        hook.on_start(worker)
     try:
-        while not stop_event.is_set():
+        while first or not stop_event.is_set():
+            first = False
             try:
+                if not connected:
+                    await worker.connect()
+                    for hook in worker.hooks:
+                        hook.on_connected(worker)
+                    connected = True
+                    backoff.reset()
+                    continue
                 for hook in worker.hooks:
-                    hook.before_pass(worker)
+                    hook.on_pass_start(worker)
+                await worker.prepare_pass(drain)
                 if drain:
                     handled, done = await worker.drain_pass()
                     total += handled
                     result: Any = handled
                 else:
-                    await worker.before_pass()
                     result = await worker.run_once()
                 for hook in worker.hooks:
-                    hook.passed(worker, result)
+                    hook.on_pass_end(worker, result)
                 backoff.reset()
                 if drain and done:
                     return total
                 if not drain:
                     await worker.idle(result, stop_event)
             except BaseException as exc:
-                await _settle(worker, exc, backoff, stop_event, drain)
+                await _settle(worker, exc, backoff, stop_event, drain=drain, connecting=not connected)
     finally:
-        for hook in worker.hooks:
-            hook.stopped(worker)
+        try:
+            await worker.finish()
+        finally:
+            for hook in worker.hooks:
+                hook.on_stop(worker)
     return total
 
 
-async def _settle(worker: AsyncWorker, exc: BaseException, backoff: Backoff, stop_event: AEvent, drain: bool) -> None:
+async def _settle(
+    worker: AsyncWorker, exc: BaseException, backoff: Backoff, stop_event: AEvent, *, drain: bool, connecting: bool
+) -> None:
     """Act on the failure policy's verdict for ``exc``: raise it, restart, or reconnect/retry after the back-off."""
-    verdict = decide(worker, exc, drain=drain)
+    verdict = decide(worker, exc, drain=drain, connecting=connecting)
     if verdict.cause == "handler" and isinstance(exc, Exception):
         worker.after_handler_failure(exc)
     for hook in worker.hooks:
-        hook.failed(worker, exc, verdict, backoff.delay)
+        hook.on_failure(worker, exc, verdict, backoff.delay)
     if verdict.action == "stop":
         if verdict.error is exc:
             raise exc
