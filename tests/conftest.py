@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,6 +16,7 @@ from handlers import APPLIED_DDL  # tests/ is on sys.path: pytest puts a rootdir
 from unilog import Settings
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest's tmpdir plugin reads --basetemp
 def pytest_configure(config: pytest.Config) -> None:
     """unilog's own suite runs on the servers ``DATABASE_URL`` / ``REDIS_URL`` name, when set (CONTRIBUTING.md: they
     must be throw-away), as the project's CI contract says. The plugin itself never takes those variables (an app's
@@ -22,6 +25,13 @@ def pytest_configure(config: pytest.Config) -> None:
     for app, test in (("DATABASE_URL", "UNILOG_TEST_DATABASE_URL"), ("REDIS_URL", "UNILOG_TEST_REDIS_URL")):
         if os.environ.get(app) and not os.environ.get(test):
             os.environ[test] = os.environ[app]
+    if os.geteuid() == 0 and config.option.basetemp is None and not hasattr(config, "workerinput"):
+        # As root, tests' own servers run as an unprivileged user that must traverse the test's tmp_path; any other
+        # pytest run on the machine resets /tmp/pytest-of-root to 0700 and cuts them off mid-test: a base of our own
+        config.option.basetemp = _OWN_BASETEMP[0] = tempfile.mkdtemp(prefix="unilog-pytest-")
+
+
+_OWN_BASETEMP = [""]  # the base this run made (removed after a run that passed; kept to read when one failed)
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
@@ -89,7 +99,9 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     _durations[nodeid] = _durations.get(nodeid, 0.0) + report.duration
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _OWN_BASETEMP[0] and exitstatus == 0 and not hasattr(session.config, "workerinput"):
+        shutil.rmtree(_OWN_BASETEMP[0], ignore_errors=True)
     if session.config.cache is None or hasattr(session.config, "workerinput"):
         return  # the controller (or a serial run) records: a worker saw only its share
     session.config.cache.set(DURATIONS_KEY, session.config.cache.get(DURATIONS_KEY, {}) | _durations)
