@@ -169,3 +169,59 @@ def test_the_page_shows_each_streams_record_types_and_versions(
 
     assert wait_for(lambda: versions("rides/RideCreated") == "v1 (retired), v2", 20, "RideCreated's versions")
     assert versions(f"{settings.stream}/Paid") == "v1"
+
+
+def test_the_charts_draw_records_per_second_in_and_out_and_lag_with_axes(
+    settings: Settings, pg: Any, dashboard: str, browser: Any
+) -> None:
+    """Records added to the stream show as its rate in, a consumer catching up as its rate out and its lag falling,
+    on charts of the last hour with their axes (minutes back to now; records/s and entries from 0 up), scales and
+    legends. The charts' screenshot is kept (test-artifacts/dashboard-charts.png; docs/guides/img/dashboard.png is
+    one)."""
+    from selenium.webdriver.common.by import By
+
+    def emit_and_stream(count: int, start: int) -> None:
+        with psycopg.connect(settings.conninfo) as conn:
+            for n in range(start, start + count):
+                emit(conn, action="create", object="ride", data={"n": n})
+        with Streamer(settings) as streamer:
+            streamer.drain()
+
+    def peak(chart: str, series: str) -> float:
+        selector = f'#{chart} polyline[data-series="{series}"]'
+        return float(browser.find_element(By.CSS_SELECTOR, selector).get_attribute("data-max"))
+
+    emit_and_stream(5, 0)  # the stream exists: entries added after its last id are counted from the next sample on
+    pg.execute("INSERT INTO unilog_checkpoints (name, stream) VALUES ('late', %s)", (settings.stream,))
+    browser.get(dashboard)
+    key = f"{settings.stream}/late"
+    wait_for(lambda: peak("chart-lag", key) == 5, 20, "the lag chart to show 5 entries")
+    emit_and_stream(30, 5)
+    assert wait_for(lambda: peak("chart-rates", f"in: {settings.stream}") > 0, 20, "records per second in")
+    assert wait_for(lambda: peak("chart-lag", key) == 35, 20, "the lag chart to show 35 entries")
+    with Consumer(settings, ConsumerConfig(name="late"), Poisoned(set())) as consumer:
+        consumer.drain()
+    assert wait_for(lambda: peak("chart-rates", f"out: {key}") > 0, 20, "records per second out")
+    for chart, unit in (("chart-rates", "records/s"), ("chart-lag", "lag (entries)")):
+        texts = [e.text for e in browser.find_elements(By.CSS_SELECTOR, f"#{chart} text")]
+        assert unit in texts and "time" in texts, texts
+        assert [e.text for e in browser.find_elements(By.CSS_SELECTOR, f"#{chart} text.xtick")] == [
+            "-60 min",
+            "-45 min",
+            "-30 min",
+            "-15 min",
+            "now",
+        ]
+        scale = [float(e.text) for e in browser.find_elements(By.CSS_SELECTOR, f"#{chart} text.ytick")]
+        assert scale[0] == 0 and scale == sorted(scale) and len(set(scale)) == 5, scale
+        assert scale[-1] >= max(
+            peak(chart, s.get_attribute("data-series"))
+            for s in browser.find_elements(By.CSS_SELECTOR, f"#{chart} polyline")
+        ), scale
+    assert peak("chart-lag", key) == 35 and f"{key}" in [
+        e.text for e in browser.find_elements(By.CSS_SELECTOR, "#chart-lag text.legend")
+    ]
+    ARTIFACTS.mkdir(exist_ok=True)
+    charts = browser.find_element(By.CSS_SELECTOR, ".charts")
+    browser.execute_script("arguments[0].scrollIntoView()", charts)
+    assert charts.screenshot(str(ARTIFACTS / "dashboard-charts.png"))

@@ -43,6 +43,8 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -409,6 +411,25 @@ def down(stack: Stack) -> None:
         stop_keeper(stack.project)
 
 
+# Prometheus's pages, by UI: the official image (prom/prometheus >= 2.34, and 3.x) serves them at the root; Debian's
+# package (the stand-in, 2.42) is built without the React UI and serves the classic pages under /classic/ only.
+PROMETHEUS_PAGES = ("alerts", "targets", "rules")
+PROMETHEUS_UI_PREFIXES = ("/", "/classic/")
+
+
+def prometheus_pages(base_url: str, timeout: float = 10) -> list[str]:
+    """The URLs of Prometheus's alerts, targets and rules pages that answer on the Prometheus at ``base_url``: those
+    of the first UI (root, then /classic/) whose alerts page answers 200; the root ones if neither does."""
+    for prefix in PROMETHEUS_UI_PREFIXES:
+        try:
+            with urllib.request.urlopen(f"{base_url}{prefix}alerts", timeout=timeout) as response:
+                if response.status == 200:
+                    return [f"{base_url}{prefix}{page}" for page in PROMETHEUS_PAGES]
+        except (urllib.error.URLError, OSError):
+            continue
+    return [f"{base_url}/{page}" for page in PROMETHEUS_PAGES]
+
+
 def print_env(project: str) -> int:
     exports = state_folder(project) / "env"
     if keeper_pid(state_folder(project)) is None or not exports.exists():
@@ -449,8 +470,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "down":
             down(stack)
             return 0
-        print(f"fleet healthy in {up(stack):.0f} s: the API on http://127.0.0.1:{args.api_port}/rides, Prometheus on")
-        print(f"http://127.0.0.1:{args.prometheus_port}/alerts")
+        print(f"fleet healthy in {up(stack):.0f} s: the API on http://127.0.0.1:{args.api_port}/rides; Prometheus's")
+        print("alerts, targets and rules: " + "  ".join(prometheus_pages(f"http://127.0.0.1:{args.prometheus_port}")))
         print(USAGE.format(flag="" if args.project == PROJECT else f" --project {args.project}"))
     except (Unusable, RuntimeError, TimeoutError) as exc:
         print(f"compose_podman: {exc}", file=sys.stderr)

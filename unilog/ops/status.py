@@ -9,6 +9,7 @@ shows how much of the stream it holds (:func:`unilog.stream.retention.held`)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from .. import engine, store
@@ -18,8 +19,10 @@ from ..stream import retention
 from . import dlq
 
 
-def collect_status(settings: Settings) -> dict[str, Any]:
-    """Gather the status report as plain data (what ``--json`` prints)."""
+def collect_status(settings: Settings, since: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Gather the status report as plain data (what ``--json`` prints). With ``since`` (stream -> an entry id, e.g.
+    its last id at an earlier report), each of those streams' row says how many entries were added after that id
+    (``appended``; the dashboard's records per second in)."""
     conn = store.connect(settings.conninfo, autocommit=True, application_name="unilog-status")
     client = engine.connect(settings.redis_url)
     engine.ping(client, settings.redis_url)
@@ -37,6 +40,9 @@ def collect_status(settings: Settings) -> dict[str, Any]:
             _stream(api, name, backlog.get(name), now_ms, None if name in parts else conn, registrations)
             for name in names
         ]
+        for row in streams:
+            if since and since.get(row["name"]) and row["last_id"]:
+                row["appended"] = api.entries_after(row["name"], since[row["name"]], row["last_id"])
         return {
             "staged": _staged(conn),
             "capture": capture_health(conn, settings.standby_conninfos),

@@ -1,4 +1,5 @@
-"""The dashboard's sampler: the status report every few seconds, and each consumer's lag over the last minutes."""
+"""The dashboard's sampler: the status report every few seconds, and over the last hour each consumer's lag, each
+stream's records per second in (entries added to it) and each consumer's records per second out (entries it read)."""
 
 from __future__ import annotations
 
@@ -16,48 +17,86 @@ from ...errors import UnilogError
 
 log = structlog.get_logger(__name__)
 
+Point = tuple[float, ...]
+
+
+def _rows(report: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    """(key, stream, row) of each consumer and group of ``report``: key ``stream/name``, a group's ``(group)``."""
+    rows = [(f"{c['stream']}/{c['name']}", c["stream"], c) for c in report["consumers"]]
+    rows += [(f"{s['name']}/{g['name']} (group)", s["name"], g) for s in report["streams"] for g in s["groups"]]
+    return rows
+
 
 class History:
-    """Lag samples per consumer (``stream/name``), the last ``seconds`` of them, and the latest status report."""
+    """The last ``seconds`` (an hour) of samples, and the latest status report: per consumer and group
+    (``stream/name``) its lag (time, entries, seconds) and its records per second out (time, rate); per stream its
+    records per second in (time, rate). A rate covers the time since the sample before; entries in are counted after
+    the stream's last id at that sample, and a consumer's out is its lag then plus those, less its lag now."""
 
-    def __init__(self, settings: Settings, *, interval: float = 2.0, seconds: float = 600.0) -> None:
+    def __init__(self, settings: Settings, *, interval: float = 2.0, seconds: float = 3600.0) -> None:
         self.settings = settings
         self.interval = interval
         self.seconds = seconds
         self.latest: dict[str, Any] | None = None
         self.error: str | None = None
-        self._series: dict[str, deque[tuple[float, int, float]]] = {}
+        self._series: dict[str, deque[Point]] = {}
+        self._in: dict[str, deque[Point]] = {}
+        self._out: dict[str, deque[Point]] = {}
+        self._last: tuple[float, dict[str, str], dict[str, int]] | None = None  # time, last ids, lags
         self._lock = threading.Lock()
 
     def sample(self) -> None:
-        """Read the status once and add a lag sample per consumer and group."""
+        """Read the status once and add a lag sample per consumer and group, and the rates since the last sample."""
         from ..status import collect_status
 
+        since = self._last[1] if self._last else None
         try:
-            report = collect_status(self.settings)
+            report = collect_status(self.settings, since=since)
         except (UnilogError, psycopg.Error, engine.RedisError, OSError) as exc:
             # a server restarting, its sessions ended, a cluster failing over: the page says so, the next sample
             # tries again; the process lives on
             with self._lock:
                 self.error = " ".join(str(exc).split()) or type(exc).__name__
             return
-        now = time.time()
-        rows = [(f"{c['stream']}/{c['name']}", c) for c in report["consumers"]]
-        rows += [(f"{s['name']}/{g['name']} (group)", g) for s in report["streams"] for g in s["groups"]]
+        now, rows = time.time(), _rows(report)
         with self._lock:
             self.latest, self.error = report, None
-            for key, row in rows:
-                series = self._series.setdefault(key, deque())
-                series.append((now, row["lag_entries"], row["lag_seconds"]))
-                while series and series[0][0] < now - self.seconds:
-                    series.popleft()
+            for key, _, row in rows:
+                self._add(self._series, key, (now, row["lag_entries"], row["lag_seconds"]))
+            self._add_rates(now, report, rows)
+            ids = {s["name"]: s["last_id"] for s in report["streams"] if s["last_id"]}
+            self._last = (now, ids, {key: int(row["lag_entries"] or 0) for key, _, row in rows})
+
+    def _add_rates(self, now: float, report: dict[str, Any], rows: list[tuple[str, str, dict[str, Any]]]) -> None:
+        if self._last is None or now <= self._last[0]:
+            return
+        then, ids, lags = self._last
+        appended = {s["name"]: int(s.get("appended") or 0) for s in report["streams"]}
+        for name, count in appended.items():
+            if name in ids:  # a stream new since the last sample has no rate yet
+                self._add(self._in, name, (now, count / (now - then)))
+        for key, stream, row in rows:
+            if key in lags and stream in ids:
+                read = lags[key] + appended.get(stream, 0) - int(row["lag_entries"] or 0)
+                self._add(self._out, key, (now, max(0, read) / (now - then)))
+
+    def _add(self, table: dict[str, deque[Point]], key: str, point: Point) -> None:
+        series = table.setdefault(key, deque())
+        series.append(point)
+        while series and series[0][0] < point[0] - self.seconds:
+            series.popleft()
 
     def snapshot(self) -> dict[str, Any]:
+        def plain(table: dict[str, deque[Point]]) -> dict[str, list[list[float]]]:
+            return {key: [list(point) for point in series] for key, series in table.items()}
+
         with self._lock:
             return {
                 "status": self.latest,
                 "error": self.error,
-                "lag": {key: [list(point) for point in series] for key, series in self._series.items()},
+                "lag": plain(self._series),
+                "rates": {"in": plain(self._in), "out": plain(self._out)},
+                "window": self.seconds,
                 "at": time.time(),
             }
 

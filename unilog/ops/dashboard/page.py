@@ -3,13 +3,13 @@
 It polls ``/api/status`` every two seconds and redraws: the capture mode (in WAL mode the slot's streamer, retained WAL
 and confirmation lag, with a warning while no streamer streams from it, while a failover would not keep the slot
 (producers stage rows meanwhile) or logical decoding is held back, and an error while a loss of records is not
-acknowledged), streams, consumers (those registered for retention too, a registration without a checkpoint marked
-"registered, never ran") with their lag drawn as an SVG line over the sampled history and what each registration holds
-of the stream, the oldest open transaction that staged records (only its own wait), each stream's record types and
-their versions (from the schema registry, every 15 seconds), the running backfills (rows done of the estimate, the
-last key), and the dead letters with show / replay / drop. Every value is inserted as text, never as HTML, so nothing
-read from the stream can script the page.
-"""
+acknowledged), streams, two SVG charts of the last hour with axes, scales and legends (records per second in, added to
+each stream, and out, read by each consumer and group; each one's lag in entries), consumers (those registered for
+retention too, a registration without a checkpoint marked "registered, never ran") with their lag drawn as an SVG line
+over the sampled history and what each registration holds of the stream, the oldest open transaction that staged
+records (only its own wait), each stream's record types and their versions (from the schema registry, every 15
+seconds), the running backfills (rows done of the estimate, the last key), and the dead letters with show / replay /
+drop. Every value is inserted as text, never as HTML, so nothing read from the stream can script the page."""
 
 PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>unilog</title>
@@ -25,6 +25,9 @@ PAGE = """<!doctype html>
  button { margin-right: .3rem; } pre { background: #fff; padding: .6rem; border: 1px solid #e3e6eb; max-width: 60rem;
  overflow: auto; } svg { background: #fbfcfd; border: 1px solid #e3e6eb; } polyline { fill: none; stroke: #2f6fde;
  stroke-width: 1.5; }
+ .charts { display: flex; flex-wrap: wrap; gap: 1rem; } svg.chart { background: #fff; }
+ .chart line.axis { stroke: #6b7280; } .chart line.grid { stroke: #eef1f5; }
+ .chart text { font: 11px system-ui, sans-serif; fill: #374151; } .chart text.title { font-weight: 600; }
 </style></head>
 <body>
 <h1>unilog</h1>
@@ -43,9 +46,12 @@ PAGE = """<!doctype html>
 <h2>Record types</h2>
 <table id="types"><thead><tr><th>stream</th><th>type</th><th>versions</th><th>object</th><th>action</th></tr>
 </thead><tbody></tbody></table>
+<h2>Rates and lag, last hour</h2>
+<div class="charts"><svg id="chart-rates" class="chart" role="img" aria-label="records per second, in and out"></svg>
+<svg id="chart-lag" class="chart" role="img" aria-label="lag in entries"></svg></div>
 <h2>Consumers and groups</h2>
 <table id="consumers"><thead><tr><th>consumer</th><th>position</th><th>lag (entries)</th><th>lag (s)</th>
-<th>lag, last minutes</th><th>retention</th></tr></thead><tbody></tbody></table>
+<th>lag, last hour</th><th>retention</th></tr></thead><tbody></tbody></table>
 <h2>Backfills</h2>
 <table id="backfills"><thead><tr><th>backfill</th><th>table</th><th>status</th><th>rows</th><th>of about</th>
 <th>last key</th></tr></thead><tbody></tbody></table>
@@ -73,6 +79,59 @@ function chart(points) {
     svg.appendChild(line);
   }
   return svg;
+}
+const COLORS = ["#2f6fde", "#d9480f", "#2b8a3e", "#9c36b5", "#e67700", "#0c8599", "#c2255c", "#5c940d"];
+function el(parent, tag, attrs, text) {
+  const node = document.createElementNS("http://www.w3.org/2000/svg", tag);
+  for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
+  if (text !== undefined) node.textContent = text;
+  parent.appendChild(node); return node;
+}
+function ticks(top) {  // 0 and four round steps up to at least top
+  const raw = Math.max(top, 1e-9) / 4, mag = 10 ** Math.floor(Math.log10(raw));
+  const step = [1, 2, 2.5, 5, 10].map(m => m * mag).find(s => s >= raw);
+  return [0, 1, 2, 3, 4].map(i => +(i * step).toPrecision(6));
+}
+function plot(svg, title, unit, series, windowSeconds, now) {
+  // series: [{name, points: [[t, value], ...]}]; x: the last windowSeconds up to now, in minutes; y: 0 up to the top
+  const w = 560, h = 250, left = 56, right = 12, top = 26, bottom = 40, pw = w - left - right, ph = h - top - bottom;
+  svg.replaceChildren(); svg.setAttribute("width", w); svg.setAttribute("height", h + 18 * series.length);
+  el(svg, "text", {x: left, y: 16, class: "title"}, title);
+  const peak = Math.max(0, ...series.flatMap(s => s.points.map(p => p[1]))), ys = ticks(peak || 1), ymax = ys[4];
+  const x = t => left + (1 - (now - t) / windowSeconds) * pw, y = v => top + ph - v / ymax * ph;
+  for (const v of ys) {
+    el(svg, "line", {x1: left, x2: left + pw, y1: y(v), y2: y(v), class: v ? "grid" : "axis"});
+    el(svg, "text", {x: left - 6, y: y(v) + 4, "text-anchor": "end", class: "ytick"}, String(v));
+  }
+  const minutes = windowSeconds / 60;
+  for (let m = 0; m <= minutes; m += minutes / 4) {
+    const xt = x(now - (minutes - m) * 60);
+    el(svg, "line", {x1: xt, x2: xt, y1: top + ph, y2: top + ph + 4, class: "axis"});
+    el(svg, "text", {x: xt, y: top + ph + 16, "text-anchor": "middle", class: "xtick"},
+      m === minutes ? "now" : `-${minutes - m} min`);
+  }
+  el(svg, "line", {x1: left, x2: left, y1: top, y2: top + ph, class: "axis"});
+  el(svg, "text", {x: 12, y: top + ph / 2, transform: `rotate(-90 12 ${top + ph / 2})`, "text-anchor": "middle",
+    class: "ylabel"}, unit);
+  el(svg, "text", {x: left + pw / 2, y: top + ph + 32, "text-anchor": "middle", class: "xlabel"}, "time");
+  series.forEach((s, i) => {
+    const color = COLORS[i % COLORS.length], shown = s.points.filter(p => now - p[0] <= windowSeconds);
+    if (shown.length) el(svg, "polyline", {points: shown.map(p => `${x(p[0]).toFixed(1)},${y(p[1]).toFixed(1)}`)
+      .join(" "), style: `stroke: ${color}`, "data-series": s.name,
+      "data-max": String(Math.max(...shown.map(p => p[1])))});
+    const ly = h + 14 + 18 * i;
+    el(svg, "line", {x1: left, x2: left + 18, y1: ly - 4, y2: ly - 4, style: `stroke: ${color}; stroke-width: 3`});
+    el(svg, "text", {x: left + 24, y: ly, class: "legend"}, s.name);
+  });
+}
+function drawCharts(data) {
+  const rates = data.rates || {in: {}, out: {}}, win = data.window || 3600, now = data.at;
+  const flows = [...Object.entries(rates.in).map(([k, p]) => ({name: `in: ${k}`, points: p})),
+    ...Object.entries(rates.out).map(([k, p]) => ({name: `out: ${k}`, points: p}))];
+  plot($("#chart-rates"), "Records per second, in (added to the stream) and out (read by each consumer)",
+    "records/s", flows, win, now);
+  const lags = Object.entries(data.lag || {}).map(([k, p]) => ({name: k, points: p.map(q => [q[0], q[1]])}));
+  plot($("#chart-lag"), "Lag of each consumer and group, in entries", "lag (entries)", lags, win, now);
 }
 function drawStreams(status) {
   const body = $("#streams tbody"); body.replaceChildren();
@@ -205,7 +264,7 @@ async function refresh() {
     $("#problem").hidden = !data.error; $("#problem").textContent = data.error || "";
     if (data.status) {
       drawCapture(data.status); drawStreams(data.status); drawConsumers(data.status, data.lag);
-      drawHorizon(data.status); drawBackfills(data.status);
+      drawHorizon(data.status); drawBackfills(data.status); drawCharts(data);
       await drawLetters(data.status);
     }
     $("#updated").textContent = new Date(data.at * 1000).toLocaleTimeString();
