@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 import psycopg
 import pytest
@@ -50,6 +51,7 @@ from unilog.errors import (
 )
 from unilog.faults import NO_FAULTS, Faults
 from unilog.harness.proxy import FaultProxy
+from unilog.health import HEALTH
 from unilog.runtime import DEFAULT_HOOKS, AsyncLinks, AsyncWorker, Hook, Hooks, Links, Verdict, Worker, decide
 from unilog.runtime.hooks import HealthHook, LogHook
 
@@ -385,7 +387,8 @@ def test_decide_is_pure_it_changes_nothing_on_a_frozen_worker(settings: Settings
     assert decide(frozen, InjectedCrash("x")).action == "restart"
     assert decide(frozen, ReadOnlyServer("standby"), connecting=True) == Verdict("reconnect", "standby", ANY)
     assert decide(frozen, ReadOnlyServer("standby"), connecting=True, drain=True).action == "stop"
-    assert decide(frozen, ServerUnreachable("gone"), connecting=True).action == "stop"
+    assert decide(frozen, ServerUnreachable("gone"), connecting=True) == Verdict("reconnect", "connection", ANY)
+    assert decide(frozen, ServerUnreachable("gone"), connecting=True, drain=True).action == "stop"
     assert decide(frozen, InjectedCrash("x"), connecting=True).action == "restart"
     consumer = Consumer(settings, ConsumerConfig(name="pure"), lambda conn, records: None)
     before = dict(vars(consumer))
@@ -644,16 +647,29 @@ def test_a_crash_right_after_connecting_is_settled_by_the_policy_like_a_pass(
 
 
 @pytest.mark.parametrize("face", FACES)
-def test_a_server_unreachable_at_start_stops_run_at_once_through_the_policy(face: str, settings: Settings) -> None:
-    """Pinned before and after issue 45: a process that cannot reach a server when it starts says so at once (it does
-    not retry as a running one does), raised as it is; now the hooks hear it, a stop of the connect step."""
-    with FaultProxy("127.0.0.1", 1) as proxy:  # nothing listens upstream: every connection is refused
+def test_a_server_unreachable_at_start_is_waited_for_by_run_and_stops_a_drain_at_once(
+    face: str, settings: Settings, pg: Any, running: Any
+) -> None:
+    """Pinned the other way round until issue 47 (item 3): ``run`` stopped at once when a server could not be reached
+    at its start, so a process started during a server's restart (or a cluster's failover) died. Now ``run`` waits
+    for it as for a server lost while running (the policy's reconnect, cause ``connection``; ``/readyz`` unready),
+    and starts once it answers; burst mode still stops at once, raised as it is (the command's exit code 4)."""
+    produce(settings, range(2))
+    parts = urlsplit(settings.redis_url)
+    with FaultProxy(parts.hostname or "127.0.0.1", parts.port or 6379) as proxy:
+        proxy.reset()  # every connection refused (reset) until the mode changes
         broken = dataclasses.replace(settings, redis_url=proxy.url_for(settings.redis_url))
+        with pytest.raises(ServerUnreachable, match="cannot connect to Redis"):
+            drain(build(face, "checkpoint", broken))
         worker = build(face, "checkpoint", broken)
         heard = worker.hooks.add(Heard())
-        run = Running(worker)
-        assert run.returned.wait(30), "run() retried a server that could not be reached at the start"
-    assert isinstance(run.error, ServerUnreachable), repr(run.error)
-    assert [(action, cause) for action, cause, _ in heard.verdicts] == [("stop", "connect")]
-    assert ("heard", "connected") not in heard.events and heard.events[-1] == ("heard", "stop")
-    assert worker.links.pg_open is None and worker.links.redis_open is None
+        run = running(worker)
+        wait_for(lambda: len(heard.verdicts) >= 2, "two retries of connecting")
+        assert not run.returned.is_set(), repr(run.error)
+        assert {(action, cause) for action, cause, _ in heard.verdicts} == {("reconnect", "connection")}
+        assert not HEALTH.ready()[0], "/readyz while the server cannot be reached"
+        proxy.pass_through()
+        wait_for(lambda: applied(pg, "c") == [0, 1], "the records once the server answers")
+        run.stop()
+    assert run.error is None, repr(run.error)
+    assert heard.events.count(("heard", "connected")) == 1

@@ -6,8 +6,9 @@ seconds (a loop stuck in a handler, a hung call or a dead thread stops turning),
 ``/readyz`` answers 200 while every loop's last pass reached its servers: a pass that failed to reach Postgres or
 Redis makes it 503 with the error until a pass succeeds again. A standby streamer waiting for the stream's lock, or
 an idle consumer, is ready: that is what it should be doing. Both are served beside ``/metrics`` on the process's
-``--metrics-port`` (:func:`unilog.metrics.serve`). A process with no loop (``unilog metrics``, the exporter) is
-alive and ready while it serves.
+``--metrics-port`` (:func:`unilog.metrics.serve`). A process with no loop (``unilog metrics``, the exporter; ``unilog
+dashboard``) is alive while it serves, and ready unless its last read of the servers failed (:meth:`Health.unready`);
+a step outside a loop that waits for a server (a consumer placing its new group at start) is unready meanwhile too.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class Health:
     def __init__(self, max_silence: float = MAX_SILENCE) -> None:
         self.max_silence = max_silence
         self._loops: dict[str, _Loop] = {}
+        self._unready: dict[str, str] = {}  # what is not a loop but cannot reach a server now, with why
         self._lock = threading.Lock()
 
     def turned(self, name: str, *, ready: bool = True, reason: str = "") -> None:
@@ -44,6 +46,17 @@ class Health:
         """Loop ``name`` ended on purpose (a stop event): it no longer counts."""
         with self._lock:
             self._loops.pop(name, None)
+
+    def unready(self, name: str, reason: str) -> None:
+        """``name``, not a loop (the exporter's scrape, a step at start), cannot reach a server: ``/readyz`` fails
+        with ``reason`` until :meth:`reached`; ``/healthz`` is not affected."""
+        with self._lock:
+            self._unready[name] = reason
+
+    def reached(self, name: str) -> None:
+        """``name`` reached its servers again (or never failed): it no longer holds ``/readyz`` back."""
+        with self._lock:
+            self._unready.pop(name, None)
 
     def names(self) -> list[str]:
         """The loops that report here now."""
@@ -61,7 +74,7 @@ class Health:
     def ready(self) -> tuple[bool, dict[str, str]]:
         """(every loop's last pass reached its servers, the loops that did not with why)."""
         with self._lock:
-            failing = {n: loop.reason for n, loop in self._loops.items() if not loop.ready}
+            failing = {n: loop.reason for n, loop in self._loops.items() if not loop.ready} | self._unready
         return not failing, failing
 
 

@@ -69,15 +69,18 @@ def _cancel(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from ..produce.backfill import Backfill, BackfillConfig, backfills, start
+    from ..runtime.waiting import wait_for_servers
 
     settings = _settings(args)
+    serve_metrics(args)  # /readyz answers (not ready) while the start waits for Postgres
     bar = sys.stderr.isatty() and not args.log_json
     if bar:  # checked before the backfill is created or resumed: a missing package must not leave it stopped
         require(["rich.progress"], "unilog backfill's progress bar on a terminal", hint=" (or --log-json: log lines)")
     if args.resume:
         if args.target:
             raise BackfillRefused("give either TABLE (start or resume) or --resume NAME, not both")
-        cursor = next((r for r in backfills(settings) if r["name"] == args.resume), None)
+        found = wait_for_servers(lambda: backfills(settings), name="backfill start")
+        cursor = next((r for r in found if r["name"] == args.resume), None)
         if cursor is None or cursor["status"] != "running":
             state = "no such backfill" if cursor is None else f"it is {cursor['status']}"
             raise BackfillRefused(f"cannot resume backfill {args.resume!r}: {state} (`unilog backfill status`)")
@@ -96,8 +99,7 @@ def _run(args: argparse.Namespace) -> int:
             name=args.name,
             record_type=args.record_type,
         )
-        cursor = start(settings, config)
-    serve_metrics(args)
+        cursor = wait_for_servers(lambda: start(settings, config), name="backfill start", backfill=config.backfill_name)
     progress = _Progress(cursor) if bar else _LogProgress(cursor)
     worker = Backfill(
         settings,

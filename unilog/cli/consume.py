@@ -37,18 +37,19 @@ def run_consumer(args: argparse.Namespace, handler: Handler) -> int:
     """Run one worker in the mode the flags pick (checkpoint, group or partitioned), or N worker processes.
 
     Options that contradict each other are refused first; a new consumer or group starts where ``--from`` says and
-    says how much of the retained stream it will replay (:mod:`unilog.cli.starting`)."""
+    says how much of the retained stream it will replay (:mod:`unilog.cli.starting`). A long-running worker (not
+    ``--once``) waits there for a server that cannot be reached yet, as its loop does."""
     check_options(args)
     settings = settings_from(args)
     _config(args)  # every name and setting checked before anything touches a server (prepare_start may create)
+    if args.workers == 1:
+        serve_metrics(args)  # /readyz answers (not ready) while the start waits for a server
     prepare_start(args, settings)
     if args.workers > 1:
         return _run_workers(args)
     if inspect.iscoroutinefunction(handler):
-        serve_metrics(args)
         return _run_async(args, settings, handler)
     worker = _make_worker(args, settings, handler)
-    serve_metrics(args)
     with worker:
         if args.once:
             count = worker.drain()

@@ -59,9 +59,22 @@ def check_options(args: argparse.Namespace) -> None:
 
 def prepare_start(args: argparse.Namespace, settings: Settings) -> None:
     """For a new consumer or group: start it where ``--from`` says and log (a warning) how many retained entries it
-    will replay; for an existing one, refuse ``--from``. Nothing is done in a process that ``--workers`` started."""
+    will replay; for an existing one, refuse ``--from``. Nothing is done in a process that ``--workers`` started.
+
+    A long-running consumer waits here for a server that cannot be reached, is restarting or failing over
+    (:func:`unilog.runtime.waiting.wait_for_servers`: one line per retry); ``--once`` stops at once (exit code 4)."""
     if os.environ.get(CHILD) or not (args.group or args.name):
         return  # a missing --name is refused, in one line, where the worker is made
+    if args.once:
+        _prepare(args, settings)
+        return
+    from ..runtime.waiting import wait_for_servers
+
+    name = f"start {args.group or args.name}"
+    wait_for_servers(lambda: _prepare(args, settings), name=name, consumer=args.group or args.name)
+
+
+def _prepare(args: argparse.Namespace, settings: Settings) -> None:
     stream = args.stream or settings.stream
     api = redis_api(settings)
     try:

@@ -19,12 +19,16 @@ from prometheus_client.registry import Collector
 from .. import engine, store
 from ..config import Settings
 from ..errors import UnilogError
+from ..health import HEALTH
+from ..runtime.policy import transient
 
 log = structlog.get_logger(__name__)
 
 
 class SystemCollector(Collector):
-    """Collects the system-wide gauges; a scrape that cannot reach a server reports ``unilog_system_up 0``."""
+    """Collects the system-wide gauges; a scrape that cannot reach a server (unreachable, restarting, ending the
+    session, a cluster failing over) reports ``unilog_system_up 0``, logs one line and makes ``/readyz`` fail until
+    a scrape reads both servers again: the exporter lives on, at start too (registering it scrapes once)."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -33,13 +37,18 @@ class SystemCollector(Collector):
         from .status import collect_status
 
         started = time.perf_counter()
-        _guard(self.settings)
         try:
+            _guard(self.settings)
             report = collect_status(self.settings)
-        except UnilogError as exc:
-            log.error("scrape failed", error=str(exc))
+        except Exception as exc:
+            if not isinstance(exc, UnilogError) and not transient(exc):
+                raise
+            error = " ".join(str(exc).split()) or type(exc).__name__
+            log.error("scrape failed", error=error)
+            HEALTH.unready("exporter", error)
             yield _gauge("unilog_system_up", "1 if the last scrape read Postgres and Redis", [], [([], 0)])
             return
+        HEALTH.reached("exporter")
         yield _gauge("unilog_system_up", "1 if the last scrape read Postgres and Redis", [], [([], 1)])
         yield from _families(report)
         yield _gauge(
@@ -63,7 +72,7 @@ def _guard(settings: Settings) -> None:
                 in_doubt=lambda: _in_doubt(settings, conn),
                 conninfos=settings.standby_conninfos,
             )
-    except (UnilogError, psycopg.Error) as exc:
+    except (UnilogError, psycopg.Error, engine.RedisError, OSError) as exc:
         error = " ".join(str(exc).split())
         if error not in _GUARD_ERRORS:  # once per cause: a scrape every 15 s would repeat it all day
             _GUARD_ERRORS.add(error)

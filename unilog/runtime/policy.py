@@ -53,6 +53,15 @@ def fatal(exc: BaseException) -> UnilogError | None:
     return engine.fatal(exc) or store.fatal(exc)
 
 
+def transient(exc: BaseException) -> bool:
+    """Whether ``exc`` is a failure a long-running process waits out, outside a worker's loop as the loop does in it
+    (:func:`decide`'s ``reconnect``): a server unreachable, restarting, ending the session, loading its data, failing
+    over or a standby; not a configuration, a server's refusal no retry can fix, or data loss."""
+    if isinstance(exc, (DataLoss, ConfigurationError, PolicyStop, *FATAL)):
+        return False
+    return isinstance(exc, TRANSIENT)
+
+
 @dataclass(frozen=True)
 class Verdict:
     """What the loop does after a failed pass (or a failed connect): ``action``, because of ``cause`` (a word for
@@ -86,9 +95,13 @@ def decide(worker: Any, exc: BaseException, *, drain: bool = False, connecting: 
     the drain, raised: a crash, a lost connection, a dead letter no replica acknowledged (a caller of burst mode wants
     to know now, not wait for a server to come back).
 
-    ``connecting`` (the loop's first step, ``connect``): a process that cannot start says so at once, so every
-    failure stops it, raised as it is, but two: a read-only standby, waited for as a failover promotes one (reconnect
-    after the back-off, cause ``standby``; ``drain``: raised), and an injected crash, restarted as above.
+    ``connecting`` (the loop's first step, ``connect``): a long-running process (``run``) waits for its servers as
+    it does while running: a server that cannot be reached, is restarting, ended the session or is failing over
+    (a connection failure, ``worker.retryable``) is a reconnect after the back-off (cause ``connection``), a
+    read-only standby one with cause ``standby`` (a failover promotes one), and an injected crash a restart; any
+    other failure stops it (a configuration, a refusal, data loss). Burst mode (``drain``) stops at every failure
+    of connecting, raised as it is: a caller of ``--once`` wants to know now (exit code 4 for an unreachable
+    server).
     """
     verdict = _classify(worker, exc)
     if connecting:
@@ -99,11 +112,11 @@ def decide(worker: Any, exc: BaseException, *, drain: bool = False, connecting: 
 
 
 def _connecting(verdict: Verdict, exc: BaseException, drain: bool) -> Verdict:
-    if isinstance(exc, ReadOnlyServer) and not drain:
+    if drain or verdict.action not in ("restart", "reconnect"):
+        return Verdict("stop", verdict.cause if verdict.action == "stop" else "connect", exc)
+    if isinstance(exc, ReadOnlyServer):
         return Verdict("reconnect", "standby", exc)
-    if verdict.action == "restart" and not drain:
-        return verdict
-    return Verdict("stop", verdict.cause if verdict.action == "stop" else "connect", exc)
+    return verdict
 
 
 def _classify(worker: Any, exc: BaseException) -> Verdict:

@@ -58,6 +58,7 @@ class TransactionalSink:
         *,
         redis_url: str | None = None,
         strict_start: bool = False,
+        retry_for: float = 300.0,
     ) -> None:
         self.conninfo = postgres_conninfo(database_url)
         self.redis_url = redis_url  # given: the consumer registers its checkpoint, so trimming never passes it
@@ -65,18 +66,34 @@ class TransactionalSink:
         self.stream = stream
         self.effect = effect
         self.strict_start = strict_start  # a producer never seen before must start at position 1 (rebuilds)
+        self.retry_for = retry_for  # seconds a transient failure of the servers is waited out, per micro-batch
         self._conn: psycopg.Connection[Any] | None = None  # kept between micro-batches; dropped after any error
         self._phases: dict[str, float] = {}
 
     def __call__(self, batch: Any, batch_id: int) -> None:
+        """Apply the micro-batch. A server restarting, ending the session or failing over (a transient failure:
+        :func:`unilog.runtime.policy.transient`) is waited out, one log line per retry, for up to ``retry_for``
+        seconds: the batch is applied again on a new session, and what it committed already is skipped by
+        position. Any other failure, or one that lasts longer, fails the micro-batch (and with it the query)."""
+        from ..runtime.waiting import wait_for_servers
+
         batch = batch.persist()  # read from Redis once, whatever the checks and the effect ask of it
+        try:
+            wait_for_servers(
+                lambda: self._attempt(batch, batch_id),
+                name=f"spark {self.consumer}",
+                give_up_after=self.retry_for,
+                consumer=self.consumer,
+            )
+        finally:
+            batch.unpersist()
+
+    def _attempt(self, batch: Any, batch_id: int) -> None:
         try:
             self._call(batch, batch_id)
         except BaseException:
-            self.close()  # the session may be mid-transaction or broken: the next micro-batch opens a new one
+            self.close()  # the session may be mid-transaction or broken: the next attempt opens a new one
             raise
-        finally:
-            batch.unpersist()
 
     def close(self) -> None:
         """Close the sink's Postgres session (a later micro-batch opens a new one)."""

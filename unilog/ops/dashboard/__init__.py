@@ -33,10 +33,11 @@ def create_app(settings: Settings, history: History, *, read_only: bool = False)
         from flask import Flask
     except ImportError:
         raise ConfigurationError("the dashboard needs Flask: pip install 'unilog-outbox[dashboard]'") from None
-    from .routes import register
+    from .routes import register, register_probes
 
     app = Flask("unilog.ops.dashboard")
     register(app, settings, history, read_only=read_only, token=secrets.token_urlsafe(24))
+    register_probes(app)  # /healthz, /readyz; a server failing under a request is a 503, not a traceback
     return app
 
 

@@ -14,6 +14,7 @@ import structlog
 from ... import engine
 from ...config import Settings
 from ...errors import UnilogError
+from ...health import HEALTH
 
 log = structlog.get_logger(__name__)
 
@@ -53,11 +54,18 @@ class History:
         try:
             report = collect_status(self.settings, since=since)
         except (UnilogError, psycopg.Error, engine.RedisError, OSError) as exc:
-            # a server restarting, its sessions ended, a cluster failing over: the page says so, the next sample
-            # tries again; the process lives on
+            # a server restarting, its sessions ended, a cluster failing over: the page says so, /readyz fails, the
+            # next sample tries again; the process lives on. One line per cause, not one per sample.
+            error = " ".join(str(exc).split()) or type(exc).__name__
             with self._lock:
-                self.error = " ".join(str(exc).split()) or type(exc).__name__
+                known, self.error = self.error, error
+            if error != known:
+                log.error("cannot read the status; retrying", error=error, retry_in=self.interval)
+            HEALTH.unready("dashboard", error)
             return
+        if self.error is not None:
+            log.info("the status can be read again")
+        HEALTH.reached("dashboard")
         now, rows = time.time(), _rows(report)
         with self._lock:
             self.latest, self.error = report, None

@@ -7,11 +7,12 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+import psycopg
 import structlog
 
-from ... import engine, store
+from ... import engine, health, store
 from ...config import Settings, validate_stream_name
-from ...errors import ConfigurationError, UnilogError
+from ...errors import ConfigurationError, ServerUnreachable, UnilogError
 from .. import dlq
 from .history import History
 from .page import PAGE
@@ -79,6 +80,27 @@ def register(app: Any, settings: Settings, history: History, *, read_only: bool,
         )
         history.sample()
         return jsonify({"ok": True, "action": action, "result": result})
+
+
+def register_probes(app: Any) -> None:
+    """Add ``/healthz`` and ``/readyz`` (:mod:`unilog.health`: ready while the last sample read both servers), and
+    answer a request that a server failed under (restarting, failing over) with 503 and its one line, not a
+    traceback."""
+    from flask import Response, jsonify, request
+
+    @app.get("/healthz")
+    @app.get("/readyz")
+    def probe() -> Any:
+        code, body = health.respond(request.path) or (404, b"")
+        return Response(body, status=code, mimetype="application/json")
+
+    @app.errorhandler(engine.RedisError)
+    @app.errorhandler(psycopg.OperationalError)
+    @app.errorhandler(ServerUnreachable)
+    def unavailable(exc: Exception) -> Any:
+        error = " ".join(str(exc).split()) or type(exc).__name__
+        log.warning("request failed: a server cannot be reached", path=request.path, error=error)
+        return jsonify({"error": error}), 503
 
 
 def register_types(app: Any, settings: Settings) -> None:

@@ -203,8 +203,8 @@ class Worker(abc.ABC):
 
     def run(self, stop_event: Event | None = None) -> None:
         """Connect, then work until ``stop_event`` is set, finishing the pass in progress first (see :func:`serve`:
-        a server that cannot be reached stops it at once, a read-only standby is waited for); the connections are
-        closed when it returns."""
+        a server that cannot be reached yet, or a read-only standby, is waited for, as while running); the
+        connections are closed when it returns."""
         try:
             serve(self, stop_event)
         finally:

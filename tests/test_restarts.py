@@ -1,0 +1,388 @@
+"""Issue 47, item 3: every long-running process rides out a restart of Postgres and of Redis, at start and while
+running, with no traceback.
+
+Each process runs as users run it, through the installed ``unilog`` console script from a folder of the user's own
+(its handler module there), against a Postgres and a Redis of this module's own: the suite's shared servers are
+never restarted. For each process kind and each server, the test starts the process while that server is down and
+brings it up a few seconds later, then restarts the server under the running process (Postgres: a fast shutdown,
+which ends every session with ``AdminShutdown``, and then ``pg_terminate_backend`` of unilog's sessions). After each
+event the process must be alive, answer (its ``/readyz``, ``/metrics`` or ``/api/status``) and do its work correctly:
+new records published or applied exactly once, a backfill staging every row once. Its log must hold no traceback.
+
+A Redis Cluster master failover under a running process is the slow case at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import redis
+from handlers import APPLIED_DDL
+
+from unilog import Settings, Streamer, emit
+from unilog.engine import RedisStreams, connect
+from unilog.harness.embedded import EmbeddedPostgres, EmbeddedRedis, EmbeddedRedisCluster, ServerNotFound
+from unilog.harness.embedded.process import free_port
+from unilog.ops.schema import migrate
+from unilog.routing import partition_stream
+
+SCRIPT = Path(sys.executable).parent / "unilog"
+DOWN_AT_START = 2.5  # seconds a server stays down after the process started
+ROWS = 160  # the backfill's table
+HANDLER = '''
+import os
+
+
+def apply(conn, records):
+    """One row per application: a record applied twice shows as a duplicate."""
+    with conn.cursor() as cur:
+        cur.executemany(
+            "INSERT INTO applied (consumer, producer, seq, entry_id, n) VALUES (%s, %s, %s, %s, %s)",
+            [(os.environ["APPLIED_AS"], r.producer, r.seq, r.id, r.data["n"]) for r in records],
+        )
+'''
+TABLE = "restart_rows"
+
+
+@dataclass
+class Servers:
+    pg: EmbeddedPostgres
+    redis: EmbeddedRedis
+
+    def ensure_up(self) -> None:
+        if self.pg.pid is None:
+            self.pg.start()
+        if self.redis.pid is None:
+            self.redis.start()
+
+    def down(self, which: str) -> None:
+        (self.pg if which == "postgres" else self.redis).stop()
+
+    def up(self, which: str) -> None:
+        (self.pg if which == "postgres" else self.redis).start()
+
+    def restart(self, which: str) -> None:
+        if which == "postgres":
+            self.pg.restart("fast")  # every session ends with AdminShutdown
+        else:
+            self.redis.restart()
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[Servers]:
+    """A Postgres and a Redis of this module's own, to stop and start at will."""
+    try:
+        rds = EmbeddedRedis().start()
+    except ServerNotFound as exc:
+        pytest.skip(f"no Redis server to start: {exc}")
+    try:
+        with EmbeddedPostgres() as pg:
+            migrate(pg.url)
+            with psycopg.connect(pg.url, autocommit=True) as conn:
+                conn.execute(APPLIED_DDL)
+                conn.execute(f"CREATE TABLE {TABLE} (id int PRIMARY KEY, label text NOT NULL)")
+                conn.execute(f"INSERT INTO {TABLE} SELECT n, 'row ' || n FROM generate_series(1, {ROWS}) n")
+            yield Servers(pg, rds)
+    finally:
+        rds.stop(cleanup=True)
+
+
+@pytest.fixture
+def app(servers: Servers, tmp_path: Path) -> Iterator[Settings]:
+    """Both servers up, a stream of this test's own, and the user's folder with the handler module."""
+    servers.ensure_up()
+    (tmp_path / "restart_handlers.py").write_text(HANDLER)
+    yield Settings(database_url=servers.pg.url, redis_url=servers.redis.url, stream=f"r{uuid.uuid4().hex[:8]}")
+    servers.ensure_up()
+
+
+# -- the process and what it must do -------------------------------------------------------------------------------
+
+
+@dataclass
+class Process:
+    """``unilog ARGS`` through the console script in ``folder``, its stdout and stderr in one log file."""
+
+    args: list[str]
+    app: Settings
+    folder: Path
+    env: dict[str, str] = field(default_factory=dict)
+    port: int = field(default_factory=free_port)
+
+    def __post_init__(self) -> None:
+        if not SCRIPT.exists():
+            pytest.skip(f"the unilog console script is not installed beside this interpreter ({SCRIPT})")
+        self.log = self.folder / "process.log"
+        environ = {**os.environ, "DATABASE_URL": self.app.database_url, "REDIS_URL": self.app.redis_url}
+        environ.update(UNILOG_STREAM=self.app.stream, APPLIED_AS=self.app.stream, **self.env)
+        environ.pop("PYTHONPATH", None)  # the user's folder alone: the console script as installed
+        with self.log.open("w") as out:
+            argv = [
+                str(SCRIPT),
+                "--log-json",
+                *[a.replace("{port}", str(self.port)).replace("{name}", self.app.stream) for a in self.args],
+            ]
+            self.popen = subprocess.Popen(argv, cwd=self.folder, env=environ, stdout=out, stderr=subprocess.STDOUT)
+
+    def text(self) -> str:
+        return self.log.read_text()
+
+    def assert_alive(self, when: str) -> None:
+        assert self.popen.poll() is None, f"the process died {when} (exit {self.popen.returncode}):\n{self.text()}"
+
+    def get(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+        except OSError as exc:
+            return 0, str(exc)
+
+    def stop(self) -> int:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+        try:
+            return self.popen.wait(30)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
+            raise AssertionError(f"the process did not stop on SIGTERM:\n{self.text()}") from None
+
+    def assert_no_traceback(self) -> None:
+        text = self.text()
+        assert "Traceback" not in text, text
+
+
+def wait_for(check: Callable[[], Any], what: str, timeout: float = 45.0, process: Process | None = None) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if process is not None:
+            process.assert_alive(f"while waiting for {what}")
+        assert time.monotonic() < deadline, f"timed out waiting for {what}" + (
+            f":\n{process.text()}" if process else ""
+        )
+        time.sleep(0.2)
+
+
+def stage(app: Settings, numbers: range) -> None:
+    with psycopg.connect(app.conninfo) as conn:
+        for n in numbers:
+            emit(conn, action="create", object="ride", data={"n": n}, key=str(n), stream=app.stream)
+
+
+def publish(app: Settings, numbers: range) -> None:
+    """Stage ``numbers`` and publish them with a streamer of the test's own (for the consumers' tests)."""
+    stage(app, numbers)
+    with Streamer(app, name="test-publisher") as streamer:
+        streamer.drain(timeout=30)
+
+
+def published(app: Settings) -> list[int]:
+    """The records' numbers in the stream (each partition's too), sorted: a double send shows twice."""
+    client = connect(app.redis_url)  # a cluster's URL too
+    try:
+        keys = [
+            app.stream,
+            *(partition_stream(app.stream, i) for i in range(RedisStreams(client).partitions(app.stream))),
+        ]
+        found = []
+        for key in keys:
+            for _, fields in client.xrange(key):
+                for value in fields.values():
+                    if value.startswith(b"{") and b'"n"' in value:
+                        found.append(json.loads(value)["n"])
+        return sorted(found)
+    finally:
+        client.close()
+
+
+def applied(app: Settings, name: str) -> list[int]:
+    with psycopg.connect(app.conninfo, autocommit=True) as conn:
+        return sorted(r[0] for r in conn.execute("SELECT n FROM applied WHERE consumer = %s", (name,)))
+
+
+def ready(process: Process) -> bool:
+    return process.get("/readyz")[0] == 200
+
+
+def system_up(process: Process) -> bool:
+    status, body = process.get("/metrics")
+    return status == 200 and "unilog_system_up 1.0" in body
+
+
+def dashboard_sampled(process: Process) -> bool:
+    status, body = process.get("/api/status")
+    return status == 200 and json.loads(body)["error"] is None and json.loads(body)["status"] is not None
+
+
+@dataclass
+class Kind:
+    """A process kind: its arguments (``{port}``: its HTTP port), what to set up before it starts, and a check
+    that it did its work for records ``numbers`` (published or applied exactly once, served)."""
+
+    args: list[str]
+    setup: Callable[[Settings], None] = lambda app: None
+    worker: bool = True  # consumes or publishes records (else it serves a report)
+
+
+def _partitioned(app: Settings) -> None:
+    client = redis.Redis.from_url(app.redis_url)
+    RedisStreams(client).set_partitions(app.stream, 2)
+    client.close()
+
+
+KINDS = {
+    "streamer": Kind(["streamer", "--poll-interval", "0.2", "--metrics-port", "{port}"]),
+    "checkpoint": Kind(["consume", "restart_handlers:apply", "--name", "{name}", "--metrics-port", "{port}"]),
+    "group": Kind(
+        ["consume", "restart_handlers:apply", "--group", "{name}", "--worker", "w1", "--metrics-port", "{port}"],
+    ),
+    "partition": Kind(
+        ["consume", "restart_handlers:apply", "--name", "{name}", "--partitioned", "--metrics-port", "{port}"],
+        setup=_partitioned,
+    ),
+    "exporter": Kind(["metrics", "--port", "{port}"], worker=False),
+    "dashboard": Kind(["dashboard", "--port", "{port}", "--interval", "0.5", "--read-only"], worker=False),
+}
+
+
+def works(kind: str, process: Process, app: Settings, numbers: range, when: str) -> None:
+    """The process does its work for ``numbers`` and answers, ``when`` (for the messages)."""
+    spec = KINDS[kind]
+    if kind == "streamer":
+        stage(app, numbers)
+        expected = list(range(numbers.stop))
+        wait_for(lambda: published(app) == expected, f"the streamer to publish {numbers} once, {when}", process=process)
+    elif spec.worker:
+        publish(app, numbers)
+        expected = list(range(numbers.stop))
+        name = app.stream
+        wait_for(lambda: applied(app, name) == expected, f"{kind} to apply {numbers} once, {when}", process=process)
+    elif kind == "exporter":
+        wait_for(lambda: system_up(process), f"the exporter to read both servers, {when}", process=process)
+    else:
+        wait_for(lambda: dashboard_sampled(process), f"the dashboard to sample both servers, {when}", process=process)
+    wait_for(lambda: ready(process), f"/readyz to answer 200, {when}", process=process)
+
+
+def terminate_sessions(app: Settings) -> int:
+    """``pg_terminate_backend`` of every unilog session (what a pooler's restart or a DBA does)."""
+    with psycopg.connect(app.conninfo, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name LIKE 'unilog%%' "
+            "AND pid <> pg_backend_pid()"
+        ).fetchall()
+    return len(rows)
+
+
+@pytest.mark.parametrize("server", ["postgres", "redis"])
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_a_process_started_while_a_server_is_down_waits_and_rides_out_its_restarts(
+    kind: str, server: str, servers: Servers, app: Settings, tmp_path: Path
+) -> None:
+    spec = KINDS[kind]
+    spec.setup(app)
+    servers.down(server)
+    process = Process(spec.args, app, tmp_path)
+    try:
+        time.sleep(DOWN_AT_START)
+        process.assert_alive(f"while {server} was down at its start")
+        assert process.get("/readyz")[0] == 503, f"/readyz while {server} is down: {process.get('/readyz')}"
+        servers.up(server)
+        works(kind, process, app, range(0, 3), f"after {server} came up")
+        servers.restart(server)
+        works(kind, process, app, range(3, 6), f"after {server} restarted under it")
+        if server == "postgres":
+            terminate_sessions(app)
+            works(kind, process, app, range(6, 9), "after its Postgres sessions were terminated")
+        process.assert_alive("at the end")
+    finally:
+        code = process.stop()
+    assert code == 0, process.text()
+    process.assert_no_traceback()
+
+
+def staged_rows(app: Settings) -> list[int]:
+    with psycopg.connect(app.conninfo, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT (data->>'id')::int FROM staged_log_records WHERE object = %s AND stream = %s", (TABLE, app.stream)
+        ).fetchall()
+    return sorted(r[0] for r in rows)
+
+
+def test_a_backfill_started_while_postgres_is_down_waits_and_rides_out_its_restart(
+    servers: Servers, app: Settings, tmp_path: Path
+) -> None:
+    """The backfill needs Postgres alone: started while it is down, it waits; restarted under it mid-run, it goes on
+    from its cursor; it stages every row once and ends by itself."""
+    servers.down("postgres")
+    args = ["backfill", TABLE, "--key", "id", "--stream", app.stream, "--rate", "40", "--name", app.stream]
+    process = Process([*args, "--metrics-port", "{port}"], app, tmp_path)
+    try:
+        time.sleep(DOWN_AT_START)
+        process.assert_alive("while Postgres was down at its start")
+        servers.up("postgres")
+        wait_for(lambda: len(staged_rows(app)) >= 40, "the first pages", process=process)
+        servers.restart("postgres")
+        wait_for(lambda: len(staged_rows(app)) > 80, "pages after the restart", process=process)
+        terminate_sessions(app)
+        assert process.popen.wait(60) == 0, process.text()
+    finally:
+        process.stop()
+    assert staged_rows(app) == list(range(1, ROWS + 1)), "every row staged once"
+    assert f"backfill {app.stream} done" in process.text()
+    process.assert_no_traceback()
+
+
+# -- a Redis Cluster master failing over ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[EmbeddedRedisCluster]:
+    from clusters import embedded_cluster
+
+    yield from embedded_cluster()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["streamer", "checkpoint", "group", "exporter", "dashboard"])
+def test_a_process_rides_out_a_cluster_master_failing_over(
+    kind: str, servers: Servers, app: Settings, cluster: EmbeddedRedisCluster, tmp_path: Path
+) -> None:
+    """The master serving the stream is killed (SIGKILL) under the running process, its replica promoted, and the
+    old master restarted (it rejoins as a replica): the process goes on, with no traceback."""
+    on_cluster = app.with_(redis_url=cluster.cluster_url)
+    spec = KINDS[kind]
+    process = Process(spec.args, on_cluster, tmp_path)
+    try:
+        works(kind, process, on_cluster, range(0, 3), "on the cluster")
+        master = cluster.master_of(on_cluster.stream)
+        replicas = cluster.replicas_of(master)
+        master.kill()
+        cluster.wait_failover(replicas)
+        works(kind, process, on_cluster, range(3, 6), "after the master failed over")
+        master.start()
+        cluster.wait_replica_online(master)
+        works(kind, process, on_cluster, range(6, 9), "after the old master rejoined")
+    finally:
+        code = process.stop()
+    assert code == 0, process.text()
+    process.assert_no_traceback()
