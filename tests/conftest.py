@@ -35,14 +35,16 @@ _OWN_BASETEMP = [""]  # the base this run made (removed after a run that passed;
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto`` (pyproject's addopts): one worker per CPU, each with throw-away servers of its own; none (a serial
-    run) on servers given by URL, since some tests change server-wide state there (``maxmemory``, roles, ACL users)
-    that a second worker's tests would meet."""
+    """``-n auto`` (pyproject's addopts): a worker per CPU and one more, each with throw-away servers of its own;
+    none (a serial run) on servers given by URL, since some tests change server-wide state there (``maxmemory``,
+    roles, ACL users) that a second worker's tests would meet."""
     del config  # the hook's signature
     given = ("DATABASE_URL", "REDIS_URL", "UNILOG_TEST_DATABASE_URL", "UNILOG_TEST_REDIS_URL")
     if any(os.environ.get(name) for name in given):
         return 0
-    return max(2, len(os.sched_getaffinity(0)))
+    # one more than the CPUs: much of a test's time is waiting (servers starting, processes polled, a five-minute
+    # fleet run at ten records a second), and the extra worker fills it
+    return len(os.sched_getaffinity(0)) + 1
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
@@ -54,7 +56,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     known: dict[str, float] = config.cache.get(DURATIONS_KEY, {}) if config.cache else {}
 
     def took(item: pytest.Item) -> float:
-        return known.get(item.nodeid) or (60.0 if item.get_closest_marker("slow") else 0.0)
+        slow = item.get_closest_marker("slow")  # @pytest.mark.slow(seconds=300): how long it runs, for a fresh clone
+        return known.get(item.nodeid) or (float(slow.kwargs.get("seconds", 60)) if slow else 0.0)
 
     groups: dict[str, float] = {}
     for item in items:
