@@ -61,5 +61,7 @@ class Server:
         self._thread.start()
 
     def stop(self, grace: float = 5.0) -> None:
-        self._server.close()
+        # the requests in progress first, as waitress's own close does: a request that ends pulls the server's
+        # trigger, and close() closes it (a request ending after it raised EBADF, a traceback in the log)
         self._server.task_dispatcher.shutdown(timeout=grace)
+        self._server.close()
