@@ -53,21 +53,41 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     durations the last run on this checkout recorded (pytest's cache), else the ``slow`` marker. A module whose
     tests share a fixture of its own (a Spark session, a cluster, a built wheel) stays on one worker
     (``--dist loadgroup``) and in one piece, so the fixture is built once."""
-    known: dict[str, float] = config.cache.get(DURATIONS_KEY, {}) if config.cache else {}
+    cache = getattr(config, "cache", None)  # None with -p no:cacheprovider
+    known: dict[str, float] = cache.get(DURATIONS_KEY, {}) if cache else {}
 
     def took(item: pytest.Item) -> float:
         slow = item.get_closest_marker("slow")  # @pytest.mark.slow(seconds=300): how long it runs, for a fresh clone
         return known.get(item.nodeid) or (float(slow.kwargs.get("seconds", 60)) if slow else 0.0)
 
-    groups: dict[str, float] = {}
+    heavy_modules = {item.path.stem for item in items if _heavy(item)}
+    lane: dict[int, str] = {}
     for item in items:
         if item.path.stem in CORE:
             item.add_marker(pytest.mark.core)
-        if _shares_a_module_fixture(item):
-            item.add_marker(pytest.mark.xdist_group(item.path.stem))
-            groups[item.path.stem] = groups.get(item.path.stem, 0.0) + took(item)
+        shares = _shares_a_module_fixture(item)
+        if _heavy(item) or (shares and item.path.stem in heavy_modules):
+            lane[id(item)] = HEAVY
+        elif shares:
+            lane[id(item)] = item.path.stem
+    groups: dict[str, float] = {}
+    for item in items:
+        if id(item) in lane:
+            item.add_marker(pytest.mark.xdist_group(lane[id(item)]))
+            groups[lane[id(item)]] = groups.get(lane[id(item)], 0.0) + took(item)
     order = {id(item): index for index, item in enumerate(items)}
-    items.sort(key=lambda item: (-groups.get(item.path.stem, took(item)), order[id(item)]))
+    items.sort(key=lambda item: (-groups.get(lane.get(id(item), ""), took(item)), order[id(item)]))
+
+
+# The end-to-end runs (a fleet, a chaos run, Spark, the compose stack) take one lane, one at a time: three at once on
+# two cores put the load past 14 and their verdicts' deadlines with it. A light one (@pytest.mark.slow(light=True):
+# a fleet at ten records a second) runs beside the rest.
+HEAVY = "end-to-end"
+
+
+def _heavy(item: pytest.Item) -> bool:
+    slow = item.get_closest_marker("slow")
+    return slow is not None and not slow.kwargs.get("light", False)
 
 
 def _shares_a_module_fixture(item: pytest.Item) -> bool:
@@ -105,9 +125,10 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if _OWN_BASETEMP[0] and exitstatus == 0 and not hasattr(session.config, "workerinput"):
         shutil.rmtree(_OWN_BASETEMP[0], ignore_errors=True)
-    if session.config.cache is None or hasattr(session.config, "workerinput"):
+    cache = getattr(session.config, "cache", None)
+    if cache is None or hasattr(session.config, "workerinput"):
         return  # the controller (or a serial run) records: a worker saw only its share
-    session.config.cache.set(DURATIONS_KEY, session.config.cache.get(DURATIONS_KEY, {}) | _durations)
+    cache.set(DURATIONS_KEY, cache.get(DURATIONS_KEY, {}) | _durations)
 
 
 @pytest.fixture

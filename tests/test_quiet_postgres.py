@@ -182,7 +182,7 @@ def test_an_idle_fleet_with_a_standby_streamer_leaves_no_error_in_the_server_log
     assert_no_unilog_error_and_the_check_sees_one(server, app)
 
 
-@pytest.mark.slow(seconds=300)
+@pytest.mark.slow(seconds=300, light=True)
 def test_a_five_minute_fleet_run_leaves_no_error_in_the_server_log(
     quiet_pg: tuple[EmbeddedPostgres, Settings], request: pytest.FixtureRequest
 ) -> None:
