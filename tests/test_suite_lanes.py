@@ -1,0 +1,61 @@
+"""The parallel suite's lanes hold: pytest-xdist's ``--dist loadgroup`` keeps an ``xdist_group`` on one worker, one
+test at a time (tests/conftest.py puts every end-to-end run in one such lane). With pytest 9.2 and xdist 3.8 the groups
+were silently ignored, and three chaos runs ran at once."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+GROUPED = """
+import os, time, pytest
+
+def record(name):
+    started = time.monotonic()
+    time.sleep(1.0)
+    with open(os.environ["LANES_LOG"], "a") as log:
+        log.write(f"{name} {os.environ['PYTEST_XDIST_WORKER']}\\n")
+
+@pytest.mark.xdist_group("lane")
+def test_a(): record("a")
+
+@pytest.mark.xdist_group("lane")
+def test_b(): record("b")
+
+@pytest.mark.xdist_group("lane")
+def test_c(): record("c")
+
+def test_d(): record("d")
+"""
+
+
+def test_a_group_runs_on_one_worker(tmp_path: Path) -> None:
+    (tmp_path / "test_grouped.py").write_text(GROUPED)
+    log = tmp_path / "lanes.log"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-n",
+            "3",
+            "--dist",
+            "loadgroup",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:unilog",
+            str(tmp_path),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**__import__("os").environ, "LANES_LOG": str(log)},
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    workers = dict(line.split() for line in log.read_text().splitlines())
+    assert set(workers) == {"a", "b", "c", "d"}
+    assert workers["a"] == workers["b"] == workers["c"], f"the group was split over workers: {workers}"
