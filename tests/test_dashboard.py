@@ -187,9 +187,17 @@ def test_the_charts_draw_records_per_second_in_and_out_and_lag_with_axes(
         with Streamer(settings) as streamer:
             streamer.drain()
 
+    # read in one script, so a chart redrawn between two WebDriver calls (every sample) is never half-read
     def peak(chart: str, series: str) -> float:
         selector = f'#{chart} polyline[data-series="{series}"]'
-        return float(browser.find_element(By.CSS_SELECTOR, selector).get_attribute("data-max"))
+        found = browser.execute_script(
+            "const e = document.querySelector(arguments[0]); return e ? e.getAttribute('data-max') : null", selector
+        )
+        return -1.0 if found is None else float(found)
+
+    def texts(selector: str) -> list[str]:
+        script = "return Array.from(document.querySelectorAll(arguments[0])).map(e => e.textContent.trim())"
+        return list(browser.execute_script(script, selector))
 
     emit_and_stream(5, 0)  # the stream exists: entries added after its last id are counted from the next sample on
     pg.execute("INSERT INTO unilog_checkpoints (name, stream) VALUES ('late', %s)", (settings.stream,))
@@ -203,16 +211,16 @@ def test_the_charts_draw_records_per_second_in_and_out_and_lag_with_axes(
         consumer.drain()
     assert wait_for(lambda: peak("chart-rates", f"out: {key}") > 0, 20, "records per second out")
     for chart, unit in (("chart-rates", "records/s"), ("chart-lag", "lag (entries)")):
-        texts = [e.text for e in browser.find_elements(By.CSS_SELECTOR, f"#{chart} text")]
-        assert unit in texts and "time" in texts, texts
-        assert [e.text for e in browser.find_elements(By.CSS_SELECTOR, f"#{chart} text.xtick")] == [
+        labels = texts(f"#{chart} text")
+        assert unit in labels and "time" in labels, labels
+        assert texts(f"#{chart} text.xtick") == [
             "-60 min",
             "-45 min",
             "-30 min",
             "-15 min",
             "now",
         ]
-        scale = [float(e.text) for e in browser.find_elements(By.CSS_SELECTOR, f"#{chart} text.ytick")]
+        scale = [float(text) for text in texts(f"#{chart} text.ytick")]
         assert scale[0] == 0 and scale == sorted(scale) and len(set(scale)) == 5, scale
         assert scale[-1] >= max(
             peak(chart, s.get_attribute("data-series"))

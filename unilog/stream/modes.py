@@ -92,11 +92,18 @@ def _refuse_unsettled(settings: Settings) -> None:
             )
 
 
-def _refuse_running(conn: psycopg.Connection[Any]) -> None:
-    running = [s for s, _e, _q in store.published_positions(conn) if store.stream_lock_holders(conn, s)]
-    current = store.capture_slot(conn)
-    state = store.slot_state(conn, current.slot) if current else None
-    conn.commit()
+def _refuse_running(conn: psycopg.Connection[Any], exiting: float = 5.0) -> None:
+    # a streamer that has just stopped leaves its walsender exiting for a moment (longer on a loaded machine): the slot
+    # alone still active, with no stream lock held, is waited out for ``exiting`` seconds before it counts as running
+    deadline = time.monotonic() + exiting
+    while True:
+        running = [s for s, _e, _q in store.published_positions(conn) if store.stream_lock_holders(conn, s)]
+        current = store.capture_slot(conn)
+        state = store.slot_state(conn, current.slot) if current else None
+        conn.commit()
+        if running or not (state and state["active_pid"]) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
     if running or (state and state["active_pid"]):
         raise ConfigurationError(
             f"streamers are running on this database ({', '.join(running) or 'the WAL slot'}): stop them, switch the "
