@@ -15,7 +15,6 @@ seconds when only the code changed). docs/guides/compose.md has the figures.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -30,26 +29,16 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
+from compose_tool import tool  # tests/ is on sys.path
 from unilog_demo.rides import CANONICAL_SQL
 
 ROOT = Path(__file__).parent.parent
 pytestmark = pytest.mark.slow
 PREFIX = "unilogtest"
 
-
-def _load_tool() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("compose_podman", ROOT / "tools" / "compose_podman.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-tool = _load_tool()
 
 
 def free_port() -> int:

@@ -7,7 +7,6 @@ run on a free port with the stack's own configuration and rules."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import shutil
 import subprocess
@@ -16,26 +15,16 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import yaml
+from compose_tool import tool  # tests/ is on sys.path
 
 from unilog.harness.embedded import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMETHEUS = shutil.which("prometheus")
 
-
-def _load_tool() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("compose_podman", ROOT / "tools" / "compose_podman.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-tool = _load_tool()
 
 
 def status(url: str) -> int:
