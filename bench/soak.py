@@ -5,7 +5,9 @@ series grows without bound. ``python -m bench --only soak --minutes 60 [--soak-v
 Each variant runs the real processes of a fleet on the bench's servers, from empty tables and Redis: a producer
 process (one connection, an open-loop schedule of ``--soak-rate`` single-record transactions a second, each an
 ``emit``), ``unilog streamer``, a checkpoint consumer and a consumer group's worker (``unilog consume``; each
-handler adds its batch's count to a state row in its own transaction, see :mod:`bench.handlers`). Variants:
+handler adds its batch's count to a state row in its own transaction, see :mod:`bench.handlers`), the exporter
+(``unilog metrics``) and the dashboard (``unilog dashboard``), each fetched at every sample as Prometheus and an open
+page would. Variants:
 
 * ``table`` / ``wal``: table mode, or WAL capture mode (``unilog capture wal`` before the processes start);
 * ``-faults``: the reference's faults inside the processes (as ``unilog demo`` injects them: the streamer
@@ -113,6 +115,7 @@ def _sample_for(env: BenchEnv, fleet: SoakFleet, seconds: float) -> list[dict[st
             samples.append({"t": round(now - started, 2), "produced": fleet.produced.value, **values, "cpu": cpu})
         except Exception as exc:  # a server briefly away (a proxy cut does not reach the sampler: it goes direct)
             log(f"  soak {fleet.variant}: sample failed: {exc}")
+        fleet.poll()
         fleet.revive()
         if now - shown >= PROGRESS_EVERY and samples:
             shown = now

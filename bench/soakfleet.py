@@ -33,6 +33,7 @@ from .memory import ROOT
 REDIS_CUT_EVERY = 60.0
 PG_CUT_EVERY = 300.0
 CHECKPOINT, GROUP = "soak-checkpoint", "soak-group"
+DASHBOARD_POLLED = ("/api/status", "/api/types", "/readyz")
 STATS_SQL = """
     SELECT relname, pg_total_relation_size(relid), n_dead_tup, n_live_tup
     FROM pg_stat_user_tables
@@ -50,6 +51,7 @@ class Child:
     env: dict[str, str]
     port: int
     log_path: Path
+    polled: tuple[str, ...] = ("/metrics",)  # fetched at every sample, as Prometheus or a browser would
     popen: subprocess.Popen[bytes] | None = None
     exits: list[int] = field(default_factory=list)
 
@@ -139,17 +141,30 @@ class SoakFleet:
         self._child("checkpoint", checkpoint, connection, consumer_faults, 2)
         group = [*consume, "bench.handlers:soak_group", "--group", GROUP, "--worker", "w0", "--claim-idle-ms", "2000"]
         self._child("group", group, connection, consumer_faults, 3)
+        # the operators' processes run for months too; they sample the servers directly (faults cut them as well)
+        self._child("exporter", ["metrics"], connection, "", 4, port_flag="--port")
+        dashboard = ["dashboard", "--read-only", "--interval", "2"]
+        self._child("dashboard", dashboard, connection, "", 5, port_flag="--port", polled=DASHBOARD_POLLED)
         time.sleep(3.0)  # connected and registered before the first record
         self.producer = SPAWN.Process(
             target=_produce, args=(urls.database, self.rate, self.stop_producing, self.produced), daemon=True
         )
         self.producer.start()
 
-    def _child(self, name: str, command: list[str], connection: list[str], faults: str, seed: int) -> None:
+    def _child(
+        self,
+        name: str,
+        command: list[str],
+        connection: list[str],
+        faults: str,
+        seed: int,
+        port_flag: str = "--metrics-port",
+        polled: tuple[str, ...] = ("/metrics",),
+    ) -> None:
         port = free_port()
-        argv = [sys.executable, "-m", "unilog", *command, *connection, "--metrics-port", str(port)]
+        argv = [sys.executable, "-m", "unilog", *command, *connection, port_flag, str(port)]
         env = {**os.environ, "UNILOG_LOG_LEVEL": "warning", "UNILOG_FAULTS": faults, "UNILOG_FAULT_SEED": str(seed)}
-        child = Child(name, argv, env, port, self.log_dir / f"{self.variant}-{name}.log")
+        child = Child(name, argv, env, port, self.log_dir / f"{self.variant}-{name}.log", polled)
         child.start()
         self.children.append(child)
 
@@ -191,11 +206,26 @@ class SoakFleet:
         if self._cutter is not None:
             self._cutter.join(5)
 
+    def poll(self) -> int:
+        """Fetch every process's polled pages once (the exporter's and the workers' ``/metrics``, the dashboard's
+        JSON), so the soak's RSS covers serving too; how many fetches failed (a process restarting, a server away)."""
+        failed = 0
+        for child in self.children:
+            for path in child.polled:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{child.port}{path}", timeout=5) as reply:
+                        reply.read()
+                except OSError:
+                    failed += 1
+        return failed
+
     def scrape(self) -> dict[str, dict[str, float]]:
         """Per process, its counters of faults injected, restarts, retries and errors (``/metrics``)."""
         wanted = re.compile(r"^(unilog_(?:faults_injected|restarts|retries|errors)_total)(\{[^}]*\})? ([0-9.e+]+)$")
         out: dict[str, dict[str, float]] = {}
         for child in self.children:
+            if "/metrics" not in child.polled:
+                continue
             counters: dict[str, float] = {}
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{child.port}/metrics", timeout=5) as reply:
