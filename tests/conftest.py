@@ -107,8 +107,22 @@ def _shares_a_module_fixture(item: pytest.Item) -> bool:
 CORE = frozenset(
     f"test_{name}"
     for name in (
-        "producer", "producers", "async_producer", "typed_records", "encoding", "malformed", "settings", "engine",
-        "streamers", "conformance", "loop_conformance", "pipeline", "commit_order", "groups", "edges", "faces",
+        "producer",
+        "producers",
+        "async_producer",
+        "typed_records",
+        "encoding",
+        "malformed",
+        "settings",
+        "engine",
+        "streamers",
+        "conformance",
+        "loop_conformance",
+        "pipeline",
+        "commit_order",
+        "groups",
+        "edges",
+        "faces",
     )
 )
 DURATIONS_KEY = "unilog/durations"

@@ -171,6 +171,8 @@ def _groups_and_letters(api: RedisStreams, mon: Monitor, rds: Any, s: str) -> No
         "attempt": lambda: api.attempt(s, "g", eid),
         "pending_summary": lambda: api.pending_summary(s, "g"),
         "groups": lambda: api.groups(s),
+        "survey": lambda: api.survey([s, "no-such-stream"], {s: ["0-0", eid]}),
+        "count_ranges": lambda: api.count_ranges([(s, "0-0", "+"), (s, "0-0", eid)]),
         "dead_letter": lambda: api.dead_letter(s, "g", eid, fields, error="e", consumer="w", attempts=1),
         "ack": lambda: api.ack(s, "g", [eid]),
         "settle": lambda: api.settle(s, "g", [eid]),

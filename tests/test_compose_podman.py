@@ -40,7 +40,6 @@ pytestmark = pytest.mark.slow
 PREFIX = "unilogtest"
 
 
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-SHOP = '''
+SHOP = """
 from dataclasses import dataclass
 
 from unilog.contracts import record_type
@@ -23,7 +23,7 @@ from unilog.contracts import record_type
 @dataclass
 class OrderCreated:
     order_id: int
-'''
+"""
 
 
 def console_script() -> str:

@@ -26,7 +26,6 @@ ROOT = Path(__file__).resolve().parent.parent
 PROMETHEUS = shutil.which("prometheus")
 
 
-
 def status(url: str) -> int:
     try:
         with urllib.request.urlopen(url, timeout=10) as response:

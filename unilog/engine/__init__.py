@@ -65,10 +65,11 @@ from .refusals import (  # noqa: F401 - classifying refusals
     type_checked,
 )
 from .retention import Retention
+from .survey import RangeCount, StreamSurvey, Survey  # noqa: F401 - the adapter's names
 
 # What a failure of Redis itself raises (other modules name it here instead of importing redis-py)
 RedisError = redis.RedisError
 
 
-class RedisStreams(Publishing, Letters, Reading, Groups, Retention, Partitions, Layout):
+class RedisStreams(Publishing, Letters, Survey, Reading, Groups, Retention, Partitions, Layout):
     """Publishing to and reading from Redis Streams: every concern of the adapter over one client."""

@@ -76,10 +76,12 @@ USES: dict[str, tuple[Callable[..., Any], ...]] = {
         R.last_generated_id,
         R.entries_after,
     ),
-    # `unilog status`, `metrics` and `dashboard` (with what each registration holds: groups' oldest pending entries);
+    # `unilog status`, `metrics` and `dashboard` (every stream surveyed at once, with what each registration holds);
     # dead letters (list, show, replay, drop); consumers (register, unregister, reset, rebuild, delete), groups
     # (delete) and `unilog.ops.admin.declare`; `unilog stream partition` and `relayout`
     "operator": (
+        R.survey,
+        R.count_ranges,
         R.partitions,
         R.info,
         R.first_after,

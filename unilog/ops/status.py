@@ -22,7 +22,11 @@ from . import dlq
 def collect_status(settings: Settings, since: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Gather the status report as plain data (what ``--json`` prints). With ``since`` (stream -> an entry id, e.g.
     its last id at an earlier report), each of those streams' row says how many entries were added after that id
-    (``appended``; the dashboard's records per second in)."""
+    (``appended``; the dashboard's records per second in).
+
+    Every stream is read in a few pipelined round trips per kind of read (:meth:`~unilog.engine.RedisStreams.survey`)
+    and its publishers in one statement, so the report's cost follows the entries it counts, not the streams: 10,000
+    streams are read in about as many round trips as 500."""
     conn = store.connect(settings.conninfo, autocommit=True, application_name="unilog-status")
     client = engine.connect(settings.redis_url)
     engine.ping(client, settings.redis_url)
@@ -32,27 +36,47 @@ def collect_status(settings: Settings, since: Mapping[str, str] | None = None) -
         backlog = {(s or settings.stream): v for s, v in store.staged_by_stream(conn).items()}
         checkpoints = store.list_checkpoints(conn)
         names = sorted({settings.stream, *backlog, *(cp.stream for cp in checkpoints)})
-        parts = [p for n in list(names) for p in _partitions(api, n) if p not in names]
-        names += parts
+        positions: dict[str, list[str]] = {}
+        for stream, position in [(cp.stream, cp.last_id) for cp in checkpoints] + list((since or {}).items()):
+            positions.setdefault(stream, []).append(position)
+        surveyed = api.survey(names, positions)
+        parts = [p for n in names for p in _partition_names(n, surveyed[n].partitions) if p not in surveyed]
+        surveyed |= api.survey(parts, positions)
+        publishers = store.stream_lock_holders_many(conn, names)
         now_ms = time.time() * 1000
-        registrations: dict[str, dict[str, dict[str, Any]]] = {}
-        streams = [
-            _stream(api, name, backlog.get(name), now_ms, None if name in parts else conn, registrations)
-            for name in names
-        ]
-        for row in streams:
+        ranges = _Ranges(api, surveyed)
+        streams, registrations = _streams(api, [*names, *parts], surveyed, backlog, publishers, ranges, now_ms)
+        for row in streams:  # the survey read each stream at one instant: after an id to '+' is to its last id
             if since and since.get(row["name"]) and row["last_id"]:
-                row["appended"] = api.entries_after(row["name"], since[row["name"]], row["last_id"])
+                row["appended"] = ranges.get(row["name"], since[row["name"]]).count
         return {
             "staged": _staged(conn),
             "capture": capture_health(conn, settings.standby_conninfos),
             "streams": streams,
-            "consumers": _consumers(api, checkpoints, registrations, now_ms),
+            "consumers": _consumers(checkpoints, registrations, ranges, now_ms),
             "backfills": [b for b in list_backfills(conn) if b["status"] == "running"],
         }
     finally:
         conn.close()
         client.close()
+
+
+class _Ranges:
+    """Entry counts of ranges of streams, ``(stream, after id, end)``: those the survey counted (to the end, ``+``),
+    and any other counted once on first need, all that are missing in one pipelined read."""
+
+    def __init__(self, api: engine.RedisStreams, surveyed: dict[str, engine.StreamSurvey]) -> None:
+        self.api = api
+        self.known = {(n, after, "+"): c for n, found in surveyed.items() for after, c in found.after.items()}
+
+    def count(self, wanted: list[tuple[str, str, str]]) -> None:
+        missing = list(dict.fromkeys(r for r in wanted if r not in self.known))
+        self.known.update(zip(missing, self.api.count_ranges(missing), strict=True))
+
+    def get(self, stream: str, after: str, end: str = "+") -> engine.RangeCount:
+        if (stream, after, end) not in self.known:
+            self.count([(stream, after, end)])
+        return self.known[(stream, after, end)]
 
 
 def _staged(conn: Any) -> dict[str, Any]:
@@ -116,32 +140,53 @@ def _losses(conn: Any) -> dict[str, Any]:
     }
 
 
-def _partitions(api: engine.RedisStreams, stream: str) -> list[str]:
-    count = api.partitions(stream)
+def _partition_names(stream: str, count: int) -> list[str]:
     return [f"{stream}.p{i}" for i in range(count)] if count > 1 else []
 
 
-def _waited(api: engine.RedisStreams, stream: str, after_id: str, now_ms: float) -> float | None:
-    """Age in seconds of the first entry after ``after_id`` (how long the oldest unread one waited); None if none."""
-    first = api.first_after(stream, after_id)
-    if first is None:
+def _waited(first_id: str | None, now_ms: float) -> float | None:
+    """Age in seconds of the entry ``first_id`` (how long the oldest unread one waited); None if there is none."""
+    if first_id is None:
         return None
-    return round(max(0.0, now_ms - engine.id_tuple(engine.to_str(first[0]))[0]) / 1000, 3)
+    return round(max(0.0, now_ms - engine.id_tuple(first_id)[0]) / 1000, 3)
 
 
-def _lag(api: engine.RedisStreams, stream: str, after_id: str, now_ms: float) -> tuple[int, float]:
-    """(entries after ``after_id``, age in seconds of the first of them: how long the oldest unread one waited)."""
-    waited = _waited(api, stream, after_id, now_ms)
-    if waited is None:
-        return 0, 0.0
-    return api.entries_after(stream, after_id), waited
+def _lag(counted: engine.RangeCount, now_ms: float) -> tuple[int, float]:
+    """(entries after a position, age in seconds of the first of them: how long the oldest unread one waited)."""
+    waited = _waited(counted.first_id, now_ms)
+    return (0, 0.0) if waited is None else (counted.count, waited)
 
 
-def _registrations(api: engine.RedisStreams, stream: str, groups: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def _streams(
+    api: engine.RedisStreams,
+    names: list[str],
+    surveyed: dict[str, engine.StreamSurvey],
+    backlog: dict[str, tuple[int, float | None]],
+    publishers: dict[str, int],
+    ranges: _Ranges,
+    now_ms: float,
+) -> tuple[list[dict[str, Any]], dict[str, dict[str, dict[str, Any]]]]:
+    """Each stream's report, and its registered consumers (stream -> name -> what :func:`_consumer` shows of a
+    registration). What each registration holds that the survey did not count is counted in one pipelined read."""
+    everyone = {
+        n: retention.holders_of(
+            surveyed[n].registered, surveyed[n].groups, {g["name"]: g["oldest-pending"] for g in surveyed[n].groups}
+        )
+        for n in names
+    }
+    held = {n: retention.held_ranges(everyone[n]) for n in names}
+    ranges.count([(n, after, end) for n in names for after, end in held[n].values()])
+    registrations = {
+        n: _registrations(everyone[n], {name: ranges.get(n, *span).count for name, span in held[n].items()})
+        for n in names
+    }
+    rows = [_stream(api, n, surveyed[n], backlog.get(n), publishers.get(n), now_ms) for n in names]
+    return rows, registrations
+
+
+def _registrations(everyone: list[retention.Holder], counts: dict[str, int]) -> dict[str, dict[str, Any]]:
     """The consumers registered on ``stream``: each one's registered id, the entries it holds and whether it is the
     lowest holder, the one trimming stops at (it then holds the oldest retained entries)."""
-    everyone = retention.holders(api, stream, groups)
-    counts = retention.held(api, stream, everyone)
     lowest = min((h.floor for h in everyone), key=engine.id_tuple, default=None)
     return {
         h.name: {
@@ -157,20 +202,18 @@ def _registrations(api: engine.RedisStreams, stream: str, groups: list[dict[str,
 def _stream(
     api: engine.RedisStreams,
     name: str,
+    surveyed: engine.StreamSurvey,
     staged: tuple[int, float | None] | None,
+    publishers: int | None,
     now_ms: float,
-    conn: Any,
-    registrations: dict[str, dict[str, dict[str, Any]]],
 ) -> dict[str, Any]:
-    """One stream's report; its registered consumers go into ``registrations[name]``."""
-    info = api.info(name)
-    letters = dlq.list_letters(api, name)
+    """One stream's report (``publishers`` None: a partition, published by its stream's streamer, has no lock of its
+    own). Its dead letters are read only when it has some, to count them per group."""
+    letters = dlq.list_letters(api, name) if surveyed.dead_letters and surveyed.groups else []
     groups = []
-    found = api.groups(name)
-    registrations[name] = _registrations(api, name, found)
-    for group in found:
+    for group in surveyed.groups:
         group_name = str(group["name"])
-        lag, waited = _lag(api, name, str(group["last-delivered-id"]), now_ms)
+        lag, waited = _lag(group["lag"], now_ms)
         groups.append(
             {
                 "name": group_name,
@@ -184,60 +227,68 @@ def _stream(
         )
     return {
         "name": name,
-        "length": info.length,
-        "first_id": info.first_id,
-        "last_id": info.last_id,
+        "length": surveyed.info.length,
+        "first_id": surveyed.info.first_id,
+        "last_id": surveyed.info.last_id,
         "staged": staged[0] if staged else 0,
         "staged_oldest_age_seconds": staged[1] if staged else None,
-        "partitions": api.partitions(name),
-        # a partition is published by its stream's streamer: None, it has no lock of its own
-        "publishers": None if conn is None else store.stream_lock_holders(conn, name),
-        "dead_letters": len(letters),
+        "partitions": surveyed.partitions,
+        "publishers": publishers,
+        "dead_letters": surveyed.dead_letters,
         "groups": groups,
     }
 
 
 def _consumers(
-    api: engine.RedisStreams,
     checkpoints: list[store.Checkpoint],
     registrations: dict[str, dict[str, dict[str, Any]]],
+    ranges: _Ranges,
     now_ms: float,
 ) -> list[dict[str, Any]]:
-    """A row per checkpoint and per registration without one (registered, never ran), by name and stream."""
-    rows = []
+    """A row per checkpoint and per registration without one (registered, never ran), by name and stream; what the
+    survey did not count is counted in one pipelined read."""
     ran = {(cp.stream, cp.name) for cp in checkpoints}
-    for cp in checkpoints:
-        rows.append(_consumer(api, cp.name, cp.stream, cp, registrations.get(cp.stream, {}).get(cp.name), now_ms))
-    for stream, registered in registrations.items():
-        rows += [_consumer(api, n, stream, None, r, now_ms) for n, r in registered.items() if (stream, n) not in ran]
+    found: list[tuple[str, str, store.Checkpoint | None]] = [(cp.name, cp.stream, cp) for cp in checkpoints]
+    found += [(n, s, None) for s, registered in registrations.items() for n in registered if (s, n) not in ran]
+    regs = [registrations.get(stream, {}).get(name) for name, stream, _cp in found]
+    # a consumer registered ahead of its first run lags by what follows its registered id
+    starts = [
+        cp.last_id if cp else str((r or {})["registered_id"]) for (_n, _s, cp), r in zip(found, regs, strict=True)
+    ]
+    aged = [str(r["registered_id"]) if r and r["registered_id"] is not None else None for r in regs]
+    wanted = [(stream, start, "+") for (_n, stream, _cp), start in zip(found, starts, strict=True)]
+    ranges.count(wanted + [(f[1], a, "+") for f, a in zip(found, aged, strict=True) if a is not None])
+    rows = []
+    for (name, stream, cp), reg, start, registered_id in zip(found, regs, starts, aged, strict=True):
+        waited = None if registered_id is None else _waited(ranges.get(stream, registered_id).first_id, now_ms)
+        rows.append(_consumer(name, stream, cp, reg, _lag(ranges.get(stream, start), now_ms), waited))
     return sorted(rows, key=lambda row: (row["name"], row["stream"]))
 
 
 def _consumer(
-    api: engine.RedisStreams,
     name: str,
     stream: str,
     cp: store.Checkpoint | None,
     registration: dict[str, Any] | None,
-    now_ms: float,
+    lag: tuple[int, float],
+    registered_waited: float | None,
 ) -> dict[str, Any]:
-    """A consumer's row: its checkpoint (``last_id`` None: registered, never ran), lag after the checkpoint (after
-    the registered id if it never ran), and its registration: the registered id (None: retention does not wait for
-    it), the entries it holds, whether they are the oldest retained, and ``registration_age_seconds``: how long the
-    first entry after the registered id has waited (0 when none follows it)."""
+    """A consumer's row: its checkpoint (``last_id`` None: registered, never ran), ``lag`` after the checkpoint
+    (after the registered id if it never ran), and its registration: the registered id (None: retention does not
+    wait for it), the entries it holds, whether they are the oldest retained, and ``registration_age_seconds``: how
+    long the first entry after the registered id has waited (``registered_waited``; 0 when none follows it)."""
     registered_id = registration["registered_id"] if registration else None
-    lag, waited = _lag(api, stream, cp.last_id if cp else str(registered_id), now_ms)
     age = None
     if registered_id is not None:
-        age = waited if cp is None else (_waited(api, stream, registered_id, now_ms) or 0.0)
+        age = lag[1] if cp is None else (registered_waited or 0.0)
     return {
         "name": name,
         "stream": stream,
         "last_id": cp.last_id if cp else None,
         "never_ran": cp is None,
         "positions": {p: f"{e}:{s}" for p, (e, s) in cp.positions.items()} if cp else {},
-        "lag_entries": lag,
-        "lag_seconds": waited,
+        "lag_entries": lag[0],
+        "lag_seconds": lag[1],
         "registered_id": registered_id,
         "holds_entries": registration["holds_entries"] if registration else 0,
         "holds_oldest": bool(registration and registration["holds_oldest"]),

@@ -91,6 +91,7 @@ from .groups import (
 from .locks import (
     release_partition_lock,
     stream_lock_holders,
+    stream_lock_holders_many,
     try_partition_lock,
     try_stream_lock,
 )
@@ -306,6 +307,7 @@ __all__ = [
     "standby_copies",
     "standbys",
     "stream_lock_holders",
+    "stream_lock_holders_many",
     "stream_mode",
     "stream_modes",
     "take_held",

@@ -49,12 +49,32 @@ def holders(api: engine.RedisStreams, stream: str, groups: list[dict[str, Any]] 
     """Who holds ``stream``: its registered consumers (at their registered ids) and its consumer groups (at their
     oldest pending entry, or their last delivered one if nothing is pending). ``groups``: ``XINFO GROUPS`` if the
     caller read it already."""
-    found = [Holder("consumer", name, last_id, last_id) for name, last_id in sorted(api.registered(stream).items())]
-    for group in api.groups(stream) if groups is None else groups:
+    found = api.groups(stream) if groups is None else groups
+    pending = {str(g["name"]): api.pending_summary(stream, str(g["name"]))["min"] for g in found if _pending(g)}
+    return holders_of(api.registered(stream), found, pending)
+
+
+def _pending(group: dict[str, Any]) -> bool:
+    return bool(int(group.get("pending", 0)))
+
+
+def pending_groups(groups: list[dict[str, Any]]) -> list[str]:
+    """The names of those of ``groups`` (``XINFO GROUPS``) with entries pending: whose oldest pending entry
+    :func:`holders_of` needs."""
+    return [str(g["name"]) for g in groups if _pending(g)]
+
+
+def holders_of(
+    registered: dict[str, str], groups: list[dict[str, Any]], pending_min: dict[str, str | None]
+) -> list[Holder]:
+    """:func:`holders` from what was read already: the registrations (name -> id), ``XINFO GROUPS`` and each group
+    with entries pending's oldest pending id (by group name)."""
+    found = [Holder("consumer", name, last_id, last_id) for name, last_id in sorted(registered.items())]
+    for group in groups:
         name, delivered = str(group["name"]), str(group["last-delivered-id"])
-        pending_min = api.pending_summary(stream, name)["min"] if int(group.get("pending", 0)) else None
-        if pending_min and engine.id_tuple(pending_min) <= engine.id_tuple(delivered):
-            found.append(Holder("group", name, pending_min, _before(pending_min)))
+        oldest = pending_min.get(name) if _pending(group) else None
+        if oldest and engine.id_tuple(oldest) <= engine.id_tuple(delivered):
+            found.append(Holder("group", name, oldest, _before(oldest)))
         else:
             found.append(Holder("group", name, delivered, delivered))
     return found
@@ -67,15 +87,19 @@ def held(api: engine.RedisStreams, stream: str, everyone: list[Holder]) -> dict[
     Retention keeps them for it: no holder further along still needs them. The lowest registration holds the
     stream's oldest entries; one at the end of the stream holds none; summed over every holder, what they hold is
     the stream after the lowest of them."""
-    counts = {}
+    return {name: api.entries_after(stream, after, end) for name, (after, end) in held_ranges(everyone).items()}
+
+
+def held_ranges(everyone: list[Holder]) -> dict[str, tuple[str, str]]:
+    """Each registered consumer's held range as :func:`held` counts it: (after this id, up to this id or ``+``)."""
+    ranges = {}
     for holder in everyone:
         if holder.kind != "consumer":
             continue
         at = engine.id_tuple(holder.read_to)
         further = [h.read_to for h in everyone if engine.id_tuple(h.read_to) > at]
-        end = min(further, key=engine.id_tuple) if further else "+"
-        counts[holder.name] = api.entries_after(stream, holder.read_to, end)
-    return counts
+        ranges[holder.name] = (holder.read_to, min(further, key=engine.id_tuple) if further else "+")
+    return ranges
 
 
 def trim(api: engine.RedisStreams, stream: str, max_len: int | None = None) -> int:
