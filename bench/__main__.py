@@ -33,6 +33,7 @@ from .soak import VARIANTS as SOAK_VARIANTS
 from .soak import failures as soak_failures
 from .soak import run_soak
 from .spark import run_spark
+from .status import run_status
 from .typed import run_typed
 
 Workload = Callable[[BenchEnv, Profile, Results], None]
@@ -56,10 +57,12 @@ WORKLOADS: dict[str, Workload] = {
     "curves": run_curves,
     "typed": run_typed,
     "soak": run_soak,
+    "status": run_status,
 }
 # Run only when named in --only: an hour's soak is not part of a benchmark run, quick or full; the fleet beside a
-# backfill (issue 27: about 45 s quick, 4 minutes full) would take the quick profile past its 5 minutes.
-OPT_IN = ("soak", "backfill_fleet")
+# backfill (issue 27: about 45 s quick, 4 minutes full) would take the quick profile past its 5 minutes; status sets up
+# 10,000 streams.
+OPT_IN = ("soak", "backfill_fleet", "status")
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 SETUP = [
     "one embedded Postgres (fsync on, synchronous_commit on) and one Redis (appendonly yes, appendfsync always,"

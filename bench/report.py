@@ -56,6 +56,7 @@ def targets(results: Results, profile: Profile) -> list[Target]:
         *_commits_targets(results),
         *_soak_targets(results),
         *_typed_targets(results),
+        *_status_targets(results),
     ]
 
 
@@ -165,6 +166,22 @@ def _commits_targets(results: Results) -> list[Target]:
             growth = results.median("commits", case, process, "RSS growth bytes/commit")
             out.append(Target(f"commits {case}: {process} RSS growth per commit", growth, "<", 20, " B"))
     return out
+
+
+def _status_targets(results: Results) -> list[Target]:
+    """Issue 46: status, a scrape and a dashboard sample each under a second at 10,000 streams."""
+    if "10,000 streams" not in _cases(results, "status"):
+        return []
+    return [
+        Target(
+            f"status at 10,000 streams: {metric}",
+            results.median("status", "10,000 streams", "status", metric),
+            "<",
+            1.0,
+            " s",
+        )
+        for metric in ("status s", "scrape s", "dashboard sample s")
+    ]
 
 
 def _soak_targets(results: Results) -> list[Target]:

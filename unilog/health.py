@@ -35,12 +35,22 @@ class Health:
         self.max_silence = max_silence
         self._loops: dict[str, _Loop] = {}
         self._unready: dict[str, str] = {}  # what is not a loop but cannot reach a server now, with why
+        self._starting: str | None = None  # set by starting(): not ready until something reaches its servers
         self._lock = threading.Lock()
+
+    def starting(self, reason: str = "starting: has not reached its servers yet") -> None:
+        """This process serves ``/readyz`` before any of its steps has tried a server: it is not ready until a loop's
+        pass reaches its servers (:meth:`turned`) or a step does (:meth:`reached`), so a probe that comes first does
+        not see ready a process that has not connected yet."""
+        with self._lock:
+            self._starting = reason
 
     def turned(self, name: str, *, ready: bool = True, reason: str = "") -> None:
         """Loop ``name`` finished a pass (``ready``: it reached its servers; else ``reason`` says what failed)."""
         with self._lock:
             self._loops[name] = _Loop(time.monotonic(), ready, reason)
+            if ready:
+                self._starting = None
 
     def stopped(self, name: str) -> None:
         """Loop ``name`` ended on purpose (a stop event): it no longer counts."""
@@ -57,6 +67,7 @@ class Health:
         """``name`` reached its servers again (or never failed): it no longer holds ``/readyz`` back."""
         with self._lock:
             self._unready.pop(name, None)
+            self._starting = None
 
     def names(self) -> list[str]:
         """The loops that report here now."""
@@ -75,6 +86,8 @@ class Health:
         """(every loop's last pass reached its servers, the loops that did not with why)."""
         with self._lock:
             failing = {n: loop.reason for n, loop in self._loops.items() if not loop.ready} | self._unready
+            if self._starting is not None:
+                failing["process"] = self._starting
         return not failing, failing
 
 

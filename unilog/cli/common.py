@@ -145,6 +145,7 @@ def serve_metrics(args: argparse.Namespace) -> None:
     from .. import metrics
 
     HEALTH.max_silence = getattr(args, "health_max_silence", MAX_SILENCE)
+    HEALTH.starting()  # /readyz answers before the first connect: not ready until the process reaches its servers
 
     try:
         metrics.serve(port, args.metrics_addr)
@@ -157,11 +158,19 @@ def spark_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--conf", action="append", default=[], help="a Spark setting, key=value (repeatable)")
 
 
-def positive_int(value: str) -> int:
+def _int_at_least(value: str, least: int, words: str) -> int:
     try:
         number = int(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"{value!r} must be at least 1")
+    if number < least:
+        raise argparse.ArgumentTypeError(f"{value!r} must be {words}")
     return number
+
+
+def positive_int(value: str) -> int:
+    return _int_at_least(value, 1, "at least 1")
+
+
+def non_negative_int(value: str) -> int:
+    return _int_at_least(value, 0, "0 or more")

@@ -40,10 +40,14 @@ def cmd_stream_relayout(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from ..ops.scale import TOP, worst
     from ..ops.status import collect_status, format_status
 
     report = collect_status(settings_from(args))
-    print(json.dumps(report, indent=2) if args.json else format_status(report))
+    # people get the worst streams and the totals; scripts get every stream unless they ask for fewer
+    top = None if args.all else args.top if args.top is not None else (None if args.json else TOP)
+    shown = worst(report, top)
+    print(json.dumps(shown, indent=2) if args.json else format_status(shown))
     return ExitCode.OK
 
 
@@ -65,4 +69,9 @@ def add(sub: Any) -> None:
     p = sub.add_parser("status", help="streams, staged backlog and consumer lag")
     connection_args(p)
     p.add_argument("--json", action="store_true")
+    shown = p.add_mutually_exclusive_group()
+    shown.add_argument(
+        "--top", type=positive_int, metavar="N", help="only the N streams most behind (default 20; --json: all)"
+    )
+    shown.add_argument("--all", action="store_true", help="every stream")
     p.set_defaults(func=cmd_status)

@@ -21,8 +21,14 @@ from ..config import Settings
 from ..errors import UnilogError
 from ..health import HEALTH
 from ..runtime.policy import transient
+from .scale import worst
 
 log = structlog.get_logger(__name__)
+
+# Streams given labelled series (the worst, as `unilog status` ranks them): Prometheus keeps a series per label set, so
+# 10,000 streams would be some 150,000 series a scrape; the totals cover the rest, and the worst stream's lag, which
+# the alerts watch, is always among those labelled.
+MAX_STREAMS = 100
 
 
 class SystemCollector(Collector):
@@ -30,8 +36,9 @@ class SystemCollector(Collector):
     session, a cluster failing over) reports ``unilog_system_up 0``, logs one line and makes ``/readyz`` fail until
     a scrape reads both servers again: the exporter lives on, at start too (registering it scrapes once)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, max_streams: int | None = MAX_STREAMS) -> None:
         self.settings = settings
+        self.max_streams = max_streams
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         from .status import collect_status
@@ -50,7 +57,9 @@ class SystemCollector(Collector):
             return
         HEALTH.reached("exporter")
         yield _gauge("unilog_system_up", "1 if the last scrape read Postgres and Redis", [], [([], 1)])
-        yield from _families(report)
+        shown = worst(report, self.max_streams)
+        yield from _families(shown)
+        yield from _totals_families(shown)
         yield _gauge(
             "unilog_scrape_duration_seconds",
             "How long reading the system took",
@@ -153,6 +162,36 @@ def _families(report: dict[str, Any]) -> Iterator[GaugeMetricFamily]:
     )
     yield from _lag_families(report)
     yield from _capture_families(report.get("capture") or {"mode": "table"})
+
+
+def _totals_families(report: dict[str, Any]) -> Iterator[GaugeMetricFamily]:
+    """Every stream counted, labelled or not; and how many streams and consumers have no labelled series of their
+    own (more streams than ``unilog metrics --max-streams``)."""
+    t, omitted = report["totals"], report["omitted"]
+    yield _gauge(
+        "unilog_streams", "Streams in the system (with entries, staged records or a consumer)", [], [([], t["streams"])]
+    )
+    yield _gauge(
+        "unilog_staged_records_total",
+        "Records staged over every stream, not yet published",
+        [],
+        [([], t["staged"])],
+    )
+    yield _gauge(
+        "unilog_consumer_lag_entries_total",
+        "Entries behind, summed over every consumer and group",
+        [],
+        [([], t["lag_entries"])],
+    )
+    yield _gauge(
+        "unilog_consumer_lag_seconds_max", "The longest wait of any consumer or group", [], [([], t["max_lag_seconds"])]
+    )
+    yield _gauge(
+        "unilog_series_omitted",
+        "Streams and consumers without labelled series of their own (beyond --max-streams, the worst kept)",
+        ["kind"],
+        [(["streams"], omitted["streams"]), (["consumers"], omitted["consumers"])],
+    )
 
 
 def _registration_families(consumers: list[dict[str, Any]]) -> Iterator[GaugeMetricFamily]:

@@ -17,6 +17,7 @@ from ..config import Settings, postgres_conninfo
 from ..store.backfills import list_backfills
 from ..stream import retention
 from . import dlq
+from .scale import totals
 
 
 def collect_status(settings: Settings, since: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -49,13 +50,15 @@ def collect_status(settings: Settings, since: Mapping[str, str] | None = None) -
         for row in streams:  # the survey read each stream at one instant: after an id to '+' is to its last id
             if since and since.get(row["name"]) and row["last_id"]:
                 row["appended"] = ranges.get(row["name"], since[row["name"]]).count
-        return {
+        report = {
             "staged": _staged(conn),
             "capture": capture_health(conn, settings.standby_conninfos),
             "streams": streams,
             "consumers": _consumers(checkpoints, registrations, ranges, now_ms),
             "backfills": [b for b in list_backfills(conn) if b["status"] == "running"],
         }
+        report["totals"] = totals(report)
+        return report
     finally:
         conn.close()
         client.close()
@@ -315,12 +318,9 @@ def format_status(report: dict[str, Any]) -> str:
     lines = [f"staged records: {staged['records']}" + (f" (oldest {age:.1f}s)" if age is not None else "")]
     holder = staged.get("open_stager")
     if holder:
-        lines.append(
-            f"open transaction that staged records: pid {holder['pid']} ({holder['application_name'] or '-'}, "
-            f"{holder['database']}, {holder['state']}), open {holder['age_seconds']:.1f}s: its own records wait "
-            f"for its commit (no one else's do); its query: {holder['query']!r}"
-        )
+        lines.append(_stager_line(holder))
     lines.append(format_capture(report.get("capture")))
+    lines.append(format_totals(report))
     lines.append("")
     lines += table(
         ["stream", "length", "first id", "last id", "staged", "publishers", "dead letters"],
@@ -368,6 +368,29 @@ def format_status(report: dict[str, Any]) -> str:
             ],
         )
     return "\n".join(lines)
+
+
+def _stager_line(holder: dict[str, Any]) -> str:
+    return (
+        f"open transaction that staged records: pid {holder['pid']} ({holder['application_name'] or '-'}, "
+        f"{holder['database']}, {holder['state']}), open {holder['age_seconds']:.1f}s: its own records wait "
+        f"for its commit (no one else's do); its query: {holder['query']!r}"
+    )
+
+
+def format_totals(report: dict[str, Any]) -> str:
+    """One line of totals over every stream, and how many are left out of the tables below (``--all`` shows them)."""
+    t = report.get("totals") or totals(report)
+    omitted = (report.get("omitted") or {}).get("streams", 0)
+    cut = f"; the {t['streams'] - omitted} most behind shown (--all: every one)" if omitted else ""
+    unpublished = (
+        f", {t['unpublished_streams']} with staged records and NO PUBLISHER" if t["unpublished_streams"] else ""
+    )
+    return (
+        f"streams: {t['streams']} ({t['entries']} entries, {t['staged']} staged, {t['dead_letters']} dead letters"
+        f"{unpublished}); consumers: {t['consumers']}, groups: {t['groups']} ({t['pending']} pending); lag: "
+        f"{t['lag_entries']} entries, at most {t['max_lag_seconds']:.1f}s{cut}"
+    )
 
 
 def format_backfills(rows: list[dict[str, Any]]) -> list[str]:

@@ -15,6 +15,7 @@ from ... import engine
 from ...config import Settings
 from ...errors import UnilogError
 from ...health import HEALTH
+from ..scale import worst
 
 log = structlog.get_logger(__name__)
 
@@ -28,16 +29,25 @@ def _rows(report: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
     return rows
 
 
-class History:
-    """The last ``seconds`` (an hour) of samples, and the latest status report: per consumer and group
-    (``stream/name``) its lag (time, entries, seconds) and its records per second out (time, rate); per stream its
-    records per second in (time, rate). A rate covers the time since the sample before; entries in are counted after
-    the stream's last id at that sample, and a consumer's out is its lag then plus those, less its lag now."""
+ALL = "(all streams)"  # the series of the totals: entries in and out over every stream, the longest wait
 
-    def __init__(self, settings: Settings, *, interval: float = 2.0, seconds: float = 3600.0) -> None:
+
+class History:
+    """The last ``seconds`` (an hour) of samples, and the latest status report cut to the ``top`` streams most behind
+    (:func:`unilog.ops.scale.worst`, with totals over all): per consumer and group (``stream/name``) of those its lag
+    (time, entries, seconds) and its records per second out (time, rate); per stream of those its records per second
+    in (time, rate); and the same for :data:`ALL` streams (lag: entries summed, the longest wait). A rate covers the
+    time since the sample before; entries in are counted after the stream's last id at that sample, and a consumer's
+    out is its lag then plus those, less its lag now.
+
+    Memory is bounded whatever the number of streams and however they come and go: at most ``top`` streams' series
+    are added to at each sample, and a series with no point in the window is dropped."""
+
+    def __init__(self, settings: Settings, *, interval: float = 2.0, seconds: float = 3600.0, top: int = 20) -> None:
         self.settings = settings
         self.interval = interval
         self.seconds = seconds
+        self.top = top
         self.latest: dict[str, Any] | None = None
         self.error: str | None = None
         self._series: dict[str, deque[Point]] = {}
@@ -66,27 +76,52 @@ class History:
         if self.error is not None:
             log.info("the status can be read again")
         HEALTH.reached("dashboard")
-        now, rows = time.time(), _rows(report)
+        now, rows, shown = time.time(), _rows(report), worst(report, self.top)
+        kept = {key for key, _, _ in _rows(shown)}
         with self._lock:
-            self.latest, self.error = report, None
+            self.latest, self.error = shown, None
             for key, _, row in rows:
-                self._add(self._series, key, (now, row["lag_entries"], row["lag_seconds"]))
-            self._add_rates(now, report, rows)
+                if key in kept:
+                    self._add(self._series, key, (now, row["lag_entries"], row["lag_seconds"]))
+            totals = shown["totals"]
+            self._add(self._series, ALL, (now, totals["lag_entries"], totals["max_lag_seconds"]))
+            self._add_rates(now, report, rows, {s["name"] for s in shown["streams"]}, kept)
             ids = {s["name"]: s["last_id"] for s in report["streams"] if s["last_id"]}
             self._last = (now, ids, {key: int(row["lag_entries"] or 0) for key, _, row in rows})
+            self._prune(now)
 
-    def _add_rates(self, now: float, report: dict[str, Any], rows: list[tuple[str, str, dict[str, Any]]]) -> None:
+    def _add_rates(
+        self,
+        now: float,
+        report: dict[str, Any],
+        rows: list[tuple[str, str, dict[str, Any]]],
+        streams: set[str],
+        kept: set[str],
+    ) -> None:
         if self._last is None or now <= self._last[0]:
             return
         then, ids, lags = self._last
         appended = {s["name"]: int(s.get("appended") or 0) for s in report["streams"]}
-        for name, count in appended.items():
-            if name in ids:  # a stream new since the last sample has no rate yet
+        known = {name: count for name, count in appended.items() if name in ids}  # a new stream has no rate yet
+        for name, count in known.items():
+            if name in streams:
                 self._add(self._in, name, (now, count / (now - then)))
+        self._add(self._in, ALL, (now, sum(known.values()) / (now - then)))
+        total = 0
         for key, stream, row in rows:
             if key in lags and stream in ids:
-                read = lags[key] + appended.get(stream, 0) - int(row["lag_entries"] or 0)
-                self._add(self._out, key, (now, max(0, read) / (now - then)))
+                read = max(0, lags[key] + appended.get(stream, 0) - int(row["lag_entries"] or 0))
+                total += read
+                if key in kept:
+                    self._add(self._out, key, (now, read / (now - then)))
+        self._add(self._out, ALL, (now, total / (now - then)))
+
+    def _prune(self, now: float) -> None:
+        """Drop the series with no point left in the window (a consumer deleted, a stream no longer among the
+        worst), so streams that come and go do not grow the process."""
+        for table in (self._series, self._in, self._out):
+            for key in [k for k, series in table.items() if not series or series[-1][0] < now - self.seconds]:
+                del table[key]
 
     def _add(self, table: dict[str, deque[Point]], key: str, point: Point) -> None:
         series = table.setdefault(key, deque())

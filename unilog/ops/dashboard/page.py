@@ -41,6 +41,7 @@ PAGE = """<!doctype html>
 <table id="capture"><thead><tr><th>mode</th><th>slot</th><th>streamer</th><th>WAL retained</th>
 <th>confirmation lag</th></tr></thead><tbody></tbody></table>
 <h2>Streams</h2>
+<p id="totals"></p>
 <table id="streams"><thead><tr><th>stream</th><th>length</th><th>staged</th><th>oldest staged (s)</th>
 <th>publishers</th><th>dead letters</th></tr></thead><tbody></tbody></table>
 <h2>Record types</h2>
@@ -134,6 +135,10 @@ function drawCharts(data) {
   plot($("#chart-lag"), "Lag of each consumer and group, in entries", "lag (entries)", lags, win, now);
 }
 function drawStreams(status) {
+  const t = status.totals, cut = (status.omitted || {}).streams || 0;
+  if (t) $("#totals").textContent = `${t.streams} streams, ${t.entries} entries, ${t.staged} staged, ` +
+    `${t.dead_letters} dead letters; ${t.consumers} consumers, ${t.groups} groups; lag ${t.lag_entries} entries, ` +
+    `at most ${t.max_lag_seconds.toFixed(1)} s` + (cut ? ` (the ${t.streams - cut} most behind shown)` : "");
   const body = $("#streams tbody"); body.replaceChildren();
   for (const s of status.streams) {
     const row = body.insertRow(); row.dataset.stream = s.name;
