@@ -1,9 +1,9 @@
 """Surveying many streams at once: what ``unilog status``, the exporter and the dashboard read of every stream, in a
-few pipelined round trips whatever the number of streams.
+few round trips whatever the number of streams.
 
-Read one stream at a time, a status of 10,000 streams costs some 100,000 round trips (seconds to minutes); here each
-kind of read is one pipeline per :data:`CHUNK` streams (redis-py's cluster pipeline sends each node its share), so the
-cost follows the bytes read, not the streams.
+Read one stream at a time, a status of 10,000 streams costs some 100,000 round trips (seconds to minutes); here
+``survey.lua`` reads :data:`CHUNK` streams in one call on a single Redis (one call per hash slot on a cluster, the
+calls of each node written back to back), so the cost follows the work Redis does per stream, not round trips.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import redis
 
 from ..wire import dlq_key, meta_key, registry_key, to_str
 from .commands import issues
-from .nodes import node_pool
+from .nodes import clustered, node_pool
 from .read import Reading, StreamInfo
 
 CHUNK = 500  # streams per pipeline: large enough to amortize a round trip, small enough to bound a reply's memory
@@ -110,13 +110,18 @@ class Survey(Reading):
         "evalsha", "script|load", "exists", "xlen", "hget", "hgetall", "xrange", "xrevrange", "xinfo|groups", "xpending"
     )
     def _survey_chunk(self, chunk: Sequence[str], wanted: dict[str, list[str]]) -> list[Any]:
-        """``survey.lua``'s replies for ``chunk``; the script is loaded again if a server forgot it (a restart, a
-        failover, ``SCRIPT FLUSH``)."""
-        calls: list[tuple[str, tuple[Any, ...]]] = [
-            (name, ("EVALSHA", SURVEY_SHA, 4, name, registry_key(name), meta_key(name), dlq_key(name), COUNT_PAGE))
-            for name in chunk
-        ]
-        calls = [(name, (*call, *wanted[name])) for name, call in calls]
+        """``survey.lua``'s reply for each stream of ``chunk``: one call for all of them on a single Redis, one per
+        hash slot on a cluster (a script's keys must share one); the script is loaded again if a server forgot it (a
+        restart, a failover, ``SCRIPT FLUSH``)."""
+        slots: dict[int, list[str]] = {}
+        cluster: Any = self.client if clustered(self.client) else None
+        for name in chunk:
+            slots.setdefault(cluster.keyslot(name) if cluster is not None else 0, []).append(name)
+        calls: list[tuple[str, tuple[Any, ...]]] = []
+        for names in slots.values():
+            keys = [k for n in names for k in (n, registry_key(n), meta_key(n), dlq_key(n))]
+            args = [a for n in names for a in (len(wanted[n]), *wanted[n])]
+            calls.append((names[0], ("EVALSHA", SURVEY_SHA, len(keys), *keys, COUNT_PAGE, *args)))
         for attempt in (1, 2):
             replies = self._per_node(calls)
             if attempt == 1 and any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
@@ -125,7 +130,12 @@ class Survey(Reading):
             for reply in replies:
                 if isinstance(reply, Exception):
                     raise reply
-            return replies
+            found = {
+                n: r
+                for names, reply in zip(slots.values(), replies, strict=True)
+                for n, r in zip(names, reply, strict=True)
+            }
+            return [found[name] for name in chunk]
         raise AssertionError("unreachable")
 
     @issues()
