@@ -169,12 +169,15 @@ def run_demo(
     dashboard: int | None = None,
     redis_cluster: bool = False,
     api: str = "flask",
+    stall: float = STALL_SECONDS,
+    ceiling: float = CEILING_SECONDS,
 ) -> Outcome:
     """Run the demo; print the live view and the verdict to ``out``; return the verdict (see :func:`judge`).
 
     ``spark`` None: include the Spark consumer when pyspark and Java are installed. ``dashboard``: serve
     ``unilog dashboard`` on this port while the demo runs. ``redis_cluster``: on a real Redis Cluster (three
     masters, three replicas) instead of one Redis. ``api``: ``flask`` (gunicorn) or ``fastapi`` (uvicorn, asyncio).
+    ``stall`` and ``ceiling``: the catch-up wait's bounds (see :func:`settle`).
     """
     out = out or sys.stdout
     spark = app.spark_consumer is not None and (spark_available() if spark is None else spark)
@@ -210,7 +213,7 @@ def run_demo(
                 print(f"dashboard: http://127.0.0.1:{dashboard}/", file=out)
             _live(app, settings, fleet, stop, duration, out, spark)
             fleet.stop("simulator")
-            snap, waited = settle(app, settings, out, spark)
+            snap, waited = settle(app, settings, out, spark, stall=stall, ceiling=ceiling)
         finally:
             fleet.stop_all(order=["simulator", "api", *app.streamers, *consumers, *app.group_workers])
         outcome = print_verdict(app, snap, fleet.faults(), waited, out)
