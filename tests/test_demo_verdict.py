@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import io
 import random
+import sys
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -24,6 +26,7 @@ import unilog
 from unilog.cli import ExitCode
 from unilog.harness import demo
 from unilog.harness.pytest_plugin import running
+from unilog.harness.supervisor import Fleet, ProcessSpec
 from unilog.ops import admin
 
 RIDES = 4
@@ -95,15 +98,26 @@ def test_the_wait_goes_on_while_a_slow_consumers_lag_falls(rides: unilog.Setting
     assert outcome is demo.Outcome.AGREE, line
 
 
-def test_the_warm_up_names_a_consumer_that_never_applies_the_first_records(rides: unilog.Settings) -> None:
+def test_the_warm_up_names_a_consumer_that_never_applies_the_first_records(
+    rides: unilog.Settings, tmp_path: Path
+) -> None:
+    """consumer1's process exits at once, again and again: the wait's lines say it was restarted, and the last one
+    names it once the bound has passed."""
     _consume(rides, APP.consumers[0])
-    _consume(rides, APP.group)  # consumer1 never runs
+    _consume(rides, APP.group)
+    fleet = Fleet(tmp_path)
+    fleet.start(ProcessSpec(APP.consumers[1], [sys.executable, "-c", "raise SystemExit(1)"]))
+    fleet.watch(interval=0.1)
     out = io.StringIO()
-    late, waited = demo.warm_up(APP, rides, threading.Event(), out, spark=False, limit=2.0, every=0.5)
-    assert late == [APP.consumers[1]] and waited >= 2.0, out.getvalue()
+    try:
+        late, waited = demo.warm_up(APP, rides, threading.Event(), out, spark=False, limit=3.0, every=1.0, fleet=fleet)
+    finally:
+        fleet.stop_all()
+    assert late == [APP.consumers[1]] and waited >= 3.0, out.getvalue()
     lines = out.getvalue().strip().splitlines()
-    assert f"unilog demo: waiting for {APP.consumers[1]} to apply the first ride (" in lines[0], lines
-    assert lines[-1] == f"unilog demo: {APP.consumers[1]} did not apply the first ride (in 2 s); no traffic started"
+    assert f"unilog demo: waiting for {APP.consumers[1]} (restarted " in lines[-2], lines
+    assert "times: see its log) to apply the first ride (" in lines[-2], lines
+    assert lines[-1] == f"unilog demo: {APP.consumers[1]} did not apply the first ride (in 3 s); no traffic started"
 
 
 def test_the_warm_up_waits_for_a_consumer_that_starts_late(rides: unilog.Settings) -> None:

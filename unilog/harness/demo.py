@@ -239,13 +239,16 @@ def _drive(
     for the consumers to catch up; return the last snapshot and the seconds of the wait it ended. A consumer not
     warmed up in time (or Ctrl-C first) ends the run there, before any traffic: the verdict names it behind."""
     stop = _stop_on_signals()
-    late, waited = warm_up(app, settings, stop, out, spark, limit=waits.warm_up)
+    late, warmed = warm_up(app, settings, stop, out, spark, limit=waits.warm_up, fleet=fleet)
     if late:
-        return snapshot(app, settings, spark), waited
+        return snapshot(app, settings, spark), warmed
     fleet.start(simulator)
     _live(app, settings, fleet, stop, waits.traffic, out, spark)
     fleet.stop(simulator.name)
-    return settle(app, settings, out, spark, stall=waits.stall, ceiling=waits.ceiling)
+    # on a machine where the first record took longer than the stall window to reach every consumer, one batch of
+    # the slowest may take that long too: the window is at least the warm-up's time (the ceiling still bounds it)
+    stall = min(max(waits.stall, warmed), waits.ceiling)
+    return settle(app, settings, out, spark, stall=stall, ceiling=waits.ceiling)
 
 
 def _announce(ports: dict[str, int], dashboard: int | None, out: TextIO) -> None:
@@ -277,13 +280,15 @@ def warm_up(
     limit: float = WARM_UP_SECONDS,
     every: float = WARM_UP_EVERY,
     poll: float = 0.5,
+    fleet: Fleet | None = None,
 ) -> tuple[list[str], float]:
     """Wait until every consumer holds the canonical totals of the first record (:func:`stage_first_record`):
     each has connected, read and committed once, and a Spark consumer has run its first micro-batch, which on a
     busy machine takes minutes (its JVM, its Python workers, its jobs' code generation). Traffic starts after this,
     so the catch-up wait's verdict never depends on how fast a consumer warms up. Every ``every`` seconds one line
-    names whom it still waits for. Returns the consumers still without it once ``limit`` seconds have passed (or
-    ``stop`` is set), with one line naming them, and the seconds waited; no consumer when all are ready."""
+    names whom it still waits for (and, given the ``fleet``, how often their processes were restarted: a consumer
+    that fails at once is told from a slow one). Returns the consumers still without it once ``limit`` seconds have
+    passed (or ``stop`` is set), with one line naming them, and the seconds waited; no consumer when all are ready."""
     started = told = time.monotonic()
     first = f"the first {app.source_object}"
     while True:
@@ -298,10 +303,18 @@ def warm_up(
             print(f"unilog demo: {_names(waiting)} did not apply {first} ({why}); no traffic started", file=out)
             return waiting, now - started
         if now - told >= every:
-            print(f"unilog demo: waiting for {_names(waiting)} to apply {first} ({now - started:.0f} s)", file=out)
+            whom = _names([_restarted(app, name, fleet) for name in waiting])
+            print(f"unilog demo: waiting for {whom} to apply {first} ({now - started:.0f} s)", file=out)
             out.flush()
             told = now
         stop.wait(poll)
+
+
+def _restarted(app: App, name: str, fleet: Fleet | None) -> str:
+    """A consumer's name, with how often its processes (a group's: its workers) were restarted, if they were."""
+    processes = app.group_workers if name == app.group else (name,)
+    restarts = sum(fleet.events[f"restart:{p}"] for p in processes) if fleet is not None else 0
+    return f"{name} (restarted {restarts} times: see its log)" if restarts else name
 
 
 def _names(names: list[str]) -> str:
@@ -411,7 +424,8 @@ def settle(
     progressed (no new low of the staged backlog or of a consumer's lag, no consumer's totals changed) for ``stall``
     seconds, or ``ceiling`` seconds in all; return the last snapshot and the seconds waited."""
     started = time.monotonic()
-    print("unilog demo: producers stopped; letting the consumers catch up...", file=out, flush=True)
+    bounds = f"up to {ceiling:.0f} s, or {stall:.0f} s without progress"
+    print(f"unilog demo: producers stopped; letting the consumers catch up ({bounds})...", file=out, flush=True)
     best: tuple[int, ...] | None = None
     states: list[Any] = []
     progressed = started
