@@ -2,14 +2,18 @@
 
 Rocket Rides on the test's servers, its consumers run in this process: one stopped consumer must read "did not catch
 up in N s" (exit code 15), never DISAGREE; a consumer that read everything and holds different totals is DISAGREE
-(exit code 1); a slow consumer whose lag keeps falling is waited for past the stall window."""
+(exit code 1); a slow consumer whose lag keeps falling is waited for past the stall window. Before traffic, the
+warm-up waits for a consumer that starts late and names one that never does (issue 47 item 6)."""
 
 from __future__ import annotations
 
 import io
 import random
+import sys
+import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -22,6 +26,7 @@ import unilog
 from unilog.cli import ExitCode
 from unilog.harness import demo
 from unilog.harness.pytest_plugin import running
+from unilog.harness.supervisor import Fleet, ProcessSpec
 from unilog.ops import admin
 
 RIDES = 4
@@ -91,3 +96,45 @@ def test_the_wait_goes_on_while_a_slow_consumers_lag_falls(rides: unilog.Setting
     with unilog.Consumer(rides, config, slow) as consumer, running(consumer.run):
         outcome, line = _verdict(rides, stall=2.5, ceiling=120.0)
     assert outcome is demo.Outcome.AGREE, line
+
+
+def test_the_warm_up_names_a_consumer_that_never_applies_the_first_records(
+    rides: unilog.Settings, tmp_path: Path
+) -> None:
+    """consumer1's process exits at once, again and again: the wait's lines say it was restarted, and the last one
+    names it once the bound has passed."""
+    _consume(rides, APP.consumers[0])
+    _consume(rides, APP.group)
+    fleet = Fleet(tmp_path)
+    fleet.start(ProcessSpec(APP.consumers[1], [sys.executable, "-c", "raise SystemExit(1)"]))
+    fleet.watch(interval=0.1)
+    out = io.StringIO()
+    try:
+        late, waited = demo.warm_up(APP, rides, threading.Event(), out, spark=False, limit=3.0, every=1.0, fleet=fleet)
+    finally:
+        fleet.stop_all()
+    assert late == [APP.consumers[1]] and waited >= 3.0, out.getvalue()
+    lines = out.getvalue().strip().splitlines()
+    assert f"unilog demo: waiting for {APP.consumers[1]} (restarted " in lines[-2], lines
+    assert "times: see its log) to apply the first ride (" in lines[-2], lines
+    assert lines[-1] == f"unilog demo: {APP.consumers[1]} did not apply the first ride (in 3 s); no traffic started"
+
+
+def test_the_warm_up_waits_for_a_consumer_that_starts_late(rides: unilog.Settings) -> None:
+    _consume(rides, APP.consumers[0])
+
+    def start_late() -> None:
+        _consume(rides, APP.consumers[1])
+        _consume(rides, APP.group)
+
+    late_start = threading.Timer(3.0, start_late)  # 3 s late, past `every`: a line names both
+    late_start.start()
+    out = io.StringIO()
+    try:
+        late, waited = demo.warm_up(APP, rides, threading.Event(), out, spark=False, limit=60.0, every=1.0)
+    finally:
+        late_start.join()
+    assert late == [] and waited >= 3.0, out.getvalue()
+    lines = out.getvalue().strip().splitlines()
+    assert f"unilog demo: waiting for {APP.consumers[1]} and {APP.group} to apply the first ride (" in lines[0], lines
+    assert lines[-1].startswith("unilog demo: every consumer applied the first ride in "), lines

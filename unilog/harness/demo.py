@@ -1,23 +1,27 @@
 """``unilog demo``: an application's fleet on embedded Postgres and Redis, with a live view and a verdict.
 
 :func:`run_demo` takes the application (:class:`~unilog.harness.app.App`; ``unilog demo`` passes Rocket Rides),
-starts throw-away servers (Redis with ``appendfsync always``), prepares the database, declares the consumers, and
-runs the fleet as separate processes: the API under gunicorn, two streamers (active and standby), the checkpoint
-consumers, the group's workers, the Spark consumer (when pyspark and Java are present) and the simulator. Faults
-are injected as in the reference design: the streamer double-sends 10 % of its batches and each consumer crashes
-before committing 10 % of the time. A terminal view refreshes every second. After ``duration`` seconds (or Ctrl-C)
-the simulator stops and the demo waits for the consumers to catch up: as long as the backlog or some consumer's lag
-keeps falling (it gives up after ``STALL_SECONDS`` without progress, or ``CEILING_SECONDS`` in all). One verdict line
-then tells three outcomes apart (:class:`Outcome`): ``AGREE`` (every consumer equals the canonical totals the app
-computes from its source table), ``did not catch up in N s`` (some consumer still has entries to read, or records
-are still staged: it is behind, not wrong) and ``DISAGREE`` (a consumer that has read everything holds something
-else). The processes' logs go to ``log_dir``, else to a temporary folder removed after a run that agreed and kept
-(and named) otherwise.
+starts throw-away servers (Redis with ``appendfsync always``), prepares the database, declares the consumers, stages
+one first record (``App.stage``), and runs the fleet as separate processes: the API under gunicorn, two streamers
+(active and standby), the checkpoint consumers, the group's workers, the Spark consumer (when pyspark and Java are
+present) and, once every consumer has applied that first record (:func:`warm_up`: a Spark consumer's first
+micro-batch can take minutes on a busy machine, and no verdict may depend on it), the simulator. The warm-up waits
+up to ``WARM_UP_SECONDS``, saying every ten seconds whom it waits for; a consumer still without the record then
+ends the run before any traffic, ``did not catch up``, named. Faults are injected as in the reference design: the
+streamer double-sends 10 % of its batches and each consumer crashes before committing 10 % of the time. A terminal
+view refreshes every second. After ``duration`` seconds of traffic (or Ctrl-C) the simulator stops and the demo waits
+for the consumers to catch up: as long as the backlog or some consumer's lag keeps falling (it gives up after
+``STALL_SECONDS`` without progress, or ``CEILING_SECONDS`` in all). One verdict line then tells three outcomes
+apart (:class:`Outcome`): ``AGREE`` (every consumer equals the canonical totals the app computes from its source
+table), ``did not catch up in N s`` (some consumer still has entries to read, or records are still staged: it is
+behind, not wrong) and ``DISAGREE`` (a consumer that has read everything holds something else). The processes' logs
+go to ``log_dir``, else to a temporary folder removed after a run that agreed and kept (and named) otherwise.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import sys
@@ -41,8 +45,11 @@ from .embedded import EmbeddedPostgres, EmbeddedRedis, EmbeddedRedisCluster, fre
 from .supervisor import Fleet, ProcessSpec
 
 CEILING_SECONDS = 300.0  # the longest wait for the consumers after the simulator stops
-STALL_SECONDS = 60.0  # give up sooner once nothing has progressed for this long (a Spark consumer's first batch
-# can take tens of seconds on a loaded machine)
+STALL_SECONDS = 60.0  # give up sooner once nothing has progressed for this long
+WARM_UP_SECONDS = 600.0  # the longest wait for every consumer's first record, before traffic: a Spark consumer's
+# first micro-batch began 46 s after its JVM started and took over 30 s more on a busy 2-core machine (issue 47)
+WARM_UP_EVERY = 10.0  # seconds between the warm-up's lines naming whom it waits for
+WARM_UP_CID = "unilog-demo-warm-up"  # the first record's cid (App.stage's)
 
 DEFAULT_FAULTS = {
     "streamer": "streamer.double_send=0.1",
@@ -169,12 +176,17 @@ def run_demo(
     dashboard: int | None = None,
     redis_cluster: bool = False,
     api: str = "flask",
+    stall: float = STALL_SECONDS,
+    ceiling: float = CEILING_SECONDS,
+    warm_up_limit: float = WARM_UP_SECONDS,
 ) -> Outcome:
     """Run the demo; print the live view and the verdict to ``out``; return the verdict (see :func:`judge`).
 
     ``spark`` None: include the Spark consumer when pyspark and Java are installed. ``dashboard``: serve
     ``unilog dashboard`` on this port while the demo runs. ``redis_cluster``: on a real Redis Cluster (three
     masters, three replicas) instead of one Redis. ``api``: ``flask`` (gunicorn) or ``fastapi`` (uvicorn, asyncio).
+    ``stall`` and ``ceiling``: the catch-up wait's bounds (see :func:`settle`); ``warm_up_limit``: the longest wait
+    for every consumer's first record before traffic (see :func:`warm_up`).
     """
     out = out or sys.stdout
     spark = app.spark_consumer is not None and (spark_available() if spark is None else spark)
@@ -185,11 +197,11 @@ def run_demo(
         settings = Settings.from_dsn(pg.url, redis_url, app.stream)
         consumers = [*app.consumers, *([app.spark_name] if spark else [])]
         admin.declare(settings, app.stream, consumers=consumers, groups=[app.group])
+        stage_first_record(app, settings, seed)
         api_port = free_port()
         env = {**_clean_env(), "DATABASE_URL": pg.url, "REDIS_URL": redis_url, "UNILOG_STREAM": app.stream}
         logs = log_dir or Path(tempfile.mkdtemp(prefix="unilog-demo-logs-"))
         fleet = Fleet(logs, cwd=Path.cwd(), base_env=env)
-        stop = _stop_on_signals()
         ports = metrics_ports(app, spark)
         specs = fleet_specs(app, api_port, rate, faults, seed, spark, ports, api=api)
         if dashboard is not None:
@@ -199,23 +211,114 @@ def run_demo(
             for spec in specs[:-1]:
                 fleet.start(spec)
             wait_for_api(api_port, fleet, timeout=30.0)
-            fleet.start(specs[-1])
-            fleet.watch()
-            print(
-                f"metrics: the system at http://127.0.0.1:{ports['metrics']}/metrics; each process at "
-                + ", ".join(f"{name} :{port}" for name, port in ports.items() if name != "metrics"),
-                file=out,
-            )
-            if dashboard is not None:
-                print(f"dashboard: http://127.0.0.1:{dashboard}/", file=out)
-            _live(app, settings, fleet, stop, duration, out, spark)
-            fleet.stop("simulator")
-            snap, waited = settle(app, settings, out, spark)
+            fleet.watch()  # a process that exits is restarted from here on, the warm-up's included
+            _announce(ports, dashboard, out)
+            waits = _Waits(warm_up_limit, duration, stall, ceiling)
+            snap, waited = _drive(app, settings, fleet, specs[-1], waits, out, spark)
         finally:
             fleet.stop_all(order=["simulator", "api", *app.streamers, *consumers, *app.group_workers])
         outcome = print_verdict(app, snap, fleet.faults(), waited, out)
     _keep_or_remove(logs, keep=log_dir is not None or outcome is not Outcome.AGREE, announce=log_dir is None, out=out)
     return outcome
+
+
+@dataclass(frozen=True)
+class _Waits:
+    """A run's clocks, in seconds: the warm-up's bound, the traffic, the catch-up wait's stall window and ceiling."""
+
+    warm_up: float
+    traffic: float
+    stall: float
+    ceiling: float
+
+
+def _drive(
+    app: App, settings: Settings, fleet: Fleet, simulator: ProcessSpec, waits: _Waits, out: TextIO, spark: bool
+) -> tuple[Snapshot, float]:
+    """The fleet started: wait for every consumer's first record, then run the traffic with its live view, then wait
+    for the consumers to catch up; return the last snapshot and the seconds of the wait it ended. A consumer not
+    warmed up in time (or Ctrl-C first) ends the run there, before any traffic: the verdict names it behind."""
+    stop = _stop_on_signals()
+    late, warmed = warm_up(app, settings, stop, out, spark, limit=waits.warm_up, fleet=fleet)
+    if late:
+        return snapshot(app, settings, spark), warmed
+    fleet.start(simulator)
+    _live(app, settings, fleet, stop, waits.traffic, out, spark)
+    fleet.stop(simulator.name)
+    # on a machine where the first record took longer than the stall window to reach every consumer, one batch of
+    # the slowest may take that long too: the window is at least the warm-up's time (the ceiling still bounds it)
+    stall = min(max(waits.stall, warmed), waits.ceiling)
+    return settle(app, settings, out, spark, stall=stall, ceiling=waits.ceiling)
+
+
+def _announce(ports: dict[str, int], dashboard: int | None, out: TextIO) -> None:
+    """Where the metrics (and the dashboard) are served."""
+    print(
+        f"metrics: the system at http://127.0.0.1:{ports['metrics']}/metrics; each process at "
+        + ", ".join(f"{name} :{port}" for name, port in ports.items() if name != "metrics"),
+        file=out,
+    )
+    if dashboard is not None:
+        print(f"dashboard: http://127.0.0.1:{dashboard}/", file=out)
+
+
+def stage_first_record(app: App, settings: Settings, seed: int | None) -> None:
+    """Stage the app's first record before the fleet starts (``App.stage``, its cid ``WARM_UP_CID``), committed:
+    the record every consumer must apply before traffic starts (:func:`warm_up`). Its source row counts in the
+    canonical totals like any other."""
+    with psycopg.connect(settings.conninfo) as conn:
+        app.stage(conn, WARM_UP_CID, random.Random(seed), app.stream)
+
+
+def warm_up(
+    app: App,
+    settings: Settings,
+    stop: threading.Event,
+    out: TextIO,
+    spark: bool,
+    *,
+    limit: float = WARM_UP_SECONDS,
+    every: float = WARM_UP_EVERY,
+    poll: float = 0.5,
+    fleet: Fleet | None = None,
+) -> tuple[list[str], float]:
+    """Wait until every consumer holds the canonical totals of the first record (:func:`stage_first_record`):
+    each has connected, read and committed once, and a Spark consumer has run its first micro-batch, which on a
+    busy machine takes minutes (its JVM, its Python workers, its jobs' code generation). Traffic starts after this,
+    so the catch-up wait's verdict never depends on how fast a consumer warms up. Every ``every`` seconds one line
+    names whom it still waits for (and, given the ``fleet``, how often their processes were restarted: a consumer
+    that fails at once is told from a slow one). Returns the consumers still without it once ``limit`` seconds have
+    passed (or ``stop`` is set), with one line naming them, and the seconds waited; no consumer when all are ready."""
+    started = told = time.monotonic()
+    first = f"the first {app.source_object}"
+    while True:
+        snap = snapshot(app, settings, spark)
+        waiting = [name for name, (state, _lag) in snap.consumers.items() if state != snap.canonical]
+        now = time.monotonic()
+        if not waiting:
+            print(f"unilog demo: every consumer applied {first} in {now - started:.0f} s; traffic starts", file=out)
+            return [], now - started
+        if stop.is_set() or now - started >= limit:
+            why = "stopped" if stop.is_set() else f"in {limit:.0f} s"
+            print(f"unilog demo: {_names(waiting)} did not apply {first} ({why}); no traffic started", file=out)
+            return waiting, now - started
+        if now - told >= every:
+            whom = _names([_restarted(app, name, fleet) for name in waiting])
+            print(f"unilog demo: waiting for {whom} to apply {first} ({now - started:.0f} s)", file=out)
+            out.flush()
+            told = now
+        stop.wait(poll)
+
+
+def _restarted(app: App, name: str, fleet: Fleet | None) -> str:
+    """A consumer's name, with how often its processes (a group's: its workers) were restarted, if they were."""
+    processes = app.group_workers if name == app.group else (name,)
+    restarts = sum(fleet.events[f"restart:{p}"] for p in processes) if fleet is not None else 0
+    return f"{name} (restarted {restarts} times: see its log)" if restarts else name
+
+
+def _names(names: list[str]) -> str:
+    return ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else names[0]
 
 
 def _keep_or_remove(logs: Path, keep: bool, announce: bool, out: TextIO) -> None:
@@ -321,7 +424,8 @@ def settle(
     progressed (no new low of the staged backlog or of a consumer's lag, no consumer's totals changed) for ``stall``
     seconds, or ``ceiling`` seconds in all; return the last snapshot and the seconds waited."""
     started = time.monotonic()
-    print("unilog demo: producers stopped; letting the consumers catch up...", file=out, flush=True)
+    bounds = f"up to {ceiling:.0f} s, or {stall:.0f} s without progress"
+    print(f"unilog demo: producers stopped; letting the consumers catch up ({bounds})...", file=out, flush=True)
     best: tuple[int, ...] | None = None
     states: list[Any] = []
     progressed = started
