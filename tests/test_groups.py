@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,7 +18,7 @@ import pytest
 import redis
 from handlers import record_applied
 
-from unilog import Faults, InjectedCrash, Record, Settings, Streamer, StreamerConfig, emit
+from unilog import Faults, InjectedCrash, Record, Settings, Streamer, StreamerConfig, emit, store
 from unilog.consume.group import GroupConfig, GroupConsumer
 from unilog.wire import dlq_key
 
@@ -156,6 +157,33 @@ def test_redelivered_old_record_below_the_watermark_is_skipped(settings: Setting
     rds.xadd("test-stream", first)  # the same position again, its processed row long pruned
     w.drain()
     assert counts(pg) == {0: 1, 1: 1, 2: 1}
+    w.close()
+
+
+def test_a_prune_between_reading_the_watermark_and_claiming_does_not_apply_twice(
+    settings: Settings, pg: Any, rds: Any
+) -> None:
+    """Another worker prunes at the exact step between a worker's read of the watermarks and its claim of the batch's
+    identities: it moves the watermark past a record applied before and deletes that record's row, so the claim finds
+    no conflict. Seen in the demo on a Redis Cluster (a redelivered ride applied twice). Here the prune holds its
+    locks while the worker reads (its watermark not yet moved) and commits once the worker's claim waits on it."""
+    stage(settings, 3)
+    w = worker(settings, "w")
+    w.drain()
+    first = rds.xrange("test-stream", count=1)[0][1]
+    rds.xadd("test-stream", first)  # a double-sent copy: its identity's row is still there, above the watermark
+    with psycopg.connect(settings.conninfo) as pruner:
+        assert store.advance_watermarks(pruner, "g", "test-stream") == 3  # rows deleted, uncommitted: locked
+        done = threading.Thread(target=w.drain)
+        done.start()
+        waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+        deadline = time.monotonic() + 30
+        while pg.execute(waiting).fetchone() != (1,):  # the worker's claim waits on the pruner's delete
+            assert time.monotonic() < deadline and done.is_alive(), "the worker never waited on the prune"
+            time.sleep(0.05)
+        pruner.commit()
+        done.join(30)
+    assert counts(pg) == {0: 1, 1: 1, 2: 1}, "the copy was skipped, not applied again"
     w.close()
 
 

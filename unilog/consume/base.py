@@ -63,10 +63,19 @@ def candidates(records: list[Record], marks: dict[tuple[str, int], int]) -> dict
     found: dict[Identity, Record] = {}
     for record in records:
         identity = _identity(record)
-        if identity[0] and identity[2] <= marks.get((identity[0], identity[1]), 0):
-            continue
-        found.setdefault(identity, record)
+        if not _applied(identity, marks):
+            found.setdefault(identity, record)
     return found
+
+
+def below_none(identities: set[Identity], marks: dict[tuple[str, int], int]) -> set[Identity]:
+    """Those of ``identities`` above their (producer, epoch)'s watermark in ``marks``: the others were applied."""
+    return {i for i in identities if not _applied(i, marks)}
+
+
+def _applied(identity: Identity, marks: dict[tuple[str, int], int]) -> bool:
+    """Whether ``identity`` is at or below its watermark (an entry without unilog metadata never is)."""
+    return bool(identity[0]) and identity[2] <= marks.get((identity[0], identity[1]), 0)
 
 
 def _identity(record: Record) -> Identity:

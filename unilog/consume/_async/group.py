@@ -38,7 +38,7 @@ from ...runtime._async.loop import AsyncLinks, AsyncWorker
 from ...runtime.policy import FATAL, TRANSIENT, account_batch
 from ...store import aio as store
 from ...wire import to_str
-from ..base import GroupConfig, GroupResult, candidates, default_worker_name
+from ..base import GroupConfig, GroupResult, below_none, candidates, default_worker_name
 from ..records import REPLAY_FOR, AsyncHandler, Batch, Record, replay_owner
 from ..typed import typed_handler
 
@@ -199,9 +199,17 @@ class AsyncGroupConsumer(AsyncWorker):
         return len(fresh), skipped
 
     async def _fresh(self, conn: psycopg.AsyncConnection[Any], records: list[Record]) -> list[Record]:
-        """The records this group has not applied yet, their identities now claimed in this transaction."""
-        found = candidates(records, await store.group_watermarks(conn, self.config.group, self.stream))
-        new = await store.claim_identities(conn, self.config.group, self.stream, list(found))
+        """The records this group has not applied yet, their identities now claimed in this transaction.
+
+        Another worker may prune between the read of the watermarks and the claim: it moves a watermark past records
+        applied before and deletes their rows, and the claim then finds no conflict for a redelivered one. Its claim
+        waited for that prune to commit (the rows' locks), so the watermarks read again after it cover every such
+        record: those are dropped (their rows, below the watermark, go at the next prune)."""
+        group, stream = self.config.group, self.stream
+        found = candidates(records, await store.group_watermarks(conn, group, stream))
+        new = await store.claim_identities(conn, group, stream, list(found))
+        if new:
+            new = below_none(new, await store.group_watermarks(conn, group, stream))
         return [record for identity, record in found.items() if identity in new]
 
     async def _one_by_one(self, entries: list[Entry]) -> GroupResult:
