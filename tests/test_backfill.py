@@ -266,7 +266,10 @@ def test_cancel_stops_a_running_backfill_and_status_shows_it(settings: Settings,
     thread = threading.Thread(target=worker.run, args=(stop,))
     thread.start()
     try:
-        time.sleep(1.0)
+        deadline = time.monotonic() + 30
+        while backfills(settings)[0]["rows_done"] == 0:  # its first page committed: running, with rows done
+            assert time.monotonic() < deadline, "the backfill staged no page"
+            time.sleep(0.05)
         report = unilog(settings, "status", "--json")
         (running,) = json.loads(report.stdout)["backfills"]
         assert running["name"] == "accounts.id" and running["active"] and 0 < running["rows_done"] < 2000

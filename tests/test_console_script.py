@@ -1,6 +1,6 @@
 """Issue 47: every command finds the user's code the same way through the installed ``unilog`` console script, run
 from the user's own folder, as ``python -m unilog`` does (the console script does not put the working directory on
-``sys.path`` by itself)."""
+``sys.path`` by itself). Issue 45: a command imports only what it uses."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from unilog import Settings
 
 SHOP = """
 from dataclasses import dataclass
@@ -54,3 +56,54 @@ def test_schema_check_finds_the_users_package_in_the_working_directory(tmp_path:
     )  # fmt: skip
     assert missing.returncode != 0 and "Traceback" not in missing.stderr, missing.stderr
     assert "nowhere" in missing.stderr
+
+
+# Issue 45: a process start is most of what many tests wait for, and most of a start was importing what the command
+# never uses. Each command builds the whole parser, so parsing imports no adapter, no structlog; logging as JSON (off
+# a terminal) imports no rich; and nothing imports the OpenTelemetry SDK, which redis-py 8 pulls in if it is there.
+# (redis-py's own `import redis` imports redis.asyncio: a command that uses Redis cannot avoid that one.)
+PARSING_ALONE = ("psycopg", "redis", "structlog", "rich", "opentelemetry", "asyncio", "prometheus_client")
+JSON_LOGS = ("rich", "opentelemetry.sdk")
+
+_MODULES_AT_EXIT = """
+import atexit, runpy, sys
+out = sys.argv.pop(1)
+atexit.register(lambda: open(out, "w").write("\\n".join(sorted(sys.modules))))
+runpy.run_module("unilog", run_name="__main__", alter_sys=True)
+"""
+
+
+def modules_of(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, set[str]]:
+    """``python -m unilog ARGS``'s exit code and every module it had imported when it exited."""
+    out = tmp_path / "modules.txt"
+    argv = [sys.executable, "-c", _MODULES_AT_EXIT, str(out), *args]
+    result = subprocess.run(argv, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=120)
+    assert out.exists(), result.stderr
+    return result.returncode, set(out.read_text().split())
+
+
+def imported(modules: set[str], names: tuple[str, ...]) -> list[str]:
+    return sorted(m for m in modules if any(m == n or m.startswith(f"{n}.") for n in names))
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--version"], ["--help"], ["status", "--help"], ["streamer", "--help"], ["consume", "--help"],
+     ["schema", "mode", "--help"], ["backfill", "--help"]],
+    ids=" ".join,
+)  # fmt: skip
+def test_parsing_a_command_imports_no_adapter_and_no_logging_library(tmp_path: Path, args: list[str]) -> None:
+    code, modules = modules_of(tmp_path, *args)
+    assert code == 0
+    assert "unilog.cli" in modules  # the list is the real one
+    assert imported(modules, PARSING_ALONE) == []
+
+
+def test_a_command_logging_json_imports_neither_rich_nor_the_opentelemetry_sdk(
+    tmp_path: Path, settings: Settings
+) -> None:
+    env = {"DATABASE_URL": settings.database_url, "REDIS_URL": settings.redis_url, "UNILOG_STREAM": settings.stream}
+    code, modules = modules_of(tmp_path, "streamer", "--once", env=env)  # stdout is a pipe: JSON logs
+    assert code == 0
+    assert {"redis", "psycopg", "structlog", "unilog.stream.streamer"} <= modules  # it did stream
+    assert imported(modules, JSON_LOGS) == []

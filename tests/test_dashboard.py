@@ -71,8 +71,9 @@ def dashboard(settings: Settings) -> Iterator[str]:
         proc.wait(timeout=30)
 
 
-@pytest.fixture
-def browser() -> Iterator[Any]:
+@pytest.fixture(scope="module")
+def chromium() -> Iterator[Any]:
+    """One browser for the module: starting Chromium and its driver is seconds of CPU a test (issue 45)."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -85,6 +86,15 @@ def browser() -> Iterator[Any]:
         yield driver
     finally:
         driver.quit()
+
+
+@pytest.fixture
+def browser(chromium: Any) -> Iterator[Any]:
+    """The module's browser, as a fresh one would be for each test: a blank page (the last test's page polled a
+    dashboard that is gone), no cookies, no storage."""
+    yield chromium
+    chromium.get("about:blank")
+    chromium.delete_all_cookies()
 
 
 class Poisoned:

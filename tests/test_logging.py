@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 from typing import Any
 
 import psycopg
@@ -64,6 +66,39 @@ def test_console_logs_on_a_tty() -> None:
         structlog.reset_defaults()
     text: Any = out.getvalue()
     assert "hello" in text and not text.lstrip().startswith("{")
+
+
+# A fresh process's first configure_logging: JSON imports structlog without rich (issue 45: its import is a tenth of a
+# command's start), a terminal's console lines keep rich's tracebacks, and an error is a JSON line either way.
+_FIRST_CONFIGURATION = """
+import io, json, sys
+from unilog.log import configure_logging
+tty = sys.argv[1] == "tty"
+out = type("Tty", (io.StringIO,), {"isatty": lambda self: True})() if tty else io.StringIO()
+configure_logging(stream=out)
+import structlog
+try:
+    1 / 0
+except ZeroDivisionError:
+    structlog.get_logger("t").exception("failed", n=1)
+print(json.dumps({"rich": "rich" in sys.modules, "formatter": structlog.dev.default_exception_formatter.__class__.__name__,
+                  "out": out.getvalue()}))
+"""
+
+
+@pytest.mark.parametrize("where", ["pipe", "tty"])
+def test_the_first_configuration_imports_rich_only_for_a_terminal(where: str) -> None:
+    result = subprocess.run([sys.executable, "-c", _FIRST_CONFIGURATION, where], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout)
+    if where == "tty":
+        assert found["rich"] and found["formatter"] == "RichTracebackFormatter"
+        assert "ZeroDivisionError" in found["out"] and not found["out"].startswith("{")
+    else:
+        assert not found["rich"]
+        line = json.loads(found["out"])
+        assert line["event"] == "failed" and line["n"] == 1 and line["level"] == "error"
+        assert line["exception"].startswith("Traceback") and "ZeroDivisionError" in line["exception"]
 
 
 def test_a_warning_retries_would_repeat_is_logged_once(settings: Settings, rds: Any) -> None:

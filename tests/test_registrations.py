@@ -225,6 +225,17 @@ def drawn(url: str) -> str:
     return result.stdout
 
 
+def sampled(url: str, name: str, timeout: float = 30) -> None:
+    """Wait until the dashboard's last sample has consumer ``name`` (its ``/api/status``, which the page draws)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with urllib.request.urlopen(url + "api/status", timeout=5) as reply:
+            if any(c["name"] == name for c in json.load(reply)["status"]["consumers"]):
+                return
+        assert time.monotonic() < deadline, f"the dashboard never sampled {name}"
+        time.sleep(0.1)
+
+
 def cells(dom: str, key: str) -> list[str] | None:
     """The text of the consumers table's row ``key``, cell by cell (the chart's cell is empty)."""
     found = re.search(rf'<tr data-consumer="{re.escape(key)}"([^>]*)>(.*?)</tr>', dom, re.S)
@@ -237,7 +248,7 @@ def cells(dom: str, key: str) -> list[str] | None:
 def test_the_dashboard_page_shows_a_registration_that_never_ran(settings: Settings, dashboard: str) -> None:
     stage_and_publish(settings, 4)
     assert unilog(settings, "consumer", "register", "late").returncode == 0
-    time.sleep(1.1)  # the dashboard samples every 0.5 s
+    sampled(dashboard, "late")  # the page draws the dashboard's last sample (one every 0.5 s)
     shown = cells(drawn(dashboard), f"{settings.stream}/late")
     assert shown is not None, "the registration has a row"
     assert shown[1] == "registered, never ran" and shown[2] == "4"

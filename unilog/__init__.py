@@ -58,7 +58,8 @@ if TYPE_CHECKING:
     from .produce.producer import Producer, emit, emit_many
     from .produce.producer_async import emit_async, emit_many_async
     from .runtime import Worker
-    from .stream.streamer import Streamer, StreamerConfig
+    from .stream.settings import StreamerConfig
+    from .stream.streamer import Streamer
 
 # Imported on first use: `import unilog.spark` in each of Spark's Python workers, or a web app that only emits, does
 # not pay for the consumers, SQLAlchemy and the asyncio clients (1.4 s of a cold start here, against 0.3 s).
@@ -84,7 +85,7 @@ _LAZY = {
     "Record": "consume.records",
     "Worker": "runtime",
     "Streamer": "stream.streamer",
-    "StreamerConfig": "stream.streamer",
+    "StreamerConfig": "stream.settings",
 }
 
 

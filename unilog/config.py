@@ -12,7 +12,8 @@ import importlib.util
 import os
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from types import ModuleType
 from typing import Any
@@ -24,6 +25,17 @@ from .errors import ConfigurationError, InvalidName, InvalidStreamName
 # import name and the command stay `unilog`. On the package index, "unilog" is an unrelated project's name.
 DISTRIBUTION = "unilog-outbox"
 DEFAULT_STREAM = "unilog"
+# a stream's schema compatibility modes (Confluent's, in lower case): here, not in unilog.store, so that `unilog
+# schema mode`'s parser offers them without importing the Postgres adapter (issue 45)
+SCHEMA_MODES = (
+    "none",
+    "backward",
+    "backward_transitive",
+    "forward",
+    "forward_transitive",
+    "full",
+    "full_transitive",
+)
 STREAM_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$")
 
 _PG_SCHEMES = {"postgresql", "postgres", "postgresql+psycopg", "postgresql+psycopg2", "postgresql+asyncpg"}
@@ -267,6 +279,24 @@ class Settings:
             "redis_url": redact_url(self.redis_url),
             "default_stream": self.stream,  # a process's own stream, when it has one, is its "stream"
         }
+
+
+@contextmanager
+def hidden(*names: str) -> Iterator[None]:
+    """Import with the packages ``names`` hidden, unless they are imported already (then nothing changes): an import of
+    one fails in this block as if it were not installed (what an optional import then does), and works after it.
+
+    For what a dependency imports only in case it is wanted, at a cost to every process start (issue 45): the callers
+    say why hiding it changes nothing they use."""
+    hiding = [name for name in names if name not in sys.modules]
+    for name in hiding:
+        sys.modules[name] = None  # type: ignore[assignment]  # the import system's "not importable"
+    try:
+        yield
+    finally:
+        for name in hiding:
+            if sys.modules.get(name, False) is None:
+                del sys.modules[name]
 
 
 def import_user_module(module_name: str, search: Sequence[str] | None = None) -> ModuleType:

@@ -12,16 +12,22 @@ import sys
 from collections.abc import Hashable
 from typing import Any
 
-import structlog
+from .config import hidden
 
 
 def configure_logging(*, level: str = "info", json: bool | None = None, stream: Any = None) -> None:
     """Configure structlog (and the stdlib root logger) for this process.
 
-    ``json=None`` picks JSON when ``stream`` is not a TTY. Safe to call more than once: the last call wins.
+    ``json=None`` picks JSON when ``stream`` is not a TTY. Safe to call more than once: the last call wins. A process
+    whose first use of structlog is this call with JSON output imports structlog without ``rich`` (``import structlog``
+    imports it for its console renderer's tracebacks: about 0.13 s of CPU of each command's start that JSON never
+    uses; issue 45); that renderer then formats tracebacks plainly, should a later call pick it.
     """
     out = stream or sys.stdout
     use_json = not _isatty(out) if json is None else json
+    with hidden("rich") if use_json else hidden():
+        import structlog
+
     numeric = logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
     shared: list[Any] = [
         structlog.contextvars.merge_contextvars,

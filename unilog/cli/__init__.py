@@ -18,10 +18,9 @@ import gc
 import sys
 from collections.abc import Callable, Sequence
 from importlib.metadata import EntryPoint, entry_points
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import __version__
-from ..consume.records import Handler
 from ..errors import (
     AsyncAPIInvalid,
     BackfillRefused,
@@ -44,7 +43,6 @@ from ..errors import (
     UnilogError,
 )
 from ..log import configure_logging
-from ..runtime import FATAL, fatal
 from . import (
     asyncapi,
     backfill,
@@ -62,6 +60,9 @@ from . import (
     streams,
 )
 from .common import ExitCode, common_args
+
+if TYPE_CHECKING:
+    from ..consume.records import Handler
 
 __all__ = ["ExitCode", "consume_main", "main"]
 
@@ -135,7 +136,9 @@ def consume_main(handler: Handler, argv: Sequence[str] | None = None, *, prog: s
     args = parser.parse_args(argv)
     configure_logging(level=args.log_level, json=args.log_json)
     _freeze_startup_objects()
-    return _guarded(lambda a: consume.run_consumer(a, handler), args)
+    from .consuming import run_consumer
+
+    return _guarded(lambda a: run_consumer(a, handler), args)
 
 
 def _freeze_startup_objects() -> None:
@@ -167,8 +170,23 @@ def _guarded(func: Callable[[argparse.Namespace], int], args: argparse.Namespace
         return ExitCode.INTERRUPTED
     except UnilogError as exc:
         return _refused(exc)
-    except FATAL as exc:  # a server's refusal no retry can fix, raised outside a worker's loop (burst mode)
-        return _refused(fatal(exc) or UnilogError(str(exc)))
+    except Exception as exc:
+        refusal = _server_refusal(exc)
+        if refusal is None:
+            raise
+        return _refused(refusal)
+
+
+def _server_refusal(exc: Exception) -> UnilogError | None:
+    """The one line for a server's refusal no retry can fix, raised outside a worker's loop (burst mode), else None.
+
+    Only an exception of redis-py's or psycopg's (or a subclass) can be one: anything else is told without importing
+    the runtime, which a command that uses neither (``unilog acl``) never imports (issue 45)."""
+    if not any(cls.__module__.partition(".")[0] in ("redis", "psycopg") for cls in type(exc).__mro__):
+        return None
+    from ..runtime import FATAL, fatal
+
+    return (fatal(exc) or UnilogError(str(exc))) if isinstance(exc, FATAL) else None
 
 
 def _refused(exc: UnilogError) -> int:

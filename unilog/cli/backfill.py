@@ -15,14 +15,10 @@ import sys
 import time
 from typing import Any
 
-import structlog
-
 from ..errors import BackfillRefused
 from .common import ExitCode, connection_args, fault_args, faults_from, metrics_args, run_until_signalled, serve_metrics
 from .common import settings_from as _settings
 from .extras import require
-
-log = structlog.get_logger(__name__)
 
 _ACTIONS = ("status", "cancel")
 DESCRIPTION = """Stage one record per existing row of TABLE (action backfill, key the key's value as text, data the
@@ -133,6 +129,9 @@ class _LogProgress:
     """Progress as log lines, at most one every ``every`` seconds (and the last page's)."""
 
     def __init__(self, cursor: dict[str, Any], every: float = 5.0) -> None:
+        import structlog
+
+        self.log = structlog.get_logger(__name__)
         self.name, self.estimate, self.every = cursor["name"], cursor["rows_estimate"], every
         self.start_rows, self.started, self.last = cursor["rows_done"], time.monotonic(), 0.0
 
@@ -148,7 +147,7 @@ class _LogProgress:
             return
         self.last = now
         rate = (cursor["rows_done"] - self.start_rows) / max(now - self.started, 1e-6)
-        log.info(
+        self.log.info(
             "backfill progress",
             backfill=self.name,
             rows=cursor["rows_done"],

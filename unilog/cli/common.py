@@ -7,18 +7,24 @@ The command line is the only place that reads the environment; the library takes
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import signal
 import threading
 from collections.abc import Callable
 from enum import IntEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .. import engine
 from ..config import Settings
 from ..errors import ConfigurationError
-from ..faults import FaultConfig, Faults
 from ..health import HEALTH, MAX_SILENCE
+
+# Every command builds the whole parser, so this module and the commands' parser set-up import no adapter, no
+# structlog: those come when a command runs (each function below imports what it uses), after logging is configured
+# (issue 45: tests start the command hundreds of times; tests/test_console_script.py keeps it so).
+if TYPE_CHECKING:
+    from .. import engine
+    from ..faults import Faults
 
 
 class ExitCode(IntEnum):
@@ -57,6 +63,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
 
 
 def faults_from(args: argparse.Namespace) -> Faults:
+    from ..faults import FaultConfig, Faults
+
     spec = args.faults if args.faults is not None else os.environ.get("UNILOG_FAULTS", "")
     seed = args.fault_seed if args.fault_seed is not None else int_env("UNILOG_FAULT_SEED")
     return Faults(FaultConfig.parse(spec, seed))
@@ -74,9 +82,25 @@ def int_env(name: str) -> int | None:
 
 def redis_api(settings: Settings) -> engine.RedisStreams:
     """The Redis adapter on a client that answered a ping (else :class:`~unilog.errors.ServerUnreachable`)."""
+    from .. import engine
+
     client = engine.connect(settings.redis_url)
     engine.ping(client, settings.redis_url)
     return engine.RedisStreams(client)
+
+
+def runs(target: str) -> Callable[[argparse.Namespace], int]:
+    """The command function ``target`` (``module:function`` of this package), imported when the command runs: the
+    parser set-up stays apart from what only running the command needs."""
+    module, _, function = target.partition(":")
+
+    def run(args: argparse.Namespace) -> int:
+        command: Callable[[argparse.Namespace], int] = getattr(
+            importlib.import_module(f"{__package__}.{module}"), function
+        )
+        return command(args)
+
+    return run
 
 
 def run_until_signalled(loop: Callable[[threading.Event], None]) -> None:

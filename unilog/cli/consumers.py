@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 from typing import Any, cast
 
-from .. import store
 from .common import ExitCode, connection_args, redis_api, settings_from
 
 
@@ -38,10 +37,13 @@ def cmd_consumer_unregister(args: argparse.Namespace) -> int:
 
 
 def _checkpoint_stream(conn: Any, name: str, default: str) -> str:
+    from .. import store
+
     return store.checkpoint_stream(conn, name) or default
 
 
 def cmd_consumer_reset(args: argparse.Namespace) -> int:
+    from .. import store
     from ..consume.resets import reset_checkpoint
 
     settings = settings_from(args)
@@ -56,6 +58,7 @@ def cmd_consumer_reset(args: argparse.Namespace) -> int:
 
 
 def cmd_consumer_rebuild(args: argparse.Namespace) -> int:
+    from .. import store
     from ..consume.consumer import Consumer, ConsumerConfig, load_handler
     from ..consume.resets import reset_checkpoint
 

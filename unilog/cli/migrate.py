@@ -7,12 +7,12 @@ import contextlib
 import os
 from typing import Any
 
-import psycopg
-
 from .common import ExitCode
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
+    import psycopg
+
     from ..ops.schema import migrate
 
     url = args.database_url or os.environ.get("DATABASE_URL", "")

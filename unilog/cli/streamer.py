@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from ..stream.streamer import StreamerConfig
+from ..stream.settings import StreamerConfig
 from .common import (
     ExitCode,
     connection_args,

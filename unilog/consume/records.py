@@ -30,8 +30,6 @@ T = TypeVar("T")
 
 _NO_DATA = object()
 
-NUMBERS = ("float", "decimal")  # how Record.data reads a JSON number with a fraction or an exponent
-
 REPLAY_OF = b"replay_of"
 REPLAY_FOR = b"replay_for"
 

@@ -14,18 +14,10 @@ from typing import Any
 
 import psycopg
 
+from ..config import SCHEMA_MODES
 from ..errors import ConfigurationError, SchemaIncompatible
 
-# Confluent's compatibility modes, in lower case; a stream without a row in unilog_schema_modes has the default
-SCHEMA_MODES = (
-    "none",
-    "backward",
-    "backward_transitive",
-    "forward",
-    "forward_transitive",
-    "full",
-    "full_transitive",
-)
+# a stream without a row in unilog_schema_modes has the default
 DEFAULT_SCHEMA_MODE = "backward"
 
 
