@@ -114,6 +114,77 @@ class Publishing(Adapter):
             gap_after=None if int(gap) < 0 else int(gap),
         )
 
+    @issues(via=("_pool", "_evalsha_many"))
+    def publish_many(
+        self,
+        batches: Sequence[tuple[str, int, Sequence[PublishRow] | Packed]],
+        producer: str,
+        epoch: int,
+        *,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = 1000,
+    ) -> list[PublishResult]:
+        """:meth:`publish` of many streams' batches, ``(stream, first_seq, payload)`` each, deduplicated, in one
+        pipelined round trip per Redis node (not one per stream): the script calls are written back to back, then
+        their replies read. Each call is atomic on its own stream; raises a redis error if Redis refused any (those
+        before it may have been appended: a re-send under the same positions skips them). With ``wait_replicas``,
+        one ``WAIT`` after them all reports in each result's ``replicas``."""
+        by_pool: dict[int, tuple[Any, list[int]]] = {}
+        for i, (stream, _first, _payload) in enumerate(batches):
+            pool = self._pool(stream)
+            by_pool.setdefault(id(pool), (pool, []))[1].append(i)
+        results: list[PublishResult | None] = [None] * len(batches)
+        for pool, indexes in by_pool.values():
+            commands = []
+            for i in indexes:
+                stream, first_seq, rows = batches[i]
+                batch = rows if isinstance(rows, Packed) else pack_rows(rows)
+                head = [producer, str(epoch), str(first_seq), "1", str(batch.stride)]
+                keys = [_b(stream), _b(hwm_key(stream))]
+                args = [b"EVALSHA", self._sha.encode(), b"2", *keys, *[_b(a) for a in head]]
+                commands += [_pack(args, more=batch.stride * batch.count), batch.body]
+            replies, replicas = self._evalsha_many(pool, commands, len(indexes), wait_replicas, wait_timeout_ms)
+            for i, reply in zip(indexes, replies, strict=True):
+                appended, skipped, gap, first_id, last_id = reply
+                results[i] = PublishResult(
+                    replicas=replicas,
+                    appended=int(appended),
+                    skipped=int(skipped),
+                    first_id=to_str(first_id) if first_id else None,
+                    last_id=to_str(last_id) if last_id else None,
+                    gap_after=None if int(gap) < 0 else int(gap),
+                )
+        return [r for r in results if r is not None]
+
+    @issues("evalsha", "script|load", "wait", *script_commands(PUBLISH_LUA))
+    def _evalsha_many(
+        self, pool: Any, commands: list[bytes], count: int, wait_replicas: int, wait_timeout_ms: int
+    ) -> tuple[list[Any], int]:
+        """Write ``count`` packed script calls on one connection of ``pool``, then read their replies (and a
+        ``WAIT``'s, last, with ``wait_replicas``); the script is loaded and all are sent again if Redis forgot it."""
+        for attempt in (1, 2):
+            packed = list(commands)
+            if wait_replicas:
+                packed.append(_pack([b"WAIT", b"%d" % wait_replicas, b"%d" % wait_timeout_ms]))
+            conn = pool.get_connection()
+            try:
+                conn.send_packed_command(packed, check_health=True)
+                replies = [conn.read_response() for _ in range(count)]
+                replicas = int(conn.read_response()) if wait_replicas else 0
+            except redis.exceptions.NoScriptError:
+                conn.disconnect()  # the replies after it are not read
+                if attempt == 2:
+                    raise
+                self.client.script_load(PUBLISH_LUA)
+                continue
+            except BaseException:
+                conn.disconnect()  # the connection's state is unknown; never reuse it
+                raise
+            finally:
+                pool.release(conn)
+            return replies, replicas
+        raise AssertionError("unreachable")
+
     # EVALSHA, SCRIPT LOAD when Redis forgot the script, WAIT for replicas; and the script's own commands, which it runs
     # as the calling user
     @issues("evalsha", "script|load", "wait", *script_commands(PUBLISH_LUA))

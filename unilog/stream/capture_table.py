@@ -36,6 +36,10 @@ from .publisher import Publisher
 
 log = structlog.get_logger(__name__)
 
+# Sources one pass publishes at most (each costs a few round trips): a pass over thousands of streams ends well
+# within its deadline; the next pass goes on after the last one reached.
+MAX_SOURCES = 256
+
 
 @dataclass(frozen=True)
 class _Batch:
@@ -77,14 +81,18 @@ class TableCapture:
         pipeline_batches: int,
         streams: tuple[str, ...] | None,
         before: str | None = None,
+        pass_seconds: float | None = None,
     ) -> None:
         self.publisher = publisher
+        self.pass_seconds = pass_seconds  # a pass starts no new source after this long (a share of its deadline)
         self.batch_size, self.pipeline_batches, self.streams = batch_size, pipeline_batches, streams
         self.before = before
         self._cursors: dict[str, Cursor] = {}  # per source, valid while its stream lock is held
         self._pending: dict[str, list[int]] = {}  # per source: claims saved before this cursor, to re-send first
         self._helper: concurrent.futures.ThreadPoolExecutor | None = None  # Redis, while a backlog drains
         self._packed_fetch: bool | None = None  # whether Postgres can encode batches for Redis (a UTF8 database)
+        self._saved: set[str] | None = None  # sources with saved claims not re-sent yet (None: read them again)
+        self._resume_after: str | None = None  # the source the last pass reached: the next one starts after it
 
     def session_opened(self, conn: psycopg.Connection[Any]) -> None:
         """A new Postgres session: claims are read again from the table, cursors start over."""
@@ -101,37 +109,62 @@ class TableCapture:
         return [s for s in sources if self.publisher.stream_of(s) in self.streams]
 
     def run_once(self, conn: psycopg.Connection[Any]) -> BatchResult:
-        """At most one batch per owned source (pipelined on a backlog): saved claims first, then new ones."""
+        """Batches of owned sources (pipelined on a backlog): saved claims first, then new ones. A pass is bounded
+        (:data:`MAX_SOURCES`, and about ``pipeline_batches`` batches' records) and starts after the source the last
+        one reached, so its Postgres calls end well within its deadline and a source that keeps failing holds no
+        other back. Ownership is taken for all of the pass's streams at once (their buckets' locks)."""
         published, blocked = 0, False
         if self._packed_fetch is None:
             self._packed_fetch = store.packed_fetch_supported(conn)
-        for source in self._ordered(conn):
-            stream = self.publisher.stream_of(source)
-            held = stream in self.publisher.owned
-            if not self.publisher.owns(conn, stream):
+        ordered = self._ordered(conn)
+        sources, waiting = ordered[:MAX_SOURCES], len(ordered) > MAX_SOURCES  # the rest: next pass, at once
+        publisher, started = self.publisher, time.monotonic()
+        held = set(publisher.owned)
+        owned = publisher.owns_all(conn, {publisher.stream_of(s) for s in sources})
+        for source in sources:
+            spent = time.monotonic() - started
+            if published >= self.batch_size * self.pipeline_batches or spent > (self.pass_seconds or spent + 1):
+                waiting = True  # more next pass: the caller goes on at once
+                break
+            stream = publisher.stream_of(source)
+            if stream not in owned:
                 blocked = True  # another session publishes it (or is about to release it)
                 continue
-            if not held:  # just taken over: the last holder's claims go first, the cursor starts over
+            if self._sibling_saved(source, stream):
+                waiting = True  # another source of the stream re-sends its saved claims first
+                continue
+            self._resume_after = source
+            if stream not in held:  # just taken over: the last holder's claims go first, the cursor starts over
                 self._forget(source)
             n = self._publish_batch(conn, source, stream)
+            if not self._pending.get(source) and self._saved is not None:
+                self._saved.discard(source)
             published += n
             if n == 0:
                 conn.commit()
-        return BatchResult(published, False, blocked)
+        return BatchResult(published, waiting, blocked)
+
+    def _sibling_saved(self, source: str, stream: str) -> bool:
+        """Whether another source of ``stream`` (rows staged with no stream and with the default stream's name feed
+        one stream) still has saved claims to re-send: they go out under their positions before this one claims."""
+        saved = self._saved or set()
+        return any(other != source and self.publisher.stream_of(other) == stream for other in saved)
 
     def _ordered(self, conn: psycopg.Connection[Any]) -> list[str]:
-        """This pass's sources. After a reset, the sources with saved claims come first, those without rows left
-        included: two sources can feed one stream (rows staged with no stream and with the default stream's name),
-        and one's saved claims must go out under their positions before the other claims anything."""
-        sources = self.sources(conn)
-        if self._pending:
-            return sources
-        saved = [
-            s
-            for s in store.any_pending_claims(conn)
-            if self.streams is None or self.publisher.stream_of(s) in self.streams
-        ]
-        return saved + [s for s in sources if s not in saved]
+        """This pass's sources, in name order from the one after the source the last pass reached (round the end).
+        After a reset, the sources with saved claims are included, those without rows left too."""
+        sources = set(self.sources(conn))
+        if self._saved is None:
+            self._saved = {
+                s
+                for s in store.any_pending_claims(conn)
+                if self.streams is None or self.publisher.stream_of(s) in self.streams
+            }
+        ordered = sorted(sources | self._saved)
+        after = self._resume_after
+        if after is None:
+            return ordered
+        return [s for s in ordered if s > after] + [s for s in ordered if s <= after]
 
     def wait(self, timeout: float) -> bool:
         """No wake-up of its own (the streamer sleeps on LISTEN): sleeps ``timeout``."""
@@ -140,9 +173,10 @@ class TableCapture:
 
     def reset(self) -> None:
         """Forget cursors and claims: the next pass reads the saved claims again, then each source from its first
-        staged row."""
+        staged row (the pass after the source the last one reached: a source that failed does not go first again)."""
         self._cursors.clear()
         self._pending.clear()
+        self._saved = None
 
     def _forget(self, source: str) -> None:
         self._cursors.pop(source, None)

@@ -320,14 +320,15 @@ class WalCapture:
         rows, confirm, finished, xids, plain, markers = self._take_batch()
         fresh, mark = self._fresh(conn, rows, xids, plain)
         by_stream = {publisher.stream_of(plain): fresh} if plain is not None and fresh else _by_stream(publisher, fresh)
-        if not all(publisher.owns(conn, stream) for stream in by_stream):
+        if publisher.owns_all(conn, by_stream) != set(by_stream):  # one statement for the batch's new buckets
             return None
         identity = publisher.identity()
         targets: dict[str, Any] = {}
         for stream, stream_rows in by_stream.items():
             targets |= routing.split_wal(stream, publisher.partitions(stream), stream_rows, plain is not None)
         planned = before.last_seqs if before is not None else {}
-        first = {t: planned[t] + 1 if t in planned else publisher.next_seq(conn, t, identity.epoch) for t in targets}
+        first = publisher.next_seqs(conn, [t for t in targets if t not in planned], identity.epoch)
+        first |= {t: planned[t] + 1 for t in targets if t in planned}
         ids = [] if plain is not None else [row[0] for _s, row, *_ in fresh if row is not None]
         return _Batch(
             started, len(rows), len(fresh), by_stream, ids, mark, confirm, finished, markers, identity, targets,

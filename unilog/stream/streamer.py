@@ -52,6 +52,9 @@ log = structlog.get_logger(__name__)
 # a pass that fails this way is retried; it deleted nothing
 RETRYABLE: tuple[type[BaseException], ...] = (*TRANSIENT, PublishError)
 
+# a table-mode pass starts no new source once it used this share of its deadline (pg_timeout): its calls end well
+# within it, and the deadline only fires on a server that is really stuck
+PASS_SHARE = 0.25
 POLL_MIN, POLL_MAX = 0.005, 0.1  # seconds between looks while records are known to be on their way (WAL mode)
 
 
@@ -146,11 +149,13 @@ class Streamer(Worker):
             wait_replicas=self.config.wait_replicas,
             wait_timeout_ms=self.config.wait_timeout_ms,
         )
+        self.publisher.listed = self.config.streams is not None
         self._table = TableCapture(
             self.publisher,
             batch_size=self.config.batch_size,
             pipeline_batches=self.config.pipeline_batches,
             streams=self.config.streams,
+            pass_seconds=PASS_SHARE * self.config.pg_timeout if self.config.pg_timeout else None,
         )
         self._wal: WalCapture | None = (
             None  # while the database is in WAL capture mode (switched by unilog.stream.capture)
@@ -160,6 +165,7 @@ class Streamer(Worker):
         # --once` exits 12 after its drain if records could not be recovered
         self.losses: list[store.Recovery] = []
         self._mode_known = False  # the capture mode is read once per Postgres session
+        self._stuck_pid: int | None = None  # the backend of a session whose deadline broke it, ended by the next
         retry = (self.config.wakeup_retry, self.config.wakeup_retry_max)
         self._listener = CommitListener(settings.conninfo, f"unilog-{name}-listen", *retry)
         self._last_retention = 0.0
@@ -218,6 +224,9 @@ class Streamer(Worker):
     def _on_pg_connect(self, conn: psycopg.Connection[Any]) -> None:
         """A new Postgres session: locks died with the old one, the capture mode is read again, a restored database
         starts a new epoch."""
+        if self._stuck_pid is not None:
+            store.end_stuck_session(conn, self._stuck_pid)
+            self._stuck_pid = None
         self._table.session_opened(conn)
         self._mode_known = False
         self.publisher.session_opened(conn)
@@ -245,6 +254,14 @@ class Streamer(Worker):
         pass has published them.
         """
         conn = self._conn()
+        pid = conn.info.backend_pid
+        try:
+            return self._pass(conn)
+        except store.DeadlineExceeded:
+            self._stuck_pid = pid  # the next session ends it: blocked, it would hold its buckets until it noticed
+            raise
+
+    def _pass(self, conn: psycopg.Connection[Any]) -> BatchResult:
         with store.deadline(conn, self.config.pg_timeout):
             self._retention()  # also while paused: trimming frees Redis's memory
             if self._memory.full(self._engine()):
@@ -281,6 +298,7 @@ class Streamer(Worker):
                     pipeline_batches=config.pipeline_batches,
                     streams=None,
                     before=slot.from_xid,
+                    pass_seconds=PASS_SHARE * config.pg_timeout if config.pg_timeout else None,
                 ),
                 conninfo=self.settings.conninfo,
                 standbys=self.settings.standby_conninfos,
