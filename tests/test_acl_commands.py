@@ -202,6 +202,7 @@ def _bookkeeping(api: RedisStreams, mon: Monitor, rds: Any, s: str) -> None:
         "unregister": lambda: api.unregister(s, "c"),
         "trim": lambda: api.trim(s, min_id="0-1", max_len=1000),
         "partitions": lambda: api.partitions(s),
+        "partitions_many": lambda: api.partitions_many([s, "sp"]),
         "set_partitions": lambda: (api.set_partitions("sp", 2), api.set_partitions("sp", 2)),
         "heartbeat": lambda: api.heartbeat(s, "c", "w", 10),
         "leave": lambda: api.leave(s, "c", "w"),

@@ -36,6 +36,7 @@ USES: dict[str, tuple[Callable[..., Any], ...]] = {
         R.high_water,
         R.unsaved_entries,
         R.partitions,
+        R.partitions_many,
         R.legacy_keys,
         R.legacy_keys_many,
         R.registered,

@@ -5,12 +5,12 @@ checks it). Functions take an open psycopg connection and never commit unless th
 boundaries belong to the caller, because the guarantees (state and checkpoint in one transaction, delete only after
 Redis confirmed) are decided there. Modules by concern: ``connection`` (opening connections, deadlines, the schema
 check), ``staging`` (the staging table), ``claims`` (table mode's claims: what a streamer reads, sends and deletes),
-``positions`` (producer identity and published positions), ``checkpoints``, ``groups`` (consumer groups' processed
-identities), ``locks`` (advisory locks) and ``snapshots`` (consistent parallel reads for reconciliation), ``wal`` and
-``pgoutput`` (WAL capture: the replication stream, its decoding, the capture switches), ``backfills`` (a backfill's
-checks, pages and cursor; imported as ``store.backfills``), ``schemas`` (the schema registry: record types' JSON
-Schemas by name and version, and each stream's compatibility mode), ``rows`` (a checkpoint's row:
-:class:`Checkpoint`).
+``spread`` (claims across many sources, one statement each), ``positions`` (producer identity and published positions),
+``checkpoints``, ``groups`` (consumer groups' processed identities), ``locks`` (advisory locks) and ``snapshots``
+(consistent parallel reads for reconciliation), ``wal`` and ``pgoutput`` (WAL capture: the replication stream, its
+decoding, the capture switches), ``backfills`` (a backfill's checks, pages and cursor; imported as ``store.backfills``),
+``schemas`` (the schema registry: record types' JSON Schemas by name and version, and each stream's compatibility mode),
+``rows`` (a checkpoint's row: :class:`Checkpoint`).
 
 Two faces, one source: the statements the asyncio consumers run too (opening a session and the schema check,
 checkpoints, groups' identities, partition locks) are written once, as asyncio code under ``_async/``
@@ -107,6 +107,7 @@ from .positions import (
     last_published_seqs,
     producer_identity,
     resolve_identity,
+    save_positions,
     set_producer_id,
 )
 from .readiness import Readiness, StandbyCopy, failover_readiness, hosts_of
@@ -140,6 +141,15 @@ from .snapshots import (
     import_snapshot,
     rows_between,
     staged_records,
+)
+from .spread import (
+    SourceClaim,
+    claim_across,
+    delete_across,
+    lock_across,
+    no_jit,
+    pending_across,
+    reclaim_across,
 )
 from .staging import (
     INSERT_STAGED,
@@ -214,6 +224,7 @@ __all__ = [
     "SchemaRow",
     "SlotBusy",
     "SlotSafety",
+    "SourceClaim",
     "StagedRow",
     "StandbyCopy",
     "acknowledge_loss",
@@ -226,6 +237,7 @@ __all__ = [
     "capture_slot",
     "check_schema",
     "checkpoint_stream",
+    "claim_across",
     "claim_identities",
     "claim_packed",
     "claim_rows",
@@ -235,6 +247,7 @@ __all__ = [
     "create_slot",
     "deadline",
     "default_slot_name",
+    "delete_across",
     "delete_checkpoint",
     "delete_claimed",
     "delete_group_state",
@@ -266,6 +279,7 @@ __all__ = [
     "last_published_seqs",
     "list_checkpoints",
     "listen",
+    "lock_across",
     "lock_capture",
     "lock_checkpoint",
     "lock_consumer",
@@ -274,14 +288,17 @@ __all__ = [
     "mark_dropped",
     "match_published",
     "message_mark",
+    "no_jit",
     "oldest_stager",
     "other_capture_databases",
     "packed_fetch_supported",
+    "pending_across",
     "pending_claims",
     "producer_identity",
     "published_positions",
     "read_checkpoint",
     "read_index_state",
+    "reclaim_across",
     "reclaim_packed",
     "reclaim_rows",
     "record_capture",
@@ -300,6 +317,7 @@ __all__ = [
     "rows_between",
     "rows_held",
     "save_checkpoint",
+    "save_positions",
     "sessions_of",
     "set_emit_messages",
     "set_notify_trigger",

@@ -32,13 +32,10 @@ from .. import engine, routing, store, tracing
 from ..errors import ClaimIncomplete, PublishError
 from ..store.claims import Claim, Cursor
 from .capture import BatchResult
+from .capture_spread import SpreadPasses
 from .publisher import Publisher
 
 log = structlog.get_logger(__name__)
-
-# Sources one pass publishes at most (each costs a few round trips): a pass over thousands of streams ends well
-# within its deadline; the next pass goes on after the last one reached.
-MAX_SOURCES = 256
 
 
 @dataclass(frozen=True)
@@ -92,7 +89,13 @@ class TableCapture:
         self._helper: concurrent.futures.ThreadPoolExecutor | None = None  # Redis, while a backlog drains
         self._packed_fetch: bool | None = None  # whether Postgres can encode batches for Redis (a UTF8 database)
         self._saved: set[str] | None = None  # sources with saved claims not re-sent yet (None: read them again)
-        self._resume_after: str | None = None  # the source the last pass reached: the next one starts after it
+        self._spread = SpreadPasses(  # passes over more than one source
+            publisher,
+            batch_size=batch_size,
+            pipeline_batches=pipeline_batches,
+            before=before,
+            pass_seconds=pass_seconds,
+        )
 
     def session_opened(self, conn: psycopg.Connection[Any]) -> None:
         """A new Postgres session: claims are read again from the table, cursors start over."""
@@ -109,50 +112,55 @@ class TableCapture:
         return [s for s in sources if self.publisher.stream_of(s) in self.streams]
 
     def run_once(self, conn: psycopg.Connection[Any]) -> BatchResult:
-        """Batches of owned sources (pipelined on a backlog): saved claims first, then new ones. A pass is bounded
-        (:data:`MAX_SOURCES`, and about ``pipeline_batches`` batches' records) and starts after the source the last
-        one reached, so its Postgres calls end well within its deadline and a source that keeps failing holds no
-        other back. Ownership is taken for all of the pass's streams at once (their buckets' locks)."""
-        published, blocked = 0, False
+        """Publish what is staged: over many sources, batches across them all (:class:`~unilog.stream.
+        capture_spread.SpreadPasses`: one claim, one send and one delete a batch, whatever the number of streams);
+        over one, its batches pipelined (saved claims first, then new ones). A pass is bounded (``pipeline_batches``
+        batches, and a share of its deadline), so its Postgres calls end well within the deadline."""
         if self._packed_fetch is None:
             self._packed_fetch = store.packed_fetch_supported(conn)
         ordered = self._ordered(conn)
-        sources, waiting = ordered[:MAX_SOURCES], len(ordered) > MAX_SOURCES  # the rest: next pass, at once
-        publisher, started = self.publisher, time.monotonic()
-        held = set(publisher.owned)
-        owned = publisher.owns_all(conn, {publisher.stream_of(s) for s in sources})
-        for source in sources:
-            spent = time.monotonic() - started
-            if published >= self.batch_size * self.pipeline_batches or spent > (self.pass_seconds or spent + 1):
-                waiting = True  # more next pass: the caller goes on at once
-                break
-            stream = publisher.stream_of(source)
-            if stream not in owned:
-                blocked = True  # another session publishes it (or is about to release it)
-                continue
-            if self._sibling_saved(source, stream):
-                waiting = True  # another source of the stream re-sends its saved claims first
-                continue
-            self._resume_after = source
-            if stream not in held:  # just taken over: the last holder's claims go first, the cursor starts over
-                self._forget(source)
-            n = self._publish_batch(conn, source, stream)
-            if not self._pending.get(source) and self._saved is not None:
-                self._saved.discard(source)
-            published += n
-            if n == 0:
-                conn.commit()
-        return BatchResult(published, waiting, blocked)
+        if len(ordered) > 1:
+            return self._spread_pass(conn, ordered)
+        if not ordered:
+            return BatchResult(0, False, False)
+        [source] = ordered
+        publisher = self.publisher
+        stream = publisher.stream_of(source)
+        held = stream in publisher.owned
+        if not publisher.owns(conn, stream):
+            return BatchResult(0, False, True)  # another session publishes it (or is about to release it)
+        if not held:  # just taken over: the last holder's claims go first, the cursor starts over
+            self._forget(source)
+        published = self._publish_batch(conn, source, stream)
+        if not self._pending.get(source) and self._saved is not None:
+            self._saved.discard(source)
+        if published == 0:
+            conn.commit()
+        return BatchResult(published, published >= self.batch_size * self.pipeline_batches, False)
 
-    def _sibling_saved(self, source: str, stream: str) -> bool:
-        """Whether another source of ``stream`` (rows staged with no stream and with the default stream's name feed
-        one stream) still has saved claims to re-send: they go out under their positions before this one claims."""
-        saved = self._saved or set()
-        return any(other != source and self.publisher.stream_of(other) == stream for other in saved)
+    def _spread_pass(self, conn: psycopg.Connection[Any], ordered: list[str]) -> BatchResult:
+        """A pass over many sources: ownership taken for all their streams at once (their buckets' locks), the
+        saved claims of those owned read from the table (a bucket just taken over brings its last holder's), then
+        one batch of them re-sent, or new batches claimed across all of them."""
+        publisher = self.publisher
+        owned = publisher.owns_all(conn, {publisher.stream_of(s) for s in ordered})
+        mine = [s for s in ordered if publisher.stream_of(s) in owned]
+        self._cursors.clear()  # the spread claims take rows of these sources: a cursor would start over anyway
+        self._pending.clear()
+        pending = {
+            s for s in store.any_pending_claims(conn) if self.streams is None or publisher.stream_of(s) in self.streams
+        }
+        try:
+            done = self._spread.run(conn, mine, pending & set(mine), packed=bool(self._packed_fetch))
+        except BaseException:
+            self._saved = None  # the claims in the table are the truth: read them again
+            raise
+        self._saved = (pending - set(mine)) | done.saved
+        return BatchResult(done.published, done.waiting, len(mine) < len(ordered))
 
     def _ordered(self, conn: psycopg.Connection[Any]) -> list[str]:
-        """This pass's sources, in name order from the one after the source the last pass reached (round the end).
-        After a reset, the sources with saved claims are included, those without rows left too."""
+        """This pass's sources, in name order. After a reset, the sources with saved claims are included, those
+        without rows left too."""
         sources = set(self.sources(conn))
         if self._saved is None:
             self._saved = {
@@ -160,11 +168,7 @@ class TableCapture:
                 for s in store.any_pending_claims(conn)
                 if self.streams is None or self.publisher.stream_of(s) in self.streams
             }
-        ordered = sorted(sources | self._saved)
-        after = self._resume_after
-        if after is None:
-            return ordered
-        return [s for s in ordered if s > after] + [s for s in ordered if s <= after]
+        return sorted(sources | self._saved)
 
     def wait(self, timeout: float) -> bool:
         """No wake-up of its own (the streamer sleeps on LISTEN): sleeps ``timeout``."""
@@ -173,7 +177,7 @@ class TableCapture:
 
     def reset(self) -> None:
         """Forget cursors and claims: the next pass reads the saved claims again, then each source from its first
-        staged row (the pass after the source the last one reached: a source that failed does not go first again)."""
+        staged row."""
         self._cursors.clear()
         self._pending.clear()
         self._saved = None

@@ -324,8 +324,9 @@ class WalCapture:
             return None
         identity = publisher.identity()
         targets: dict[str, Any] = {}
+        partitions = publisher.partitions_of(by_stream)  # one round trip for the streams due for a look
         for stream, stream_rows in by_stream.items():
-            targets |= routing.split_wal(stream, publisher.partitions(stream), stream_rows, plain is not None)
+            targets |= routing.split_wal(stream, partitions[stream], stream_rows, plain is not None)
         planned = before.last_seqs if before is not None else {}
         first = publisher.next_seqs(conn, [t for t in targets if t not in planned], identity.epoch)
         first |= {t: planned[t] + 1 for t in targets if t in planned}
@@ -385,8 +386,14 @@ class WalCapture:
         if batch.confirm is not None:
             reader.confirm(batch.confirm)
         self.markers.update(batch.markers)
-        for stream, stream_rows in batch.by_stream.items():
+        if len(batch.by_stream) == 1:
+            [(stream, stream_rows)] = batch.by_stream.items()
             self.publisher.counted(stream, len(stream_rows), batch.started, routing.created_ms(stream_rows[0]))
+        elif batch.by_stream:  # observed once for the batch, not once per stream
+            records = {stream: len(stream_rows) for stream, stream_rows in batch.by_stream.items()}
+            created = [routing.created_ms(stream_rows[0]) for stream_rows in batch.by_stream.values()]
+            oldest = min((c for c in created if c is not None), default=None)
+            self.publisher.counted_many(records, batch.started, oldest)
         log.info(
             "batch streamed",
             source="wal",

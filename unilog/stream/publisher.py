@@ -182,7 +182,35 @@ class Publisher:
         self._partition_counts[stream] = (count, time.monotonic())
         return count
 
+    def partitions_of(self, streams: Iterable[str]) -> dict[str, int]:
+        """:meth:`partitions` of each of ``streams``, those due for a look read from Redis in one round trip (not one
+        per stream: a batch may span thousands)."""
+        streams, now = list(streams), time.monotonic()
+        due = sorted(
+            {
+                s
+                for s in streams
+                if (known := self._partition_counts.get(s)) is None
+                or (known[0] <= 1 and now - known[1] >= PARTITION_RECHECK)
+            }
+        )
+        if due:
+            for stream, count in self._redis().partitions_many(due).items():
+                self._partition_counts[stream] = (count, now)
+        return {s: self._partition_counts[s][0] for s in streams}
+
     # -- sending and counting ----------------------------------------------------------------------------------------
+
+    def send_batches(self, batches: list[tuple[str, int, engine.Packed]], identity: store.ProducerIdentity) -> int:
+        """Append each batch, ``(target, first position, payload)``, deduplicated by position, in one pipelined round
+        trip per Redis node, in the order given (a target's batches in position order); return the entries Redis
+        appended. Raises :class:`~unilog.errors.PublishError` unless Redis confirmed every one
+        (:func:`unilog.stream.sending.send_many`)."""
+        results = sending.send_many(self._redis(), batches, identity, self.wait_replicas, self.wait_timeout_ms)
+        for target, first, payload in batches:
+            if self.faults.fires("streamer.double_send"):
+                self._send(target, identity, first, payload, dedupe=False)
+        return sum(result.appended for result in results)
 
     def send_all(
         self, targets: dict[str, engine.Packed], identity: store.ProducerIdentity, first: dict[str, int]
@@ -221,6 +249,12 @@ class Publisher:
         (``time.perf_counter()``): the streamer's total and the publish metrics."""
         self.published_total += records
         metrics.batch_published(stream, records, time.perf_counter() - started, first_created_ms)
+
+    def counted_many(self, records: dict[str, int], started: float, first_created_ms: int | None) -> None:
+        """A batch across streams (``records`` per stream) was published and its rows deleted: the streamer's total
+        and the publish metrics, the batch observed once (:func:`unilog.metrics.spread_published`)."""
+        self.published_total += sum(records.values())
+        metrics.spread_published(records, time.perf_counter() - started, first_created_ms)
 
 
 def settle_unsaved(

@@ -55,6 +55,7 @@ RETRYABLE: tuple[type[BaseException], ...] = (*TRANSIENT, PublishError)
 # a table-mode pass starts no new source once it used this share of its deadline (pg_timeout): its calls end well
 # within it, and the deadline only fires on a server that is really stuck
 PASS_SHARE = 0.25
+TRIM_PER_PASS = 200  # streams a pass trims at most (retention, every retention_interval)
 POLL_MIN, POLL_MAX = 0.005, 0.1  # seconds between looks while records are known to be on their way (WAL mode)
 
 
@@ -169,6 +170,7 @@ class Streamer(Worker):
         retry = (self.config.wakeup_retry, self.config.wakeup_retry_max)
         self._listener = CommitListener(settings.conninfo, f"unilog-{name}-listen", *retry)
         self._last_retention = 0.0
+        self._to_trim: list[str] = []  # the streams of this retention round not trimmed yet
         self._wait_delay = POLL_MIN  # between looks while a WAL-mode pass says records are on their way
         self._drain = _Drain()
         self._memory = MemoryWatch(name, self.config.redis_memory_limit, self.config.redis_memory_interval)
@@ -227,6 +229,7 @@ class Streamer(Worker):
         if self._stuck_pid is not None:
             store.end_stuck_session(conn, self._stuck_pid)
             self._stuck_pid = None
+        store.no_jit(conn)
         self._table.session_opened(conn)
         self._mode_known = False
         self.publisher.session_opened(conn)
@@ -365,12 +368,17 @@ class Streamer(Worker):
         return found
 
     def _retention(self) -> None:
-        now = time.monotonic()
-        if now - self._last_retention < self.config.retention_interval:
-            return
-        self._last_retention = now
-        for stream in sorted(self.publisher.owned):
-            count = self.publisher.partitions(stream)
+        """Trim the owned streams every ``retention_interval``, at most :data:`TRIM_PER_PASS` of them a pass (a few
+        round trips each): a round over ten thousand streams is spread over passes, each within its deadline."""
+        if not self._to_trim:
+            now = time.monotonic()
+            if now - self._last_retention < self.config.retention_interval:
+                return
+            self._last_retention = now
+            self._to_trim = sorted(self.publisher.owned)
+        streams, self._to_trim = self._to_trim[:TRIM_PER_PASS], self._to_trim[TRIM_PER_PASS:]
+        counts = self.publisher.partitions_of(s for s in streams if s in self.publisher.owned)
+        for stream, count in counts.items():
             for target in [stream] if count <= 1 else [partition_stream(stream, i) for i in range(count)]:
                 self.trim(target)
 
