@@ -58,7 +58,8 @@ _AGAIN = f"""
 
 # One row per claim: its publish arguments encoded as RESP bulk strings in id order (as claims._PACKED does for one
 # source: five arguments a record, seven when any record of the claim is traced, eight when any is typed), in claim
-# order. Postgres encodes every record in C; the streamer touches none in Python.
+# order, with its oldest record's created time and up to 128 traceparents (any: they only link the publish span).
+# Postgres encodes every record in C; the streamer touches none in Python. One ordered aggregate: each is a sort.
 _PER_CLAIM = """
     , packed AS (
         SELECT claim, source, records, data, action, object, created_ms, created_ms::text AS created,
@@ -79,8 +80,8 @@ _PER_CLAIM = """
                     || E'\\r\\n' ELSE '' END
                || CASE WHEN shape.stride = 8 THEN '$' || octet_length(ty) || E'\\r\\n' || ty || E'\\r\\n' ELSE '' END,
                '' ORDER BY p.id), 'UTF8'),
-           (array_agg(p.created_ms ORDER BY p.id))[1],
-           (array_agg(p.tp ORDER BY p.id) FILTER (WHERE p.tp <> ''))[1:128]
+           min(p.created_ms),
+           (array_agg(p.tp) FILTER (WHERE p.tp <> ''))[1:128]
     FROM packed p JOIN shape USING (claim)
     GROUP BY p.claim ORDER BY p.claim
 """
@@ -103,6 +104,10 @@ class SourceClaim:
     parents: tuple[str, ...]
 
 
+# The statements over a batch's sources or claims are never prepared: a generic plan cannot hash `= ANY(array)` (the
+# array is no constant there), and compares each row with every element: rows x streams.
+
+
 def claim_across(
     conn: psycopg.Connection[Any], sources: list[str], limit: int, before: str | None = None
 ) -> list[SourceClaim]:
@@ -116,7 +121,7 @@ def claim_across(
     # space (unilog.config.validate_stream_name); a row staged with no stream has '' (``blank``)
     names = " ".join(s for s in sources if s)
     params = {"names": names, "blank": "" in sources, "limit": limit, "before": before}
-    return _claims(conn.execute(CLAIM_ACROSS, params, binary=True).fetchall())
+    return _claims(conn.execute(CLAIM_ACROSS, params, binary=True, prepare=False).fetchall())
 
 
 def reclaim_across(conn: psycopg.Connection[Any], claims: list[int]) -> list[SourceClaim]:
@@ -124,7 +129,7 @@ def reclaim_across(conn: psycopg.Connection[Any], claims: list[int]) -> list[Sou
     whose rows are all gone is missing from the result."""
     if not claims:
         return []
-    return _claims(conn.execute(AGAIN_ACROSS, {"claims": claims}, binary=True).fetchall())
+    return _claims(conn.execute(AGAIN_ACROSS, {"claims": claims}, binary=True, prepare=False).fetchall())
 
 
 def _claims(rows: list[Any]) -> list[SourceClaim]:
@@ -176,7 +181,7 @@ def lock_across(conn: psycopg.Connection[Any], claims: list[int]) -> dict[str, i
     """Lock the rows of ``claims`` for the caller's transaction, skipping those another session holds (a session
     that locked staged rows would hold a batch of thousands of streams back: only the streams it holds wait); return
     the rows locked per source (a source with none is missing)."""
-    rows = conn.execute(_LOCK_ACROSS, (" ".join(map(str, claims)),)).fetchall()
+    rows = conn.execute(_LOCK_ACROSS, (" ".join(map(str, claims)),), prepare=False).fetchall()
     return {r[0]: int(r[1]) for r in rows}
 
 
@@ -200,10 +205,8 @@ def delete_across(conn: psycopg.Connection[Any], claims: list[int], *, lock_wait
     if lock_wait:
         conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{int(lock_wait * 1000)}ms",))
     try:
-        row = conn.execute(_DELETE_ACROSS, (" ".join(map(str, claims)),)).fetchone()
+        row = conn.execute(_DELETE_ACROSS, (" ".join(map(str, claims)),), prepare=False).fetchone()
     except psycopg.errors.LockNotAvailable:
         conn.rollback()
         return None
-    if lock_wait:
-        conn.execute("SELECT set_config('lock_timeout', '0', true)")
     return int(row[0]) if row else 0

@@ -65,6 +65,7 @@ class SpreadPasses:
         self.publisher = publisher
         self.batch_size, self.pipeline_batches = batch_size, pipeline_batches
         self.before, self.pass_seconds = before, pass_seconds
+        self._held: set[str] = set()  # streams whose rows another session held locked at the last delete
 
     def run(self, conn: psycopg.Connection[Any], sources: list[str], saved: set[str], *, packed: bool) -> Spread:
         """One pass over ``sources`` (owned: their streams' buckets held), ``saved`` those with saved claims. One batch
@@ -206,7 +207,10 @@ class SpreadPasses:
         publisher = self.publisher
         records = sum(c.count for c in claims)
         wait = min(LOCK_WAIT, self.pass_seconds or LOCK_WAIT)  # well within the pass's deadline
-        deleted = store.delete_across(conn, [c.claim for c in claims], lock_wait=wait)
+        streams = {publisher.stream_of(c.source) for c in claims}
+        deleted = None
+        if not self._held & streams:  # a stream held at the last look is looked at again at once, not waited for
+            deleted = store.delete_across(conn, [c.claim for c in claims], lock_wait=wait)
         held: set[str] = set()
         if deleted is None:  # rows another session holds locked: find whose, and let the other streams go on
             locked = store.lock_across(conn, [c.claim for c in claims])
@@ -224,6 +228,7 @@ class SpreadPasses:
                 "streams without their locks; the records will be re-sent and deduplicated by position"
             )
         kept = {c.source for c in claims if publisher.stream_of(c.source) in held}
+        self._held = held
         source_of = {c.claim: c.source for c in claims}
         done = {t for claim, t, _p in targets if source_of[claim] not in kept}
         store.save_positions(conn, epoch, {t: q for t, q in last.items() if t in done})
