@@ -24,6 +24,7 @@ from .drain import run_drain, run_drain_streams
 from .env import BenchEnv
 from .horizon import run_horizon
 from .latency import run_latency
+from .many_streams import run_many_streams
 from .memory import run_memory
 from .observe import run_observe
 from .produce import run_produce, run_produce_clients
@@ -41,6 +42,7 @@ Workload = Callable[[BenchEnv, Profile, Results], None]
 WORKLOADS: dict[str, Workload] = {
     "drain": run_drain,
     "drain_streams": run_drain_streams,
+    "many_streams": run_many_streams,
     "latency": run_latency,
     "horizon": run_horizon,
     "produce": run_produce,

@@ -37,6 +37,7 @@ BENCH_DDL = (
 RESET_TABLES = (
     "staged_log_records",
     "unilog_stream_positions",
+    "unilog_claims",  # a failed trial's saved claims would be re-sent by the next
     "unilog_checkpoints",
     "ref_checkpoints",
     "ref_consumer_states",

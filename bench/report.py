@@ -244,6 +244,14 @@ TYPED_RATIOS = (  # issue 37: typed records against the same data untyped (bench
 )
 
 
+# many_streams: each count of streams against one stream, in the same mode and run (issue 46)
+MANY_STREAMS_RATIOS = tuple(
+    ("many_streams", "records/s", f"{mode} {count:,} streams", f"{mode} 1 stream", " (the records over more streams)")
+    for mode in ("table", "wal")
+    for count in (100, 1_000, 10_000)
+)
+
+
 def ratios(results: Results) -> list[str]:
     """Informative ratios that have no target."""
     wanted = [
@@ -257,6 +265,7 @@ def ratios(results: Results) -> list[str]:
         ("drain", "records/s", "unilog-wal", "unilog", " (WAL capture against table mode)"),
         ("drain_streams", "records/s", "2 streams", "1 stream", ""),
         ("drain_streams", "records/s", "4 streams", "1 stream", ""),
+        *MANY_STREAMS_RATIOS,
         ("produce", "tx/s", "emit, no NOTIFY", "without emit", " (diagnostic: unilog's NOTIFY trigger disabled)"),
         ("produce", "tx/s", "plain INSERT", "without emit", " (diagnostic: the floor of any extra INSERT)"),
         ("produce", "tx/s", "with emit", "plain INSERT", " (emit against that floor)"),

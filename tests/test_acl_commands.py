@@ -133,6 +133,9 @@ def _publish_and_read(api: RedisStreams, mon: Monitor, rds: Any, s: str) -> None
     with mon.window("publish"):
         api.publish(s, "p", 1, 1, rows, wait_replicas=1, wait_timeout_ms=1)
     rds.set("not-a-stream", "x")
+    rds.script_flush()
+    with mon.window("publish_many"):
+        api.publish_many([(s + "m", 1, rows), (s + "n", 1, rows)], "p", 1, wait_replicas=1, wait_timeout_ms=1)
     with mon.window("publish#wrongtype"), pytest.raises(WrongKeyType):
         api.publish("not-a-stream", "p", 1, 1, rows)
     with mon.window("high_water"):
@@ -201,10 +204,12 @@ def _bookkeeping(api: RedisStreams, mon: Monitor, rds: Any, s: str) -> None:
         "unregister": lambda: api.unregister(s, "c"),
         "trim": lambda: api.trim(s, min_id="0-1", max_len=1000),
         "partitions": lambda: api.partitions(s),
+        "partitions_many": lambda: api.partitions_many([s, "sp"]),
         "set_partitions": lambda: (api.set_partitions("sp", 2), api.set_partitions("sp", 2)),
         "heartbeat": lambda: api.heartbeat(s, "c", "w", 10),
         "leave": lambda: api.leave(s, "c", "w"),
         "legacy_keys": lambda: api.legacy_keys(s + "x"),
+        "legacy_keys_many": lambda: api.legacy_keys_many([s, s + "x"]),
         "relayout": lambda: api.relayout(s + "x"),
         "close": api.close,
     }.items():

@@ -326,14 +326,15 @@ def test_two_sources_of_one_stream_re_send_a_saved_claim_before_the_other_claims
     settings: Settings, pg: Any, rds: redis.Redis
 ) -> None:
     """Rows staged with no stream and with the default stream's name both go to the default stream: after a crash
-    between send and delete on one, the other must not claim under the positions the saved claim was sent with."""
+    between send and delete on one, the other must not claim under the positions the saved claim was sent with (the
+    two sources then drain together, in one batch across sources: the saved claim goes first)."""
     with psycopg.connect(settings.conninfo) as conn:
         emit(conn, action="update", object="item", key="a", data={"val": 1})  # no stream: the default stream
-        emit(conn, action="update", object="item", key="b", data={"val": 1}, stream=settings.stream)
-    faults = Faults(script={"streamer.crash_after_publish": [False, True]})  # the second source's batch
+    faults = Faults(script={"streamer.crash_after_publish": [True]})
     with streamer(settings, faults) as s, pytest.raises(InjectedCrash):
         s.run_once()
     with psycopg.connect(settings.conninfo) as conn:
+        emit(conn, action="update", object="item", key="b", data={"val": 1}, stream=settings.stream)
         emit(conn, action="update", object="item", key="a", data={"val": 2})
     with streamer(settings, name="successor") as s:
         s.drain(timeout=10)

@@ -152,6 +152,27 @@ def batch_published(stream: str, count: int, seconds: float, first_created_ms: i
         PUBLISH_LATENCY.labels(stream).observe(max(0.0, time.time() - first_created_ms / 1000))
 
 
+# The stream label of a streamer's batch across several streams (table mode over many sources, WAL mode): its size,
+# duration and latency are observed once, not once per stream (ten thousand streams' histograms, and their cost)
+SEVERAL = "*"
+_published: dict[str, Any] = {}  # RECORDS_PUBLISHED's child per stream: labels() costs more than the increment
+
+
+def spread_published(records: dict[str, int], seconds: float, first_created_ms: int | None) -> None:
+    """The streamer committed the delete of a batch across streams, ``records`` per stream: each stream's records
+    counted, the batch observed once (under its stream's name if it had one, else :data:`SEVERAL`)."""
+    for stream, count in records.items():
+        counter = _published.get(stream)
+        if counter is None:
+            counter = _published[stream] = RECORDS_PUBLISHED.labels(stream)
+        counter.inc(count)
+    label = next(iter(records)) if len(records) == 1 else SEVERAL
+    BATCH_RECORDS.labels("streamer", label).observe(sum(records.values()))
+    BATCH_SECONDS.labels("streamer", label).observe(seconds)
+    if first_created_ms is not None:
+        PUBLISH_LATENCY.labels(label).observe(max(0.0, time.time() - first_created_ms / 1000))
+
+
 def batch_consumed(
     kind: str, stream: str, consumer: str, *, handled: int, skipped: int, seconds: float, first_id: bytes | None
 ) -> None:

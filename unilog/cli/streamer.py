@@ -34,6 +34,7 @@ def cmd_streamer(args: argparse.Namespace) -> int:
         wait_replicas=args.wait_replicas,
         wait_timeout_ms=args.wait_timeout_ms,
         redis_memory_limit=args.redis_memory_limit / 100,
+        pg_timeout=args.pg_timeout or None,
     )
     if args.horizon_warn_after is not None:
         print("unilog: --horizon-warn-after has no effect since unilog 0.11: no record waits for another transaction")
@@ -73,6 +74,13 @@ def add(sub: Any) -> None:
         help="pause publishing while Redis's used memory is at or above this percentage of its maxmemory, before it "
         "refuses writes (0: never pause; with --once, exit code 13 after --max-wait seconds paused; default "
         "%(default)g)",
+    )
+    p.add_argument(
+        "--pg-timeout",
+        type=float,
+        default=StreamerConfig.pg_timeout,
+        help="seconds a pass's Postgres calls may take before the connection is broken (a stuck server); --once "
+        "then exits 4 naming the stuck call, a running streamer reconnects (0: no deadline; default %(default)s)",
     )
     p.add_argument("--poll-interval", type=float, default=1.0, help="seconds between polls without notifications")
     p.add_argument("--streams", help="comma-separated target streams this streamer publishes (default: all)")

@@ -13,6 +13,7 @@ would refuse it and log the refusal in ``ACL LOG``) unless an old key really is 
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import redis
@@ -61,6 +62,37 @@ def legacy_keys(client: Any, stream: str) -> list[str]:
         return []
 
 
+_OLD_PREFIXES = ("unilog:meta:", "unilog:consumers:", "unilog:hwm:", "unilog:attempts:", "unilog:workers:")
+
+
+def legacy_keys_many(client: Any, streams: list[str]) -> dict[str, list[str]]:
+    """:func:`legacy_keys` of many streams with one ``SCAN`` of the keyspace, not one per stream: the streams (of
+    ``streams``) with keys in the old layout, and those keys. A key of the new layout holds a hash tag (``{``),
+    which no stream name may: the few keys without one that have an old key's shape are matched to the streams
+    (and their partitions, ``<stream>.p<n>``) they could belong to."""
+    try:
+        old = [
+            name
+            for name in (to_str(key) for key in client.scan_iter(match="*", count=1000))
+            if "{" not in name and (name.startswith(_OLD_PREFIXES) or name.endswith(":dlq"))
+        ]
+    except redis.exceptions.NoPermissionError:
+        return {}
+    found: dict[str, list[str]] = {}
+    for stream in streams:
+        keys = [name for name in old if stream in name and _belongs(name, stream)]
+        if keys:
+            found[stream] = keys
+    return found
+
+
+def _belongs(name: str, stream: str) -> bool:
+    """Whether the old-layout key ``name`` is one of ``stream``'s or its partitions'."""
+    pattern = re.escape(stream) + r"(\.p\d+)?"
+    exact = rf"unilog:(meta|consumers|hwm):{pattern}|{pattern}:dlq"
+    return bool(re.fullmatch(exact, name) or re.fullmatch(rf"unilog:(attempts|workers):{pattern}:.+", name))
+
+
 def relayout(client: Any, stream: str) -> tuple[list[tuple[str, str]], list[str]]:
     """Rename ``stream``'s (and its partitions') old keys; return (renamed (old, new), kept because new existed)."""
     renamed: list[tuple[str, str]] = []
@@ -82,6 +114,12 @@ class Layout(Adapter):
     def legacy_keys(self, stream: str) -> list[str]:
         """``stream``'s keys still in the layout before hash tags (see :func:`legacy_keys`)."""
         return legacy_keys(self.client, stream)
+
+    @issues("scan")
+    def legacy_keys_many(self, streams: list[str]) -> dict[str, list[str]]:
+        """Which of ``streams`` have keys in the layout before hash tags, and those keys (one scan: see
+        :func:`legacy_keys_many`)."""
+        return legacy_keys_many(self.client, streams)
 
     @issues("scan", "hget", "renamenx")
     def relayout(self, stream: str) -> tuple[list[tuple[str, str]], list[str]]:

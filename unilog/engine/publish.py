@@ -10,10 +10,10 @@ from typing import Any
 
 import redis
 
-from ..wire import Packed, PublishRow, _b, _pack, hwm_key, pack_rows, to_str
+from ..wire import Packed, PublishRow, _b, _bulk, _pack, hwm_key, pack_rows, to_str
 from ._sync.base import Adapter
 from .commands import issues, script_commands
-from .nodes import node_pool
+from .nodes import clustered, node_pool
 
 # publish.lua (package data beside this module, shipped in the wheel) appends a batch only past this producer's
 # high-water mark on the stream, so a batch re-sent after a crash, a timeout with unknown outcome or a retry is not
@@ -43,6 +43,10 @@ class PublishResult:
 
 
 PUBLISH_SHA = hashlib.sha1(PUBLISH_LUA.encode()).hexdigest()
+
+# publish_many.lua: many streams' batches, each as publish.lua appends one, in one call on a single Redis
+PUBLISH_MANY_LUA = (resources.files(__package__) / "publish_many.lua").read_text(encoding="utf-8")
+PUBLISH_MANY_SHA = hashlib.sha1(PUBLISH_MANY_LUA.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -114,6 +118,111 @@ class Publishing(Adapter):
             gap_after=None if int(gap) < 0 else int(gap),
         )
 
+    @issues(via=("_pool", "_evalsha_many", "_publish_together"))
+    def publish_many(
+        self,
+        batches: Sequence[tuple[str, int, Sequence[PublishRow] | Packed]],
+        producer: str,
+        epoch: int,
+        *,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = 1000,
+    ) -> list[PublishResult]:
+        """:meth:`publish` of many streams' batches, ``(stream, first_seq, payload)`` each, deduplicated, in one
+        pipelined round trip per Redis node (not one per stream): the script calls are written back to back, then
+        their replies read. Each call is atomic on its own stream; raises a redis error if Redis refused any (those
+        before it may have been appended: a re-send under the same positions skips them). With ``wait_replicas``,
+        one ``WAIT`` after them all reports in each result's ``replicas``. On a single Redis, all of them are one
+        script call (:meth:`_publish_together`)."""
+        if batches and not clustered(self.client):
+            return self._publish_together(batches, producer, epoch, wait_replicas, wait_timeout_ms)
+        by_pool: dict[int, tuple[Any, list[int]]] = {}
+        for i, (stream, _first, _payload) in enumerate(batches):
+            pool = self._pool(stream)
+            by_pool.setdefault(id(pool), (pool, []))[1].append(i)
+        results: list[PublishResult | None] = [None] * len(batches)
+        for pool, indexes in by_pool.values():
+            commands = []
+            for i in indexes:
+                stream, first_seq, rows = batches[i]
+                batch = rows if isinstance(rows, Packed) else pack_rows(rows)
+                head = [producer, str(epoch), str(first_seq), "1", str(batch.stride)]
+                keys = [_b(stream), _b(hwm_key(stream))]
+                args = [b"EVALSHA", self._sha.encode(), b"2", *keys, *[_b(a) for a in head]]
+                commands += [_pack(args, more=batch.stride * batch.count), batch.body]
+            replies, replicas = self._evalsha_many(pool, commands, len(indexes), wait_replicas, wait_timeout_ms)
+            for i, reply in zip(indexes, replies, strict=True):
+                results[i] = _result(reply, replicas)
+        return [r for r in results if r is not None]
+
+    @issues(via=("_pool", "_evalsha_many"))
+    def _publish_together(
+        self,
+        batches: Sequence[tuple[str, int, Sequence[PublishRow] | Packed]],
+        producer: str,
+        epoch: int,
+        wait_replicas: int,
+        wait_timeout_ms: int,
+    ) -> list[PublishResult]:
+        """:meth:`publish_many` on a single Redis: one ``publish_many.lua`` call for every batch (one reply to read,
+        not one per stream; the script is atomic, and Redis runs nothing else meanwhile, as for one large batch),
+        written in one piece (redis-py writes each part of a packed command with a call of its own)."""
+        keys: list[bytes] = []
+        parts: list[bytes] = []
+        more = 0
+        for stream, first_seq, rows in batches:
+            batch = rows if isinstance(rows, Packed) else pack_rows(rows)
+            keys += [_b(stream), _b(hwm_key(stream))]
+            parts += [_bulk([b"%d" % first_seq, b"%d" % batch.stride, b"%d" % batch.count]), batch.body]
+            more += 3 + batch.stride * batch.count
+        args = [b"EVALSHA", PUBLISH_MANY_SHA.encode(), b"%d" % len(keys), *keys, _b(producer), b"%d" % epoch]
+        pool = self._pool(batches[0][0])
+        replies, replicas = self._evalsha_many(
+            pool,
+            [b"".join([_pack(args, more=more), *parts])],
+            1,
+            wait_replicas,
+            wait_timeout_ms,
+            script=PUBLISH_MANY_LUA,
+        )
+        return [_result(reply, replicas) for reply in replies[0]]
+
+    @issues("evalsha", "script|load", "wait", *script_commands(PUBLISH_LUA), *script_commands(PUBLISH_MANY_LUA))
+    def _evalsha_many(
+        self,
+        pool: Any,
+        commands: list[bytes],
+        count: int,
+        wait_replicas: int,
+        wait_timeout_ms: int,
+        *,
+        script: str = PUBLISH_LUA,
+    ) -> tuple[list[Any], int]:
+        """Write ``count`` packed script calls on one connection of ``pool``, then read their replies (and a
+        ``WAIT``'s, last, with ``wait_replicas``); the script is loaded and all are sent again if Redis forgot it."""
+        for attempt in (1, 2):
+            packed = list(commands)
+            if wait_replicas:
+                packed.append(_pack([b"WAIT", b"%d" % wait_replicas, b"%d" % wait_timeout_ms]))
+            conn = pool.get_connection()
+            try:
+                conn.send_packed_command(packed, check_health=True)
+                replies = [conn.read_response() for _ in range(count)]
+                replicas = int(conn.read_response()) if wait_replicas else 0
+            except redis.exceptions.NoScriptError:
+                conn.disconnect()  # the replies after it are not read
+                if attempt == 2:
+                    raise
+                self.client.script_load(script)
+                continue
+            except BaseException:
+                conn.disconnect()  # the connection's state is unknown; never reuse it
+                raise
+            finally:
+                pool.release(conn)
+            return replies, replicas
+        raise AssertionError("unreachable")
+
     # EVALSHA, SCRIPT LOAD when Redis forgot the script, WAIT for replicas; and the script's own commands, which it runs
     # as the calling user
     @issues("evalsha", "script|load", "wait", *script_commands(PUBLISH_LUA))
@@ -180,3 +289,16 @@ class Publishing(Adapter):
             return None
         epoch, _, seq = to_str(mark).partition(":")
         return int(epoch), int(seq)
+
+
+def _result(reply: Any, replicas: int) -> PublishResult:
+    """A publish script's reply for one stream: {appended, skipped, gap, first id, last id}."""
+    appended, skipped, gap, first_id, last_id = reply
+    return PublishResult(
+        replicas=replicas,
+        appended=int(appended),
+        skipped=int(skipped),
+        first_id=to_str(first_id) if first_id else None,
+        last_id=to_str(last_id) if last_id else None,
+        gap_after=None if int(gap) < 0 else int(gap),
+    )

@@ -32,10 +32,13 @@ USES: dict[str, tuple[Callable[..., Any], ...]] = {
     # partition counts, the check for keys in the layout before hash tags, retention
     "streamer": (
         R.publish,
+        R.publish_many,
         R.high_water,
         R.unsaved_entries,
         R.partitions,
+        R.partitions_many,
         R.legacy_keys,
+        R.legacy_keys_many,
         R.registered,
         R.groups,
         R.pending_summary,

@@ -5,12 +5,12 @@ checks it). Functions take an open psycopg connection and never commit unless th
 boundaries belong to the caller, because the guarantees (state and checkpoint in one transaction, delete only after
 Redis confirmed) are decided there. Modules by concern: ``connection`` (opening connections, deadlines, the schema
 check), ``staging`` (the staging table), ``claims`` (table mode's claims: what a streamer reads, sends and deletes),
-``positions`` (producer identity and published positions), ``checkpoints``, ``groups`` (consumer groups' processed
-identities), ``locks`` (advisory locks) and ``snapshots`` (consistent parallel reads for reconciliation), ``wal`` and
-``pgoutput`` (WAL capture: the replication stream, its decoding, the capture switches), ``backfills`` (a backfill's
-checks, pages and cursor; imported as ``store.backfills``), ``schemas`` (the schema registry: record types' JSON
-Schemas by name and version, and each stream's compatibility mode), ``rows`` (a checkpoint's row:
-:class:`Checkpoint`).
+``spread`` (claims across many sources, one statement each), ``positions`` (producer identity and published positions),
+``checkpoints``, ``groups`` (consumer groups' processed identities), ``locks`` (advisory locks) and ``snapshots``
+(consistent parallel reads for reconciliation), ``wal`` and ``pgoutput`` (WAL capture: the replication stream, its
+decoding, the capture switches), ``backfills`` (a backfill's checks, pages and cursor; imported as ``store.backfills``),
+``schemas`` (the schema registry: record types' JSON Schemas by name and version, and each stream's compatibility mode),
+``rows`` (a checkpoint's row: :class:`Checkpoint`).
 
 Two faces, one source: the statements the asyncio consumers run too (opening a session and the schema check,
 checkpoints, groups' identities, partition locks) are written once, as asyncio code under ``_async/``
@@ -54,6 +54,7 @@ from .connection import (
     FATAL,
     SCHEMA_HEAD,
     VERSION_TABLE,
+    DeadlineExceeded,
     check_schema,
     connect,
     deadline,
@@ -89,9 +90,14 @@ from .groups import (
     try_prune_lock,
 )
 from .locks import (
+    STREAM_BUCKETS,
+    end_stuck_session,
     release_partition_lock,
+    stream_bucket,
     stream_lock_holders,
     stream_lock_holders_many,
+    stream_locks_held_elsewhere,
+    try_bucket_locks,
     try_partition_lock,
     try_stream_lock,
 )
@@ -99,8 +105,10 @@ from .positions import (
     ProducerIdentity,
     adopt_identity,
     last_published_seq,
+    last_published_seqs,
     producer_identity,
     resolve_identity,
+    save_positions,
     set_producer_id,
 )
 from .readiness import Readiness, StandbyCopy, failover_readiness, hosts_of
@@ -134,6 +142,15 @@ from .snapshots import (
     import_snapshot,
     rows_between,
     staged_records,
+)
+from .spread import (
+    SourceClaim,
+    claim_across,
+    delete_across,
+    lock_across,
+    no_jit,
+    pending_across,
+    reclaim_across,
 )
 from .staging import (
     INSERT_STAGED,
@@ -193,11 +210,13 @@ __all__ = [
     "PUBLICATION",
     "SCHEMA_HEAD",
     "SCHEMA_MODES",
+    "STREAM_BUCKETS",
     "VERSION_TABLE",
     "CaptureSlot",
     "Checkpoint",
     "Claim",
     "Cursor",
+    "DeadlineExceeded",
     "Identity",
     "ProducerIdentity",
     "Readiness",
@@ -206,6 +225,7 @@ __all__ = [
     "SchemaRow",
     "SlotBusy",
     "SlotSafety",
+    "SourceClaim",
     "StagedRow",
     "StandbyCopy",
     "acknowledge_loss",
@@ -218,6 +238,7 @@ __all__ = [
     "capture_slot",
     "check_schema",
     "checkpoint_stream",
+    "claim_across",
     "claim_identities",
     "claim_packed",
     "claim_rows",
@@ -227,6 +248,7 @@ __all__ = [
     "create_slot",
     "deadline",
     "default_slot_name",
+    "delete_across",
     "delete_checkpoint",
     "delete_claimed",
     "delete_group_state",
@@ -236,6 +258,7 @@ __all__ = [
     "drop_claim",
     "drop_slot",
     "emit_messages",
+    "end_stuck_session",
     "ensure_checkpoint",
     "ensure_publication",
     "existing_ids",
@@ -254,8 +277,10 @@ __all__ = [
     "import_snapshot",
     "install_walinspect",
     "last_published_seq",
+    "last_published_seqs",
     "list_checkpoints",
     "listen",
+    "lock_across",
     "lock_capture",
     "lock_checkpoint",
     "lock_consumer",
@@ -264,14 +289,17 @@ __all__ = [
     "mark_dropped",
     "match_published",
     "message_mark",
+    "no_jit",
     "oldest_stager",
     "other_capture_databases",
     "packed_fetch_supported",
+    "pending_across",
     "pending_claims",
     "producer_identity",
     "published_positions",
     "read_checkpoint",
     "read_index_state",
+    "reclaim_across",
     "reclaim_packed",
     "reclaim_rows",
     "record_capture",
@@ -290,6 +318,7 @@ __all__ = [
     "rows_between",
     "rows_held",
     "save_checkpoint",
+    "save_positions",
     "sessions_of",
     "set_emit_messages",
     "set_notify_trigger",
@@ -306,13 +335,16 @@ __all__ = [
     "staged_sources",
     "standby_copies",
     "standbys",
+    "stream_bucket",
     "stream_lock_holders",
     "stream_lock_holders_many",
+    "stream_locks_held_elsewhere",
     "stream_mode",
     "stream_modes",
     "take_held",
     "take_migration_lock",
     "take_switch_lock",
+    "try_bucket_locks",
     "try_partition_lock",
     "try_prune_lock",
     "try_sleep",

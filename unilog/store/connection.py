@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 import structlog
 
-from ..errors import PostgresPermissionDenied, UnilogError
+from ..errors import PostgresPermissionDenied, ServerUnreachable, UnilogError
 from ._sync.connection import (  # written once for both faces (``_async/connection.py``); this face's names
     HAS_VERSION_TABLE,
     MIN_SERVER_VERSION,
@@ -72,6 +72,7 @@ class _Watchdog:
         self._armed: dict[int, tuple[float, psycopg.Connection[Any]]] = {}
         self._next_token = 0
         self._thread: threading.Thread | None = None
+        self.fired: set[int] = set()  # tokens whose deadline broke their connection (until disarmed)
 
     def arm(self, conn: psycopg.Connection[Any], seconds: float) -> int:
         with self._lock:
@@ -84,9 +85,14 @@ class _Watchdog:
             self._lock.notify()
             return token
 
-    def disarm(self, token: int) -> None:
+    def disarm(self, token: int) -> bool:
+        """Disarm ``token``; return whether its deadline had fired."""
         with self._lock:
             self._armed.pop(token, None)
+            if token in self.fired:
+                self.fired.discard(token)
+                return True
+            return False
 
     def _watch(self) -> None:
         while True:
@@ -94,6 +100,7 @@ class _Watchdog:
                 now = time.monotonic()
                 expired = [t for t, (due, _) in self._armed.items() if due <= now]
                 victims = [self._armed.pop(t)[1] for t in expired]
+                self.fired.update(expired)
                 wait = min((due for due, _ in self._armed.values()), default=now + 1.0) - now
                 if not victims:
                     self._lock.wait(max(0.001, min(wait, 1.0)))
@@ -107,8 +114,9 @@ _watchdog = _Watchdog()
 @contextlib.contextmanager
 def deadline(conn: psycopg.Connection[Any], seconds: float | None) -> Iterator[None]:
     """Break ``conn`` if the block takes longer than ``seconds``, so a query never waits forever on a server that
-    went silent (paused, or behind a blackholing proxy). The blocked call then fails with ``OperationalError`` and
-    the caller's usual reconnect path takes over; the transaction was not committed, so nothing is lost.
+    went silent (paused, or behind a blackholing proxy). The block then raises :class:`DeadlineExceeded` (a
+    :class:`~unilog.errors.ServerUnreachable`: the caller's reconnect path takes over; a command stops with its one
+    line), naming the store call that was stuck; the transaction was not committed, so nothing is lost.
     """
     if not seconds:
         yield
@@ -116,13 +124,39 @@ def deadline(conn: psycopg.Connection[Any], seconds: float | None) -> Iterator[N
     token = _watchdog.arm(conn, seconds)
     try:
         yield
+    except Exception as exc:
+        if _watchdog.disarm(token):
+            raise DeadlineExceeded(
+                f"postgres call {_stuck_call(exc)} exceeded its deadline ({seconds:g} s): the connection was broken "
+                f"and nothing it had not committed was kept ({type(exc).__name__}: {' '.join(str(exc).split())})"
+            ) from exc
+        raise
     finally:
         _watchdog.disarm(token)
 
 
+class DeadlineExceeded(ServerUnreachable):
+    """A Postgres call outlived its deadline (:func:`deadline`): the server did not answer in time."""
+
+
+def _stuck_call(exc: BaseException) -> str:
+    """The innermost function of :mod:`unilog.store` the traceback of ``exc`` passes through (the call that was
+    stuck), as ``module.function``; else the innermost frame's."""
+    store, ours = None, "a statement"
+    tb = exc.__traceback__
+    while tb is not None:
+        module, name = str(tb.tb_frame.f_globals.get("__name__", "")), tb.tb_frame.f_code.co_name
+        if module.startswith("unilog.") and name != "deadline":
+            ours = f"{module.removeprefix('unilog.')}.{name}"
+            if module.startswith("unilog.store"):
+                store = ours
+        tb = tb.tb_next
+    return store or ours
+
+
 def _break(conn: psycopg.Connection[Any]) -> None:
-    """Shut the connection's socket down (from another thread): the blocked read returns at once."""
-    log.warning("postgres call exceeded its deadline; breaking the connection")
+    """Shut the connection's socket down (from another thread): the blocked read returns at once. Says nothing
+    itself: the blocked call raises :class:`DeadlineExceeded`, whose one line names it."""
     with contextlib.suppress(OSError, ValueError, psycopg.Error):
         sock = socket.socket(fileno=os.dup(conn.fileno()))
         try:
@@ -143,6 +177,7 @@ __all__ = [
     "SCHEMA_HEAD",
     "VERSIONS",
     "VERSION_TABLE",
+    "DeadlineExceeded",
     "check_schema",
     "connect",
     "connect_options",

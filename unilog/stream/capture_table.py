@@ -32,6 +32,7 @@ from .. import engine, routing, store, tracing
 from ..errors import ClaimIncomplete, PublishError
 from ..store.claims import Claim, Cursor
 from .capture import BatchResult
+from .capture_spread import SpreadPasses
 from .publisher import Publisher
 
 log = structlog.get_logger(__name__)
@@ -77,14 +78,24 @@ class TableCapture:
         pipeline_batches: int,
         streams: tuple[str, ...] | None,
         before: str | None = None,
+        pass_seconds: float | None = None,
     ) -> None:
         self.publisher = publisher
+        self.pass_seconds = pass_seconds  # a pass starts no new source after this long (a share of its deadline)
         self.batch_size, self.pipeline_batches, self.streams = batch_size, pipeline_batches, streams
         self.before = before
         self._cursors: dict[str, Cursor] = {}  # per source, valid while its stream lock is held
         self._pending: dict[str, list[int]] = {}  # per source: claims saved before this cursor, to re-send first
         self._helper: concurrent.futures.ThreadPoolExecutor | None = None  # Redis, while a backlog drains
         self._packed_fetch: bool | None = None  # whether Postgres can encode batches for Redis (a UTF8 database)
+        self._saved: set[str] | None = None  # sources with saved claims not re-sent yet (None: read them again)
+        self._spread = SpreadPasses(  # passes over more than one source
+            publisher,
+            batch_size=batch_size,
+            pipeline_batches=pipeline_batches,
+            before=before,
+            pass_seconds=pass_seconds,
+        )
 
     def session_opened(self, conn: psycopg.Connection[Any]) -> None:
         """A new Postgres session: claims are read again from the table, cursors start over."""
@@ -101,37 +112,63 @@ class TableCapture:
         return [s for s in sources if self.publisher.stream_of(s) in self.streams]
 
     def run_once(self, conn: psycopg.Connection[Any]) -> BatchResult:
-        """At most one batch per owned source (pipelined on a backlog): saved claims first, then new ones."""
-        published, blocked = 0, False
+        """Publish what is staged: over many sources, batches across them all (:class:`~unilog.stream.
+        capture_spread.SpreadPasses`: one claim, one send and one delete a batch, whatever the number of streams);
+        over one, its batches pipelined (saved claims first, then new ones). A pass is bounded (``pipeline_batches``
+        batches, and a share of its deadline), so its Postgres calls end well within the deadline."""
         if self._packed_fetch is None:
             self._packed_fetch = store.packed_fetch_supported(conn)
-        for source in self._ordered(conn):
-            stream = self.publisher.stream_of(source)
-            held = stream in self.publisher.owned
-            if not self.publisher.owns(conn, stream):
-                blocked = True  # another session publishes it (or is about to release it)
-                continue
-            if not held:  # just taken over: the last holder's claims go first, the cursor starts over
-                self._forget(source)
-            n = self._publish_batch(conn, source, stream)
-            published += n
-            if n == 0:
-                conn.commit()
-        return BatchResult(published, False, blocked)
+        ordered = self._ordered(conn)
+        if len(ordered) > 1:
+            return self._spread_pass(conn, ordered)
+        if not ordered:
+            return BatchResult(0, False, False)
+        [source] = ordered
+        publisher = self.publisher
+        stream = publisher.stream_of(source)
+        held = stream in publisher.owned
+        if not publisher.owns(conn, stream):
+            return BatchResult(0, False, True)  # another session publishes it (or is about to release it)
+        if not held:  # just taken over: the last holder's claims go first, the cursor starts over
+            self._forget(source)
+        published = self._publish_batch(conn, source, stream)
+        if not self._pending.get(source) and self._saved is not None:
+            self._saved.discard(source)
+        if published == 0:
+            conn.commit()
+        return BatchResult(published, published >= self.batch_size * self.pipeline_batches, False)
+
+    def _spread_pass(self, conn: psycopg.Connection[Any], ordered: list[str]) -> BatchResult:
+        """A pass over many sources: ownership taken for all their streams at once (their buckets' locks), the
+        saved claims of those owned read from the table (a bucket just taken over brings its last holder's), then
+        one batch of them re-sent, or new batches claimed across all of them."""
+        publisher = self.publisher
+        owned = publisher.owns_all(conn, {publisher.stream_of(s) for s in ordered})
+        mine = [s for s in ordered if publisher.stream_of(s) in owned]
+        self._cursors.clear()  # the spread claims take rows of these sources: a cursor would start over anyway
+        self._pending.clear()
+        pending = {
+            s for s in store.any_pending_claims(conn) if self.streams is None or publisher.stream_of(s) in self.streams
+        }
+        try:
+            done = self._spread.run(conn, mine, pending & set(mine), packed=bool(self._packed_fetch))
+        except BaseException:
+            self._saved = None  # the claims in the table are the truth: read them again
+            raise
+        self._saved = (pending - set(mine)) | done.saved
+        return BatchResult(done.published, done.waiting, len(mine) < len(ordered))
 
     def _ordered(self, conn: psycopg.Connection[Any]) -> list[str]:
-        """This pass's sources. After a reset, the sources with saved claims come first, those without rows left
-        included: two sources can feed one stream (rows staged with no stream and with the default stream's name),
-        and one's saved claims must go out under their positions before the other claims anything."""
-        sources = self.sources(conn)
-        if self._pending:
-            return sources
-        saved = [
-            s
-            for s in store.any_pending_claims(conn)
-            if self.streams is None or self.publisher.stream_of(s) in self.streams
-        ]
-        return saved + [s for s in sources if s not in saved]
+        """This pass's sources, in name order. After a reset, the sources with saved claims are included, those
+        without rows left too."""
+        sources = set(self.sources(conn))
+        if self._saved is None:
+            self._saved = {
+                s
+                for s in store.any_pending_claims(conn)
+                if self.streams is None or self.publisher.stream_of(s) in self.streams
+            }
+        return sorted(sources | self._saved)
 
     def wait(self, timeout: float) -> bool:
         """No wake-up of its own (the streamer sleeps on LISTEN): sleeps ``timeout``."""
@@ -143,6 +180,7 @@ class TableCapture:
         staged row."""
         self._cursors.clear()
         self._pending.clear()
+        self._saved = None
 
     def _forget(self, source: str) -> None:
         self._cursors.pop(source, None)

@@ -320,14 +320,16 @@ class WalCapture:
         rows, confirm, finished, xids, plain, markers = self._take_batch()
         fresh, mark = self._fresh(conn, rows, xids, plain)
         by_stream = {publisher.stream_of(plain): fresh} if plain is not None and fresh else _by_stream(publisher, fresh)
-        if not all(publisher.owns(conn, stream) for stream in by_stream):
+        if publisher.owns_all(conn, by_stream) != set(by_stream):  # one statement for the batch's new buckets
             return None
         identity = publisher.identity()
         targets: dict[str, Any] = {}
+        partitions = publisher.partitions_of(by_stream)  # one round trip for the streams due for a look
         for stream, stream_rows in by_stream.items():
-            targets |= routing.split_wal(stream, publisher.partitions(stream), stream_rows, plain is not None)
+            targets |= routing.split_wal(stream, partitions[stream], stream_rows, plain is not None)
         planned = before.last_seqs if before is not None else {}
-        first = {t: planned[t] + 1 if t in planned else publisher.next_seq(conn, t, identity.epoch) for t in targets}
+        first = publisher.next_seqs(conn, [t for t in targets if t not in planned], identity.epoch)
+        first |= {t: planned[t] + 1 for t in targets if t in planned}
         ids = [] if plain is not None else [row[0] for _s, row, *_ in fresh if row is not None]
         return _Batch(
             started, len(rows), len(fresh), by_stream, ids, mark, confirm, finished, markers, identity, targets,
@@ -384,8 +386,14 @@ class WalCapture:
         if batch.confirm is not None:
             reader.confirm(batch.confirm)
         self.markers.update(batch.markers)
-        for stream, stream_rows in batch.by_stream.items():
+        if len(batch.by_stream) == 1:
+            [(stream, stream_rows)] = batch.by_stream.items()
             self.publisher.counted(stream, len(stream_rows), batch.started, routing.created_ms(stream_rows[0]))
+        elif batch.by_stream:  # observed once for the batch, not once per stream
+            records = {stream: len(stream_rows) for stream, stream_rows in batch.by_stream.items()}
+            created = [routing.created_ms(stream_rows[0]) for stream_rows in batch.by_stream.values()]
+            oldest = min((c for c in created if c is not None), default=None)
+            self.publisher.counted_many(records, batch.started, oldest)
         log.info(
             "batch streamed",
             source="wal",

@@ -7,8 +7,9 @@ A capture reads committed staged records from one source and publishes them: tab
 :class:`Publisher` and hands it to each capture it makes; the publisher holds what must be the same whichever
 capture runs, and outlives a switch between them:
 
-* **One publisher per stream**: :meth:`Publisher.owns` takes the stream's session-level advisory lock; a capture
-  publishes a stream only while this streamer holds it.
+* **One publisher per stream**: :meth:`Publisher.owns_all` takes the session-level advisory locks of the streams'
+  buckets (:func:`unilog.store.stream_bucket`), all in one statement; a capture publishes a stream only while this
+  streamer holds its bucket.
 * **Dense, monotone positions**: :meth:`Publisher.next_seq` is the position cache, valid while the lock is held and
   the captures' commits succeed (a capture forgets it when a pass fails after assigning positions).
 * One batch sent to Redis (:meth:`Publisher.send_all`, with the ``streamer.double_send`` fault), the producer
@@ -57,7 +58,9 @@ class Publisher:
         self.faults = faults
         self.wait_replicas, self.wait_timeout_ms = wait_replicas, wait_timeout_ms
         self._redis = redis
-        self.owned: set[str] = set()  # streams whose lock this streamer's session holds
+        self.owned: set[str] = set()  # streams this streamer's session publishes (their bucket's lock held)
+        self.buckets: set[int] = set()  # the stream buckets whose lock the session holds (unilog.store.locks)
+        self.listed = False  # limited to listed streams: their buckets are held shared, each stream's own lock too
         self.standby = False  # found a stream held by another streamer: looks for its lock, not for commits
         self.published_total = 0
         self._identity: store.ProducerIdentity | None = None
@@ -81,6 +84,7 @@ class Publisher:
         for stream in self.owned:
             metrics.STREAM_LOCK.labels(stream).set(0)
         self.owned.clear()
+        self.buckets.clear()
 
     def identity(self) -> store.ProducerIdentity:
         """This database's producer identity, as resolved when the Postgres session opened."""
@@ -108,22 +112,46 @@ class Publisher:
     # -- stream locks and positions ----------------------------------------------------------------------------------
 
     def owns(self, conn: psycopg.Connection[Any], stream: str) -> bool:
-        """Whether this streamer publishes ``stream`` (its lock taken now if free)."""
-        if stream in self.owned:
-            return True
-        got = store.try_stream_lock(conn, stream)
+        """Whether this streamer publishes ``stream`` (its bucket's lock taken now if free)."""
+        return stream in self.owns_all(conn, [stream])
+
+    def owns_all(self, conn: psycopg.Connection[Any], streams: Iterable[str]) -> set[str]:
+        """Which of ``streams`` this streamer publishes: those in buckets it holds, the free buckets' locks taken now
+        in one statement (one log line for all of them, never one per stream). A streamer limited to listed streams
+        (``listed``) holds their buckets shared and each stream's own lock. Commits ``conn``."""
+        wanted = set(streams)
+        new = wanted - self.owned
+        if not new:
+            return wanted
+        buckets = {store.stream_bucket(s) for s in new}
+        taken = store.try_bucket_locks(conn, buckets - self.buckets, shared=self.listed)
+        got = {s for s in new if store.stream_bucket(s) in self.buckets | taken}
+        if self.listed:
+            got = {s for s in got if store.try_stream_lock(conn, s)}
+        else:  # a streamer of a version before buckets, or one limited to listed streams, may hold some of them
+            got -= store.stream_locks_held_elsewhere(conn, got)
         conn.commit()
-        if got and (old := self._redis().legacy_keys(stream)):
+        self.buckets |= taken
+        self._check_layout(got)
+        self.standby = got != new
+        if taken:
+            log.info("stream buckets acquired", buckets=len(taken), held=len(self.buckets), streamer=self.name)
+        for stream in got:
+            metrics.STREAM_LOCK.labels(stream).set(1)
+        self.owned |= got
+        return wanted & self.owned
+
+    def _check_layout(self, streams: set[str]) -> None:
+        """Refuse streams with Redis keys in the layout before hash tags (one scan for them all)."""
+        if not streams:
+            return
+        old = self._redis().legacy_keys_many(sorted(streams))
+        if old:
+            stream, keys = min(old.items())
             raise ConfigurationError(  # retention must see every registration: none may hide under an old name
-                f"stream {stream!r} has Redis keys in the layout before hash tags ({', '.join(old[:3])}): stop "
+                f"stream {stream!r} has Redis keys in the layout before hash tags ({', '.join(keys[:3])}): stop "
                 f"its consumers and run `unilog stream relayout {stream}` (docs/guides/redis-cluster.md, Redis keys)"
             )
-        self.standby = not got
-        if got:
-            self.owned.add(stream)
-            metrics.STREAM_LOCK.labels(stream).set(1)
-            log.info("stream lock acquired", stream=stream, streamer=self.name)
-        return got
 
     def next_seq(self, conn: psycopg.Connection[Any], target: str, epoch: int) -> int:
         """The position the next record published on ``target`` gets."""
@@ -154,19 +182,60 @@ class Publisher:
         self._partition_counts[stream] = (count, time.monotonic())
         return count
 
+    def partitions_of(self, streams: Iterable[str]) -> dict[str, int]:
+        """:meth:`partitions` of each of ``streams``, those due for a look read from Redis in one round trip (not one
+        per stream: a batch may span thousands)."""
+        streams, now = list(streams), time.monotonic()
+        due = sorted(
+            {
+                s
+                for s in streams
+                if (known := self._partition_counts.get(s)) is None
+                or (known[0] <= 1 and now - known[1] >= PARTITION_RECHECK)
+            }
+        )
+        if due:
+            for stream, count in self._redis().partitions_many(due).items():
+                self._partition_counts[stream] = (count, now)
+        return {s: self._partition_counts[s][0] for s in streams}
+
     # -- sending and counting ----------------------------------------------------------------------------------------
+
+    def send_batches(self, batches: list[tuple[str, int, engine.Packed]], identity: store.ProducerIdentity) -> int:
+        """Append each batch, ``(target, first position, payload)``, deduplicated by position, in one pipelined round
+        trip per Redis node, in the order given (a target's batches in position order); return the entries Redis
+        appended. Raises :class:`~unilog.errors.PublishError` unless Redis confirmed every one
+        (:func:`unilog.stream.sending.send_many`)."""
+        results = sending.send_many(self._redis(), batches, identity, self.wait_replicas, self.wait_timeout_ms)
+        for target, first, payload in batches:
+            if self.faults.fires("streamer.double_send"):
+                self._send(target, identity, first, payload, dedupe=False)
+        return sum(result.appended for result in results)
 
     def send_all(
         self, targets: dict[str, engine.Packed], identity: store.ProducerIdentity, first: dict[str, int]
     ) -> int:
         """Append each target's payload at positions from ``first[target]``; return the entries Redis appended.
         Raises :class:`~unilog.errors.PublishError` unless Redis confirmed each (:func:`unilog.stream.sending.send`)."""
-        appended = 0
+        if len(targets) == 1:
+            [(target, payload)] = targets.items()
+            appended = self._send(target, identity, first[target], payload, dedupe=True).appended
+        else:  # every target's batch in one pipelined round trip, not one per stream
+            batches = [(target, first[target], payload) for target, payload in targets.items()]
+            results = sending.send_many(self._redis(), batches, identity, self.wait_replicas, self.wait_timeout_ms)
+            appended = sum(result.appended for result in results)
         for target, payload in targets.items():
-            appended += self._send(target, identity, first[target], payload, dedupe=True).appended
             if self.faults.fires("streamer.double_send"):
                 self._send(target, identity, first[target], payload, dedupe=False)
         return appended
+
+    def next_seqs(self, conn: psycopg.Connection[Any], targets: Iterable[str], epoch: int) -> dict[str, int]:
+        """:meth:`next_seq` of each of ``targets``, those not cached read in one statement."""
+        targets = list(targets)
+        missing = [t for t in targets if t not in self._last_seq]
+        if missing:
+            self._last_seq.update(store.last_published_seqs(conn, missing, epoch))
+        return {t: self._last_seq[t] + 1 for t in targets}
 
     def _send(
         self, stream: str, identity: store.ProducerIdentity, first_seq: int, payload: engine.Packed, *, dedupe: bool
@@ -180,6 +249,12 @@ class Publisher:
         (``time.perf_counter()``): the streamer's total and the publish metrics."""
         self.published_total += records
         metrics.batch_published(stream, records, time.perf_counter() - started, first_created_ms)
+
+    def counted_many(self, records: dict[str, int], started: float, first_created_ms: int | None) -> None:
+        """A batch across streams (``records`` per stream) was published and its rows deleted: the streamer's total
+        and the publish metrics, the batch observed once (:func:`unilog.metrics.spread_published`)."""
+        self.published_total += sum(records.values())
+        metrics.spread_published(records, time.perf_counter() - started, first_created_ms)
 
 
 def settle_unsaved(

@@ -36,13 +36,52 @@ def send(
             wait_timeout_ms=wait_timeout_ms,
         )
     except (engine.RedisError, OSError) as exc:
-        if engine.out_of_memory(exc):  # the script's error quotes Lua internals: say what happened instead
-            raise RedisOutOfMemory(
-                f"Redis is out of memory (maxmemory reached) and refused the batch of {payload.count} records for "
-                f"{stream}; they stay staged in Postgres and are published once Redis has room (raise maxmemory, or "
-                "find the consumer that holds retention back: unilog status)"
-            ) from None
-        raise PublishError(f"Redis did not confirm the batch for {stream}: {exc}") from exc
+        raise _refused(exc, f"the batch of {payload.count} records for {stream}") from exc
+    check(result, stream, identity, first_seq, wait_replicas, wait_timeout_ms)
+    return result
+
+
+def send_many(
+    rds: engine.RedisStreams,
+    batches: list[tuple[str, int, engine.Packed]],
+    identity: store.ProducerIdentity,
+    wait_replicas: int,
+    wait_timeout_ms: int,
+) -> list[engine.PublishResult]:
+    """:func:`send` of many streams' batches (``(stream, first_seq, payload)``), deduplicated, in one pipelined
+    round trip (per Redis node); raises as it does unless Redis confirmed every one of them."""
+    try:
+        results = rds.publish_many(
+            batches, identity.producer_id, identity.epoch, wait_replicas=wait_replicas, wait_timeout_ms=wait_timeout_ms
+        )
+    except (engine.RedisError, OSError) as exc:
+        records = sum(payload.count for _s, _f, payload in batches)
+        raise _refused(exc, f"a batch of {records} records for {len(batches)} streams") from exc
+    for (stream, first_seq, _payload), result in zip(batches, results, strict=True):
+        check(result, stream, identity, first_seq, wait_replicas, wait_timeout_ms)
+    return results
+
+
+def _refused(exc: BaseException, what: str) -> Exception:
+    if engine.out_of_memory(exc):  # the script's error quotes Lua internals: say what happened instead
+        return RedisOutOfMemory(
+            f"Redis is out of memory (maxmemory reached) and refused {what}; they stay staged in Postgres and are "
+            "published once Redis has room (raise maxmemory, or find the consumer that holds retention back: "
+            "unilog status)"
+        )
+    return PublishError(f"Redis did not confirm {what}: {exc}")
+
+
+def check(
+    result: engine.PublishResult,
+    stream: str,
+    identity: store.ProducerIdentity,
+    first_seq: int,
+    wait_replicas: int,
+    wait_timeout_ms: int,
+) -> None:
+    """Raise :class:`PublishError` unless ``wait_replicas`` replicas acknowledged the batch; log a gap (Redis lost
+    confirmed positions) and positions the broker skipped as already present."""
     if result.replicas < wait_replicas:
         raise PublishError(
             f"only {result.replicas} of {wait_replicas} replicas acknowledged the batch for {stream} "
@@ -58,4 +97,3 @@ def send(
         )
     if result.skipped:
         log.info("re-sent positions skipped by the broker", stream=stream, skipped=result.skipped)
-    return result

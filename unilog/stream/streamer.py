@@ -53,6 +53,10 @@ log = structlog.get_logger(__name__)
 # a pass that fails this way is retried; it deleted nothing
 RETRYABLE: tuple[type[BaseException], ...] = (*TRANSIENT, PublishError)
 
+# a table-mode pass starts no new source once it used this share of its deadline (pg_timeout): its calls end well
+# within it, and the deadline only fires on a server that is really stuck
+PASS_SHARE = 0.25
+TRIM_PER_PASS = 200  # streams a pass trims at most (retention, every retention_interval)
 POLL_MIN, POLL_MAX = 0.005, 0.1  # seconds between looks while records are known to be on their way (WAL mode)
 
 
@@ -100,11 +104,13 @@ class Streamer(Worker):
             wait_replicas=self.config.wait_replicas,
             wait_timeout_ms=self.config.wait_timeout_ms,
         )
+        self.publisher.listed = self.config.streams is not None
         self._table = TableCapture(
             self.publisher,
             batch_size=self.config.batch_size,
             pipeline_batches=self.config.pipeline_batches,
             streams=self.config.streams,
+            pass_seconds=PASS_SHARE * self.config.pg_timeout if self.config.pg_timeout else None,
         )
         self._wal: WalCapture | None = (
             None  # while the database is in WAL capture mode (switched by unilog.stream.capture)
@@ -114,9 +120,11 @@ class Streamer(Worker):
         # --once` exits 12 after its drain if records could not be recovered
         self.losses: list[store.Recovery] = []
         self._mode_known = False  # the capture mode is read once per Postgres session
+        self._stuck_pid: int | None = None  # the backend of a session whose deadline broke it, ended by the next
         retry = (self.config.wakeup_retry, self.config.wakeup_retry_max)
         self._listener = CommitListener(settings.conninfo, f"unilog-{name}-listen", *retry)
         self._last_retention = 0.0
+        self._to_trim: list[str] = []  # the streams of this retention round not trimmed yet
         self._wait_delay = POLL_MIN  # between looks while a WAL-mode pass says records are on their way
         self._drain = _Drain()
         self._memory = MemoryWatch(name, self.config.redis_memory_limit, self.config.redis_memory_interval)
@@ -172,6 +180,10 @@ class Streamer(Worker):
     def _on_pg_connect(self, conn: psycopg.Connection[Any]) -> None:
         """A new Postgres session: locks died with the old one, the capture mode is read again, a restored database
         starts a new epoch."""
+        if self._stuck_pid is not None:
+            store.end_stuck_session(conn, self._stuck_pid)
+            self._stuck_pid = None
+        store.no_jit(conn)
         self._table.session_opened(conn)
         self._mode_known = False
         self.publisher.session_opened(conn)
@@ -199,6 +211,14 @@ class Streamer(Worker):
         pass has published them.
         """
         conn = self._conn()
+        pid = conn.info.backend_pid
+        try:
+            return self._pass(conn)
+        except store.DeadlineExceeded:
+            self._stuck_pid = pid  # the next session ends it: blocked, it would hold its buckets until it noticed
+            raise
+
+    def _pass(self, conn: psycopg.Connection[Any]) -> BatchResult:
         with store.deadline(conn, self.config.pg_timeout):
             self._retention()  # also while paused: trimming frees Redis's memory
             if self._memory.full(self._engine()):
@@ -235,6 +255,7 @@ class Streamer(Worker):
                     pipeline_batches=config.pipeline_batches,
                     streams=None,
                     before=slot.from_xid,
+                    pass_seconds=PASS_SHARE * config.pg_timeout if config.pg_timeout else None,
                 ),
                 conninfo=self.settings.conninfo,
                 standbys=self.settings.standby_conninfos,
@@ -301,12 +322,17 @@ class Streamer(Worker):
         return found
 
     def _retention(self) -> None:
-        now = time.monotonic()
-        if now - self._last_retention < self.config.retention_interval:
-            return
-        self._last_retention = now
-        for stream in sorted(self.publisher.owned):
-            count = self.publisher.partitions(stream)
+        """Trim the owned streams every ``retention_interval``, at most :data:`TRIM_PER_PASS` of them a pass (a few
+        round trips each): a round over ten thousand streams is spread over passes, each within its deadline."""
+        if not self._to_trim:
+            now = time.monotonic()
+            if now - self._last_retention < self.config.retention_interval:
+                return
+            self._last_retention = now
+            self._to_trim = sorted(self.publisher.owned)
+        streams, self._to_trim = self._to_trim[:TRIM_PER_PASS], self._to_trim[TRIM_PER_PASS:]
+        counts = self.publisher.partitions_of(s for s in streams if s in self.publisher.owned)
+        for stream, count in counts.items():
             for target in [stream] if count <= 1 else [partition_stream(stream, i) for i in range(count)]:
                 self.trim(target)
 

@@ -27,11 +27,25 @@ LOG_EVENTS = {
     "stream lock acquired": "stream_lock_acquisitions",
     "claimed idle entries": "group_claims",
     "record dead-lettered": "dead_lettered",
-    "postgres call exceeded its deadline; breaking the connection": "deadline_breaks",
     "checkpoint moved underneath; re-reading": "checkpoint_moved",
     "pending entries were deleted from the stream before anyone applied them": "pending_trimmed",
     "stream is missing confirmed positions: Redis lost data": "redis_lost_data",
 }
+
+
+# A Postgres call that outlived its deadline raises DeadlineExceeded, whose message says so; a running process logs
+# it as the failure of its pass ("connection failed; retrying", then it reconnects), `--once` as its last words.
+DEADLINE = "exceeded its deadline"
+
+
+def recovered(event: Mapping[str, Any]) -> list[str]:
+    """The recoveries a JSON log line records: its event's (:data:`LOG_EVENTS`), and a deadline break besides when
+    the failure it reports is a fired deadline (a reconnect too)."""
+    text = str(event.get("event", ""))
+    names = [LOG_EVENTS[text]] if text in LOG_EVENTS else []
+    if text == "connection failed; retrying" and DEADLINE in str(event.get("error", "")):
+        names.append("deadline_breaks")
+    return names
 
 
 def recoveries(fleet: Fleet, log_dir: Path) -> dict[str, Any]:
@@ -43,9 +57,7 @@ def recoveries(fleet: Fleet, log_dir: Path) -> dict[str, Any]:
             for raw in lines:
                 if raw.startswith(b"{"):
                     with contextlib.suppress(ValueError):
-                        name = LOG_EVENTS.get(json.loads(raw).get("event", ""))
-                        if name:
-                            events[name] += 1
+                        events.update(recovered(json.loads(raw)))
                 elif raw.startswith(b"unilog: "):
                     exits[_exit_reason(raw.decode(errors="replace").strip())] += 1
     restarts = {k.removeprefix("restart:"): v for k, v in sorted(fleet.events.items()) if k.startswith("restart:")}
@@ -66,6 +78,7 @@ def _exit_reason(text: str) -> str:
         ("StreamGap", "data loss detected (exit 8)"),
         ("StreamRewound", "data loss detected (exit 8)"),
         ("spark consumer", "Spark query failed (exit 1)"),
+        (DEADLINE, "a Postgres call outlived its deadline (exit 4)"),
     ):
         if needle in text:
             return reason

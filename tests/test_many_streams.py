@@ -1,0 +1,263 @@
+"""Issue 46: a backlog spread over thousands of streams drains without a lock and a log line per stream, a pass
+stays within its deadline, a deadline that fires is one line (and a named exit code in ``--once``), and the running
+streamer makes progress past a stream that is stuck."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import redis
+
+from unilog import Settings, Streamer, StreamerConfig, emit_many
+from unilog.cli.common import ExitCode
+from unilog.errors import InjectedCrash
+from unilog.faults import Faults
+from unilog.harness.chaos.report import recoveries
+from unilog.harness.supervisor import Fleet
+from unilog.runtime import Hook
+
+STREAMS = 3000
+STREAM_BUCKETS = 64  # unilog.store.STREAM_BUCKETS: the most ownership locks a streamer takes, whatever the streams
+
+
+def _stage(settings: Settings, names: list[str], per_stream: int = 1) -> int:
+    """``per_stream`` records on each of ``names``, staged with ``emit_many`` in transactions of 1,000, spread
+    round-robin (each stream's records carry ascending ``i``)."""
+    records = [
+        {"action": "a", "object": "o", "data": {"i": i}, "stream": name, "key": f"{name}-{i}"}
+        for i in range(per_stream)
+        for name in names
+    ]
+    with psycopg.connect(settings.conninfo) as conn:
+        for lo in range(0, len(records), 1000):
+            emit_many(conn, records[lo : lo + 1000])
+            conn.commit()
+    return len(records)
+
+
+def _command(settings: Settings, argv: list[str], pg_timeout: float | None) -> tuple[list[str], dict[str, str]]:
+    """``unilog *argv`` and its environment; with ``pg_timeout``, the streamer's deadline set where the command builds
+    its configuration (the same on any version, with or without --pg-timeout)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UNILOG_")}
+    env.update(DATABASE_URL=settings.database_url, REDIS_URL=settings.redis_url)
+    if pg_timeout is None:
+        return [sys.executable, "-m", "unilog", *argv], env
+    driver = (
+        "import sys, unilog.cli.streamer as c\n"
+        "class Config(c.StreamerConfig):\n"
+        f"    def __init__(self, **kw): super().__init__(**{{**kw, 'pg_timeout': {pg_timeout}}})\n"
+        "c.StreamerConfig = Config\n"
+        f"from unilog.cli import main; sys.exit(main({argv!r}))"
+    )
+    return [sys.executable, "-c", driver], env
+
+
+def _once(settings: Settings, *args: str, pg_timeout: float | None = None) -> subprocess.CompletedProcess[str]:
+    """``unilog --log-json streamer --once`` in a process of its own."""
+    command, env = _command(settings, ["--log-json", "streamer", "--once", *args], pg_timeout)
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+
+
+def _assert_each_once_in_order(rds: redis.Redis, names: list[str], per_stream: int) -> None:
+    pipe = rds.pipeline(transaction=False)
+    for name in names:
+        pipe.xrange(name)
+    for name, entries in zip(names, pipe.execute(), strict=True):
+        seqs = [int(f["seq"]) for _, f in entries]
+        values = [json.loads(f["data"])["i"] for _, f in entries]
+        assert seqs == list(range(1, per_stream + 1)), name
+        assert values == list(range(per_stream)), name
+
+
+@pytest.mark.parametrize("mode", ["table", "wal"])
+def test_thousands_of_streams_drain_in_once_without_a_lock_per_stream(
+    settings: Settings, pg: Any, rds: Any, mode: str, request: pytest.FixtureRequest
+) -> None:
+    if mode == "wal":
+        request.getfixturevalue("wal")
+    names = [f"s-{k:05d}" for k in range(STREAMS)]
+    total = _stage(settings, names, per_stream=2)
+    done = _once(settings)
+    lines = done.stdout.splitlines() + done.stderr.splitlines()
+    assert done.returncode == ExitCode.OK, lines[-5:]
+    assert f"streamed {total} records" in done.stdout
+    assert not any("Traceback" in line or "deadline" in line for line in lines)
+    # ownership is by bucket: at most one line per round of buckets taken, never one per stream
+    ownership = [line for line in lines if "lock acquired" in line or "buckets acquired" in line]
+    assert len(ownership) <= STREAM_BUCKETS, len(ownership)
+    # one batch (one claim, one send, one delete) per batch_size records, whatever the number of streams in it
+    batches = [line for line in lines if '"batch streamed"' in line]
+    assert len(batches) <= total // StreamerConfig.batch_size + 2, len(batches)
+    assert pg.execute("SELECT count(*) FROM staged_log_records").fetchone()[0] == 0
+    _assert_each_once_in_order(rds, names, 2)
+
+
+def _lock_rows_of(settings: Settings, stream: str) -> psycopg.Connection[Any]:
+    """A session holding the staged rows of ``stream`` (``FOR UPDATE``): the streamer's delete of them waits."""
+    holder = psycopg.connect(settings.conninfo)
+    holder.execute("SELECT id FROM staged_log_records WHERE stream = %s FOR UPDATE", (stream,)).fetchall()
+    return holder
+
+
+def test_a_deadline_in_once_is_one_line_and_the_unreachable_code(settings: Settings, pg: Any, rds: Any) -> None:
+    """Another session holds one stream's staged rows: the other stream is published all the same, then the stuck
+    delete outlives its deadline, and ``--once`` says so in one line naming the call, with exit code 4."""
+    _stage(settings, ["a-stuck", "b-fine"], per_stream=3)
+    holder = _lock_rows_of(settings, "a-stuck")
+    try:
+        done = _once(settings, pg_timeout=1.0)
+    finally:
+        holder.close()
+    assert rds.xlen("b-fine") == 3  # the stuck stream held no other back
+    lines = done.stdout.splitlines() + done.stderr.splitlines()
+    assert done.returncode == ExitCode.UNREACHABLE, lines[-5:]
+    assert not any("Traceback" in line for line in lines), done.stderr
+    said = [line for line in lines if "deadline" in line]
+    assert len(said) == 1, said
+    assert said[0].startswith("unilog: error: ") and "delete_claimed" in said[0], said
+
+
+class _Failures(Hook):
+    """The failures the loop settled (a fired deadline among them), as one line each."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def on_failure(self, worker: Any, exc: BaseException, verdict: Any, delay: float) -> None:
+        self.seen.append(f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}")
+
+
+def test_the_running_streamer_gets_past_a_stuck_stream(settings: Settings, pg: Any, rds: Any) -> None:
+    """Another session holds one stream's staged rows, so its delete keeps waiting: the other streams, even those of
+    its bucket, are all published meanwhile with no deadline fired (a batch across streams lets the held one wait
+    alone, within a share of the deadline) instead of a deadline a pass; left alone, the held one outlives the
+    deadline and is retried; once it is freed, everything is there once."""
+    names = [f"s-{k:04d}" for k in range(300)]
+    _stage(settings, ["a-stuck", *names])
+    holder = _lock_rows_of(settings, "a-stuck")
+    config = StreamerConfig(pg_timeout=3.0, max_backoff=0.2, poll_interval=0.1)
+    stop = threading.Event()
+    failures = _Failures()
+    with Streamer(settings, config, name="runner") as streamer:
+        streamer.hooks.add(failures)
+        runner = threading.Thread(target=streamer.run, args=(stop,))
+        runner.start()
+        try:
+            deadline = time.monotonic() + 90
+            while sum(rds.xlen(n) for n in names) < len(names):
+                assert not failures.seen, failures.seen[:2]  # nothing broke while the others waited
+                assert time.monotonic() < deadline, f"{sum(rds.xlen(n) for n in names)} of {len(names)} published"
+                time.sleep(0.05)
+        finally:
+            holder.close()
+            time.sleep(0.5)
+            stop.set()
+            runner.join(timeout=60)
+    with Streamer(settings, StreamerConfig(pg_timeout=10.0)) as streamer:
+        streamer.drain(timeout=60)
+    _assert_each_once_in_order(rds, ["a-stuck", *names], 1)
+
+
+def _advisory_locks(conn: psycopg.Connection[Any]) -> dict[str, int]:
+    """Advisory locks each streamer's session holds now, by application name."""
+    rows = conn.execute(
+        """
+        SELECT a.application_name, count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+        WHERE l.locktype = 'advisory' AND l.granted AND a.application_name IN ('unilog-first', 'unilog-second')
+        GROUP BY 1
+        """
+    ).fetchall()
+    return {name: int(n) for name, n in rows}
+
+
+def test_two_streamers_share_the_buckets_one_publisher_per_stream(settings: Settings, pg: Any, rds: Any) -> None:
+    """Two streamers started together on a backlog over many streams: each stream is owned by at most one of them
+    at any moment, neither holds more than a lock per bucket (not one per stream), and every record arrives once, in
+    order."""
+    names = [f"s-{k:04d}" for k in range(600)]
+    _stage(settings, names, per_stream=2)
+    first, second = Streamer(settings, name="first"), Streamer(settings, name="second")
+    overlaps: list[set[str]] = []
+    most: dict[str, int] = {}
+    stop = threading.Event()
+
+    def watch() -> None:
+        with psycopg.connect(settings.conninfo, autocommit=True) as conn:
+            while not stop.is_set():
+                both = set(first.publisher.owned) & set(second.publisher.owned)
+                if both:
+                    overlaps.append(both)
+                for name, n in _advisory_locks(conn).items():
+                    most[name] = max(most.get(name, 0), n)
+                time.sleep(0.005)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        threads = [threading.Thread(target=s.drain, kwargs={"timeout": 120}) for s in (first, second)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=180)
+    finally:
+        stop.set()
+        watcher.join()
+        first.close()
+        second.close()
+    assert not overlaps, sorted(overlaps[0])[:3]
+    assert most and max(most.values()) <= STREAM_BUCKETS + 2, most  # + the capture mode's and listener's, if any
+    assert pg.execute("SELECT count(*) FROM staged_log_records").fetchone()[0] == 0
+    _assert_each_once_in_order(rds, names, 2)
+
+
+def test_a_crash_after_a_batch_across_streams_was_sent_re_sends_it_once(settings: Settings, pg: Any, rds: Any) -> None:
+    """One claim covers the batch's streams (a claim saved per stream, all in one statement, before anything is
+    sent); a crash between the send and the delete leaves them all saved, and the next streamer re-sends them under
+    the same positions, which Redis drops as already there: every record once, in order."""
+    names = [f"s-{k:04d}" for k in range(400)]
+    total = _stage(settings, names, per_stream=3)
+    faults = Faults(script={"streamer.crash_after_publish": [True]})
+    crashing = Streamer(settings, StreamerConfig(batch_size=1000), faults=faults, name="crashing")
+    with crashing, pytest.raises(InjectedCrash):
+        crashing.run_once()
+    claims = pg.execute("SELECT count(*), sum(records) FROM unilog_claims").fetchone()
+    assert tuple(claims) == (400, 1000), claims  # the oldest 1,000 records, over all 400 streams
+    assert sum(rds.xlen(n) for n in names) == 1000  # sent, not deleted
+    with Streamer(settings, name="successor") as streamer:
+        assert streamer.drain(timeout=120) == total
+    assert pg.execute("SELECT count(*) FROM unilog_claims").fetchone()[0] == 0
+    _assert_each_once_in_order(rds, names, 3)
+
+
+def test_the_chaos_report_counts_the_deadlines_that_fired(settings: Settings, pg: Any, tmp_path: Path) -> None:
+    """A running streamer whose delete keeps outliving its deadline: the report of a chaos run (which reads the
+    processes' logs) counts those breaks, from the failure the loop logs for each."""
+    _stage(settings, ["a-stuck"], per_stream=2)
+    holder = _lock_rows_of(settings, "a-stuck")
+    log = tmp_path / "streamer.log"
+    command, env = _command(settings, ["--log-json", "streamer"], pg_timeout=1.0)
+    try:
+        with log.open("w") as out:
+            proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 60
+            while log.read_text().count("exceeded its deadline") < 2:
+                assert time.monotonic() < deadline and proc.poll() is None, log.read_text()[-3000:]
+                time.sleep(0.2)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+    finally:
+        holder.close()
+    found = recoveries(Fleet(tmp_path), tmp_path)
+    assert found.get("deadline_breaks", 0) >= 2, found
+    assert found["reconnects"] >= found["deadline_breaks"], found  # each break is a reconnect too

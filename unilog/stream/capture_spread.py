@@ -1,0 +1,267 @@
+"""Table mode over many sources: a batch is claimed across every owned source in one statement, published in one
+pipelined round trip per Redis node, and deleted with its positions in one statement, so a backlog spread over ten
+thousand streams costs what the same records on one stream cost, not a claim, a send and a delete per stream.
+
+Guarantees (the arguments are in :mod:`unilog.store.spread`; :class:`~unilog.stream.capture_table.TableCapture`
+hands it its passes over more than one source):
+
+* **Per source, commit order.** A claim takes the lowest-id committed rows of the sources, none of them in a saved
+  claim: the saved claims of every owned source are re-sent and deleted first, and each batch is deleted before the
+  next is claimed.
+* **Nothing is deleted before Redis confirmed it.** The claims (one per source) are committed before anything of them
+  is sent; they are deleted with their rows in the transaction that advances the positions, after Redis confirmed
+  every script call of the batch (a refused one fails the batch: nothing of it is deleted).
+* **A re-send is the same batch.** Claims are sent in claim order, each in id order, from the last committed
+  positions; after a crash, saved claims are re-sent the same way, so each record gets the position it had, and the
+  publish script (:mod:`unilog.engine.publish`) skips what Redis already holds, a command redis-py or the network
+  repeated included.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+import structlog
+
+from .. import engine, routing, store, tracing
+from ..errors import ClaimIncomplete, PublishError
+from .publisher import Publisher
+
+log = structlog.get_logger(__name__)
+
+# Seconds a batch's delete waits for a row another session holds locked before it looks for whose rows they are and
+# publishes the other streams (their claims are deleted; the held streams' wait for a later pass)
+LOCK_WAIT = 1.0
+
+
+@dataclass(frozen=True)
+class Spread:
+    """What a pass over many sources did: records published, whether more is ready now, the sources (of those it
+    was given) with saved claims still to re-send."""
+
+    published: int
+    waiting: bool
+    saved: set[str]
+
+
+class SpreadPasses:
+    """Passes of table mode over many sources for one streamer: up to ``pipeline_batches`` batches of
+    ``batch_size`` records, each across all the sources, while the pass is within ``pass_seconds``. ``before``
+    limits it to rows of transaction ids below it (WAL mode's table passes); ``packed`` whether Postgres encodes
+    batches for Redis (a UTF8 database; else each source's rows are read as rows)."""
+
+    def __init__(
+        self,
+        publisher: Publisher,
+        *,
+        batch_size: int,
+        pipeline_batches: int,
+        before: str | None,
+        pass_seconds: float | None,
+    ) -> None:
+        self.publisher = publisher
+        self.batch_size, self.pipeline_batches = batch_size, pipeline_batches
+        self.before, self.pass_seconds = before, pass_seconds
+        self._held: set[str] = set()  # streams whose rows another session held locked at the last delete
+
+    def run(self, conn: psycopg.Connection[Any], sources: list[str], saved: set[str], *, packed: bool) -> Spread:
+        """One pass over ``sources`` (owned: their streams' buckets held), ``saved`` those with saved claims. One batch
+        of saved claims is re-sent first; then new batches are claimed across the sources of streams without saved
+        claims (a stream's new records follow its saved ones). Commits; on failure, raises with the claims saved
+        (the caller reads them again)."""
+        started, published, more_saved = time.monotonic(), 0, False
+        kept: set[str] = set()
+        if saved:
+            published, kept, more_saved = self._resend(conn, sources, packed=packed)
+        waiting = {self.publisher.stream_of(s) for s in kept}
+        fresh = [s for s in sources if self.publisher.stream_of(s) not in waiting]
+        claims = store.claim_across(conn, fresh, self.batch_size, self.before) if fresh else []
+        conn.commit()  # the claims are saved before anything of them reaches Redis
+        full = False
+        for i in range(self.pipeline_batches):
+            if not claims:
+                break
+            self.publisher.faults.crash("streamer.crash_after_claim")
+            full = sum(c.count for c in claims) >= self.batch_size
+            more = full and i + 1 < self.pipeline_batches and not self._late(started)
+            done, stuck, claims = self._publish(conn, claims, packed=packed, then=fresh if more else None)
+            published += done
+            kept |= stuck
+            waiting |= {self.publisher.stream_of(s) for s in stuck}
+            fresh = [s for s in fresh if self.publisher.stream_of(s) not in waiting]
+        # more is ready when the last batch was full or saved claims are left behind the batch re-sent (those held
+        # by another session's row locks wait for the next pass, after a poll interval)
+        return Spread(published, full or more_saved, kept)
+
+    def _late(self, started: float) -> bool:
+        """Whether the pass used its share of the deadline: it claims no more (the next pass goes on at once)."""
+        return self.pass_seconds is not None and time.monotonic() - started > self.pass_seconds
+
+    def _resend(self, conn: psycopg.Connection[Any], sources: list[str], *, packed: bool) -> tuple[int, set[str], bool]:
+        """Re-send the oldest saved claims of ``sources``, about a batch's records of them, in claim order; claims
+        whose rows are all gone were published and deleted by another streamer (a partitioned session's) and are
+        dropped; one with some rows gone stops the streamer. Returns the records published, the sources with saved
+        claims left, and whether some were left behind the batch (not held)."""
+        pending = store.pending_across(conn, sources)
+        take: list[int] = []
+        records = 0
+        for claim, _source, count in pending:
+            if take and records + count > self.batch_size:
+                break
+            take.append(claim)
+            records += count
+        got = store.reclaim_across(conn, take)
+        for claim in sorted(set(take) - {c.claim for c in got}):
+            store.drop_claim(conn, claim)
+            log.warning("a saved claim's records were published by another streamer", claim=claim)
+        for c in got:
+            if c.count != c.saved:
+                raise ClaimIncomplete(
+                    f"claim {c.claim} of {self.publisher.stream_of(c.source)} was saved with {c.saved} records and "
+                    f"{c.count} are left: re-sent, they would take positions Redis already has; the streamer stops "
+                    "rather than skip records (docs/guides/delivery-guarantees.md)"
+                )
+        published, stuck = 0, set[str]()
+        if got:
+            log.info("re-sending saved claims", claims=len(got), sources=len({c.source for c in got}))
+            published, stuck, _ = self._publish(conn, got, packed=packed, then=None)
+        conn.commit()
+        behind = {source for claim, source, _count in pending if claim not in take}
+        return published, behind | stuck, bool(behind)
+
+    def _targets(
+        self, conn: psycopg.Connection[Any], claims: list[store.SourceClaim], packed: bool
+    ) -> list[tuple[int, str, engine.Packed]]:
+        """Each claim's payloads per target stream, in claim order: ``(claim, target, payload)``. A partitioned
+        stream's claim (or any, without ``packed``) is read again as rows and split by key."""
+        publisher = self.publisher
+        partitions = publisher.partitions_of({publisher.stream_of(c.source) for c in claims})
+        out: list[tuple[int, str, engine.Packed]] = []
+        for c in claims:
+            stream = publisher.stream_of(c.source)
+            if packed and partitions[stream] <= 1:
+                out.append((c.claim, stream, engine.Packed(c.count, c.body, c.stride)))
+                continue
+            got = store.reclaim_rows(conn, c.claim)
+            if got is None or got.count != c.count:  # retried: the claim is read again
+                raise PublishError(
+                    f"claim {c.claim} of {stream} changed while it was read: another streamer is "
+                    "publishing the stream without its lock"
+                )
+            out += [(c.claim, t, payload) for t, payload in routing.split(stream, partitions[stream], got.rows).items()]
+        return out
+
+    def _publish(
+        self,
+        conn: psycopg.Connection[Any],
+        claims: list[store.SourceClaim],
+        *,
+        packed: bool,
+        then: list[str] | None,
+    ) -> tuple[int, set[str], list[store.SourceClaim]]:
+        """Send ``claims`` (saved and committed) in one pipelined round trip per Redis node, from the last committed
+        positions; then, in one transaction, delete them with their rows, save the positions and, with ``then``, claim
+        the next batch of those sources. A stream with rows another session holds locked keeps its claims of the
+        batch and its positions (its claims are re-sent, under the same positions, by a later pass); the others go
+        on. Returns the records deleted, the sources of the claims kept, and the next batch (empty: none)."""
+        publisher, began = self.publisher, time.perf_counter()
+        identity = publisher.identity()
+        targets = self._targets(conn, claims, packed)
+        position = publisher.next_seqs(conn, {t for _c, t, _p in targets}, identity.epoch)
+        batches: list[tuple[str, int, engine.Packed]] = []
+        for _claim, target, payload in targets:
+            batches.append((target, position[target], payload))
+            position[target] += payload.count
+        last = {t: p - 1 for t, p in position.items()}
+        try:
+            conn.commit()  # nothing is open in Postgres while Redis appends
+            appended = publisher.send_batches(batches, identity)
+            publisher.faults.crash("streamer.crash_after_publish")
+            publisher.forget_positions(last)  # re-read from Postgres unless this commit succeeds
+            done, kept = self._delete_confirmed(conn, claims, targets, last, identity.epoch)
+            held = {publisher.stream_of(s) for s in kept}  # a held stream's new records wait behind its claims
+            fresh = [s for s in then or () if publisher.stream_of(s) not in held]
+            ahead = store.claim_across(conn, fresh, self.batch_size, self.before) if fresh else []
+            conn.commit()
+        except BaseException:
+            publisher.forget_positions()
+            raise
+        publisher.remember_positions({t: q for t, q in last.items() if t in done})
+        self._counted([c for c in claims if c.source not in kept], began, appended, len(done))
+        return sum(c.count for c in claims if c.source not in kept), kept, ahead
+
+    def _delete_confirmed(
+        self,
+        conn: psycopg.Connection[Any],
+        claims: list[store.SourceClaim],
+        targets: list[tuple[int, str, engine.Packed]],
+        last: dict[str, int],
+        epoch: int,
+    ) -> tuple[set[str], set[str]]:
+        """Delete the claims Redis confirmed, with their rows, and save their targets' positions, in the caller's
+        transaction; a stream whose rows are not all locked here (another session holds some) keeps all of its
+        claims of the batch and its positions. Returns the targets saved and the sources kept."""
+        publisher = self.publisher
+        records = sum(c.count for c in claims)
+        wait = min(LOCK_WAIT, self.pass_seconds or LOCK_WAIT)  # well within the pass's deadline
+        streams = {publisher.stream_of(c.source) for c in claims}
+        deleted = None
+        if not self._held & streams:  # a stream held at the last look is looked at again at once, not waited for
+            deleted = store.delete_across(conn, [c.claim for c in claims], lock_wait=wait)
+        held: set[str] = set()
+        if deleted is None:  # rows another session holds locked: find whose, and let the other streams go on
+            locked = store.lock_across(conn, [c.claim for c in claims])
+            claimed: dict[str, int] = {}
+            for c in claims:
+                claimed[c.source] = claimed.get(c.source, 0) + c.count
+            held = {publisher.stream_of(s) for s, count in claimed.items() if locked.get(s, 0) != count}
+            settled = [c for c in claims if publisher.stream_of(c.source) not in held]
+            records = sum(c.count for c in settled)
+            deleted = store.delete_across(conn, [c.claim for c in settled]) if settled else 0
+        if deleted != records:
+            conn.rollback()
+            raise PublishError(  # retried: the records are re-sent and deduplicated by position
+                f"deleted {deleted} of {records} published records: another streamer is publishing the same "
+                "streams without their locks; the records will be re-sent and deduplicated by position"
+            )
+        kept = {c.source for c in claims if publisher.stream_of(c.source) in held}
+        self._held = held
+        source_of = {c.claim: c.source for c in claims}
+        done = {t for claim, t, _p in targets if source_of[claim] not in kept}
+        store.save_positions(conn, epoch, {t: q for t, q in last.items() if t in done})
+        if held:
+            log.warning(
+                "staged rows locked by another session: their streams wait",
+                streams=len(held),
+                first=min(held),
+                claims=sum(1 for c in claims if c.source in kept),
+            )
+        return done, kept
+
+    def _counted(self, claims: list[store.SourceClaim], began: float, appended: int, targets: int) -> None:
+        """A batch's delete committed: its records counted per stream, the batch observed once, and one log line
+        for it (not one per stream)."""
+        publisher = self.publisher
+        records: dict[str, int] = {}
+        for c in claims:
+            stream = publisher.stream_of(c.source)
+            records[stream] = records.get(stream, 0) + c.count
+        created = [c.first_created_ms for c in claims if c.first_created_ms is not None]
+        publisher.counted_many(records, began, min(created, default=None))
+        if tracing.ENABLED:  # a span per stream with traced records (linked to them), not per stream of the batch
+            ended = time.time_ns()
+            start = ended - int((time.perf_counter() - began) * 1e9)
+            for c in claims:
+                if c.parents:
+                    tracing.record_publish(publisher.stream_of(c.source), c.count, c.parents, start, ended)
+        log.info(
+            "batch streamed",
+            records=sum(records.values()),
+            streams=len(records),
+            appended=appended,
+            targets=targets,
+            ms=round((time.perf_counter() - began) * 1000, 2),
+        )
