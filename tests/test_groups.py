@@ -160,13 +160,16 @@ def test_redelivered_old_record_below_the_watermark_is_skipped(settings: Setting
     w.close()
 
 
+@pytest.mark.parametrize("isolation", ["read committed", "repeatable read"])
 def test_a_prune_between_reading_the_watermark_and_claiming_does_not_apply_twice(
-    settings: Settings, pg: Any, rds: Any
+    settings: Settings, pg: Any, rds: Any, isolation: str
 ) -> None:
     """Another worker prunes at the exact step between a worker's read of the watermarks and its claim of the batch's
     identities: it moves the watermark past a record applied before and deletes that record's row, so the claim finds
     no conflict. Seen in the demo on a Redis Cluster (a redelivered ride applied twice). Here the prune holds its
-    locks while the worker reads (its watermark not yet moved) and commits once the worker's claim waits on it."""
+    locks while the worker reads (its watermark not yet moved) and commits once the worker's claim waits on it. A
+    database whose sessions default to REPEATABLE READ must not hide that commit from the worker's second read."""
+    pg.execute(f"ALTER DATABASE {pg.info.dbname} SET default_transaction_isolation = '{isolation}'")
     stage(settings, 3)
     w = worker(settings, "w")
     w.drain()

@@ -261,3 +261,22 @@ def test_the_chaos_report_counts_the_deadlines_that_fired(settings: Settings, pg
     found = recoveries(Fleet(tmp_path), tmp_path)
     assert found.get("deadline_breaks", 0) >= 2, found
     assert found["reconnects"] >= found["deadline_breaks"], found  # each break is a reconnect too
+
+
+def test_a_row_naming_an_invalid_stream_stays_staged_and_names_no_other(unilog_settings: Settings) -> None:
+    """A row staged by raw SQL under ``'a b'`` (not a stream name) must not be published as ``a`` or ``b``, nor
+    stop them: batches across streams pass source names space-separated. It stays staged, named in one log line."""
+    _stage(unilog_settings, ["a", "b"], per_stream=2)
+    with psycopg.connect(unilog_settings.conninfo, autocommit=True) as conn:
+        conn.execute("INSERT INTO staged_log_records (action, object, data, stream) VALUES ('a', 'o', '{}', 'a b')")
+    argv, env = _command(unilog_settings, ["--log-json", "streamer", "--once"], None)
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == ExitCode.OK, done.stderr
+    rds = redis.Redis.from_url(unilog_settings.redis_url)
+    assert (rds.xlen("a"), rds.xlen("b"), rds.exists("a b")) == (2, 2, 0)
+    with psycopg.connect(unilog_settings.conninfo) as conn:
+        left = conn.execute("SELECT stream FROM staged_log_records").fetchall()
+    assert left == [("a b",)], "kept, not lost nor published elsewhere"
+    said = [json.loads(ln) for ln in (done.stdout + done.stderr).splitlines() if "invalid stream" in ln]
+    assert len(said) == 1 and said[0]["stream"] == "a b", done.stderr
+    rds.close()

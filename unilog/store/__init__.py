@@ -87,6 +87,7 @@ from .groups import (
     delete_group_state,
     group_watermarks,
     mark_dropped,
+    read_committed,
     try_prune_lock,
 )
 from .locks import (
@@ -298,6 +299,7 @@ __all__ = [
     "producer_identity",
     "published_positions",
     "read_checkpoint",
+    "read_committed",
     "read_index_state",
     "reclaim_across",
     "reclaim_packed",

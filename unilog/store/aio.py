@@ -24,7 +24,13 @@ from ._async.checkpoints import (
     take_held,
 )
 from ._async.connection import check_schema, connect_async
-from ._async.groups import advance_watermarks, claim_identities, group_watermarks, try_prune_lock
+from ._async.groups import (
+    advance_watermarks,
+    claim_identities,
+    group_watermarks,
+    read_committed,
+    try_prune_lock,
+)
 from ._async.locks import release_partition_lock, try_partition_lock
 from .rows import Checkpoint
 
@@ -52,6 +58,7 @@ __all__ = [
     "hold_letter",
     "lock_checkpoint",
     "read_checkpoint",
+    "read_committed",
     "release_partition_lock",
     "save_checkpoint",
     "take_held",

@@ -23,6 +23,7 @@ from ._sync.groups import (  # written once for both faces; this face's names
     claim_params,
     claimed_from_row,
     group_watermarks,
+    read_committed,
     try_prune_lock,
     watermarks_from_rows,
 )
@@ -56,6 +57,7 @@ __all__ = [
     "delete_group_state",
     "group_watermarks",
     "mark_dropped",
+    "read_committed",
     "try_prune_lock",
     "watermarks_from_rows",
 ]

@@ -68,11 +68,18 @@ def stream_locks_held_elsewhere(conn: psycopg.Connection[Any], streams: Iterable
 
 
 def end_stuck_session(conn: psycopg.Connection[Any], pid: int) -> bool:
-    """End the backend ``pid`` of this role (a session of ours whose deadline broke its connection while it waited,
-    which would hold its stream buckets until it noticed); False if it is gone or may not be ended. Commits."""
+    """End the backend ``pid`` of this role and this session's application name (a session of ours whose deadline
+    broke its connection while it waited, which would hold its stream buckets until it noticed); False if it is gone
+    or may not be ended. The name guards against the pid having been reused since by another program's session of
+    the same role. Commits."""
     try:
         row = conn.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = %s AND usename = current_user", (pid,)
+            """
+            SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+            WHERE pid = %s AND pid <> pg_backend_pid() AND usename = current_user
+              AND application_name = current_setting('application_name')
+            """,
+            (pid,),
         ).fetchone()
         conn.commit()
     except psycopg.Error:

@@ -29,6 +29,7 @@ import psycopg
 import structlog
 
 from .. import engine, routing, store, tracing
+from ..config import STREAM_NAME_RE
 from ..errors import ClaimIncomplete, PublishError
 from ..store.claims import Claim, Cursor
 from .capture import BatchResult
@@ -85,6 +86,7 @@ class TableCapture:
         self.batch_size, self.pipeline_batches, self.streams = batch_size, pipeline_batches, streams
         self.before = before
         self._cursors: dict[str, Cursor] = {}  # per source, valid while its stream lock is held
+        self._refused: set[str] = set()  # invalid source names already logged
         self._pending: dict[str, list[int]] = {}  # per source: claims saved before this cursor, to re-send first
         self._helper: concurrent.futures.ThreadPoolExecutor | None = None  # Redis, while a backlog drains
         self._packed_fetch: bool | None = None  # whether Postgres can encode batches for Redis (a UTF8 database)
@@ -106,10 +108,21 @@ class TableCapture:
         """The sources (``stream`` column values) with staged rows that this streamer publishes. The transaction it
         begins is not committed here: the pass's claim follows in it (READ COMMITTED: each statement sees the
         commits before it), one round trip less between a producer's commit and its XADD."""
-        sources = store.staged_sources(conn)
+        sources = [s for s in store.staged_sources(conn) if self._valid(s)]
         if self.streams is None:
             return sources
         return [s for s in sources if self.publisher.stream_of(s) in self.streams]
+
+    def _valid(self, source: str) -> bool:
+        """Whether ``source`` is a stream name (or '', the default stream). A row staged by raw SQL with another name
+        (a space, say: batches across streams pass names space-separated) stays staged, never published under
+        another stream's name; one line says so, once per name."""
+        if source == "" or STREAM_NAME_RE.fullmatch(source):
+            return True
+        if source not in self._refused:
+            self._refused.add(source)
+            log.error("staged records name an invalid stream; they stay staged", stream=source)
+        return False
 
     def run_once(self, conn: psycopg.Connection[Any]) -> BatchResult:
         """Publish what is staged: over many sources, batches across them all (:class:`~unilog.stream.

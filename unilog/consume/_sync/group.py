@@ -187,6 +187,7 @@ class GroupConsumer(Worker):
         conn = self.links.pg()
         group = self.config.group
         with store.deadline(conn, self.config.pg_timeout), conn.transaction():
+            store.read_committed(conn)  # _fresh's re-read of the watermarks needs it
             fresh = self._fresh(conn, records)
             if fresh:
                 crash_at = self.faults.pick(len(fresh)) if self.faults.fires("consumer.crash_mid_batch") else None

@@ -129,6 +129,14 @@ async def advance_watermarks(conn: psycopg.AsyncConnection[Any], group: str, str
     return (await conn.execute(PRUNE, {"g": group, "s": stream})).rowcount
 
 
+async def read_committed(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Run the transaction just begun at READ COMMITTED, whatever ``default_transaction_isolation`` says: a group's
+    claim of identities relies on each statement seeing the commits before it (a prune that committed while the claim
+    waited on its rows; at REPEATABLE READ the watermarks read after the claim would not show it). The first
+    statement of the transaction."""
+    await conn.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+
+
 async def try_prune_lock(conn: psycopg.AsyncConnection[Any], group: str, stream: str) -> bool:
     """Take the transaction-level lock that lets one worker of ``group`` prune at a time; False if another has it."""
     row = await (await conn.execute(PRUNE_LOCK, (group, stream))).fetchone()

@@ -130,6 +130,14 @@ def advance_watermarks(conn: psycopg.Connection[Any], group: str, stream: str) -
     return conn.execute(PRUNE, {"g": group, "s": stream}).rowcount
 
 
+def read_committed(conn: psycopg.Connection[Any]) -> None:
+    """Run the transaction just begun at READ COMMITTED, whatever ``default_transaction_isolation`` says: a group's
+    claim of identities relies on each statement seeing the commits before it (a prune that committed while the claim
+    waited on its rows; at REPEATABLE READ the watermarks read after the claim would not show it). The first
+    statement of the transaction."""
+    conn.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+
+
 def try_prune_lock(conn: psycopg.Connection[Any], group: str, stream: str) -> bool:
     """Take the transaction-level lock that lets one worker of ``group`` prune at a time; False if another has it."""
     row = conn.execute(PRUNE_LOCK, (group, stream)).fetchone()
