@@ -109,7 +109,20 @@ _AGAIN = f"""
 # tracestate, maybe empty); eight when any is typed (then also its type, maybe empty). Postgres does the per-record
 # encoding in C, so the streamer touches no record in Python. The lengths are octet_length() of server-encoding
 # text: UTF8 databases only.
-_PACKED = """
+# A staged row's publish arguments as the RESP bulk strings publish.lua reads (5, 7 or 8 per the batch's stride),
+# built in SQL so the streamer sends them unpacked: shared by the claim of one source and the claim across many.
+RESP_FIELDS = """\
+               '$' || octet_length(data) || E'\\r\\n' || data || E'\\r\\n$' || octet_length(action) || E'\\r\\n'
+               || action || E'\\r\\n$' || octet_length(object) || E'\\r\\n' || object || E'\\r\\n$'
+               || octet_length(created) || E'\\r\\n' || created || E'\\r\\n$' || octet_length(key) || E'\\r\\n'
+               || key || E'\\r\\n'
+               || CASE WHEN shape.stride >= 7 THEN
+                    '$' || octet_length(tp) || E'\\r\\n' || tp || E'\\r\\n$' || octet_length(ts) || E'\\r\\n' || ts
+                    || E'\\r\\n' ELSE '' END
+               || CASE WHEN shape.stride = 8 THEN '$' || octet_length(ty) || E'\\r\\n' || ty || E'\\r\\n' ELSE '' END,
+"""
+
+_PACKED = f"""
     , packed AS (
         SELECT data, action, object, created_ms::text AS created, coalesce(key, '') AS key,
                coalesce(tp, '') AS tp, coalesce(ts, '') AS ts, coalesce(ty, '') AS ty, id FROM batch
@@ -121,15 +134,7 @@ _PACKED = """
     )
     SELECT (SELECT count(*) FROM batch),
            convert_to((SELECT string_agg(
-               '$' || octet_length(data) || E'\\r\\n' || data || E'\\r\\n$' || octet_length(action) || E'\\r\\n'
-               || action || E'\\r\\n$' || octet_length(object) || E'\\r\\n' || object || E'\\r\\n$'
-               || octet_length(created) || E'\\r\\n' || created || E'\\r\\n$' || octet_length(key) || E'\\r\\n'
-               || key || E'\\r\\n'
-               || CASE WHEN shape.stride >= 7 THEN
-                    '$' || octet_length(tp) || E'\\r\\n' || tp || E'\\r\\n$' || octet_length(ts) || E'\\r\\n' || ts
-                    || E'\\r\\n' ELSE '' END
-               || CASE WHEN shape.stride = 8 THEN '$' || octet_length(ty) || E'\\r\\n' || ty || E'\\r\\n' ELSE '' END,
-               '' ORDER BY id) FROM packed, shape), 'UTF8'),
+{RESP_FIELDS}               '' ORDER BY id) FROM packed, shape), 'UTF8'),
            (SELECT max(id) FROM batch), (SELECT parents FROM traced), (SELECT claim FROM claimed),
            (SELECT array_agg(x::text) FROM snap, pg_snapshot_xip(snap.s) x),
            (SELECT pg_snapshot_xmax(s)::text FROM snap), (SELECT records FROM claimed), (SELECT stride FROM shape)

@@ -18,7 +18,7 @@ from typing import Any
 
 import psycopg
 
-from .claims import _COLUMNS
+from .claims import _COLUMNS, RESP_FIELDS
 
 # The rows of a new claim: the lowest ids of the sources' committed rows (``before``: WAL mode's table passes publish
 # only the rows that may predate the slot). Scanned in id order by the primary key, the sources hashed.
@@ -60,7 +60,7 @@ _AGAIN = f"""
 # source: five arguments a record, seven when any record of the claim is traced, eight when any is typed), in claim
 # order, with its oldest record's created time and up to 128 traceparents (any: they only link the publish span).
 # Postgres encodes every record in C; the streamer touches none in Python. One ordered aggregate: each is a sort.
-_PER_CLAIM = """
+_PER_CLAIM = f"""
     , packed AS (
         SELECT claim, source, records, data, action, object, created_ms, created_ms::text AS created,
                coalesce(key, '') AS key, coalesce(tp, '') AS tp, coalesce(ts, '') AS ts, coalesce(ty, '') AS ty, id
@@ -71,15 +71,7 @@ _PER_CLAIM = """
     )
     SELECT p.claim, min(p.source), min(p.records), count(*), min(shape.stride),
            convert_to(string_agg(
-               '$' || octet_length(data) || E'\\r\\n' || data || E'\\r\\n$' || octet_length(action) || E'\\r\\n'
-               || action || E'\\r\\n$' || octet_length(object) || E'\\r\\n' || object || E'\\r\\n$'
-               || octet_length(created) || E'\\r\\n' || created || E'\\r\\n$' || octet_length(key) || E'\\r\\n'
-               || key || E'\\r\\n'
-               || CASE WHEN shape.stride >= 7 THEN
-                    '$' || octet_length(tp) || E'\\r\\n' || tp || E'\\r\\n$' || octet_length(ts) || E'\\r\\n' || ts
-                    || E'\\r\\n' ELSE '' END
-               || CASE WHEN shape.stride = 8 THEN '$' || octet_length(ty) || E'\\r\\n' || ty || E'\\r\\n' ELSE '' END,
-               '' ORDER BY p.id), 'UTF8'),
+{RESP_FIELDS}               '' ORDER BY p.id), 'UTF8'),
            min(p.created_ms),
            (array_agg(p.tp) FILTER (WHERE p.tp <> ''))[1:128]
     FROM packed p JOIN shape USING (claim)
