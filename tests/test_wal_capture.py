@@ -200,6 +200,38 @@ def test_two_streamers_one_slot_owner(wal: Settings, pg: Any, rds: redis.Redis) 
     assert published(rds) == [(i + 1, i) for i in range(5)]
 
 
+def test_the_streamer_that_published_the_rows_before_the_slot_lets_go_of_their_streams_when_another_streams_it(
+    wal: Settings, pg: Any, rds: redis.Redis
+) -> None:
+    """The chaos run with Postgres failovers (WAL mode) stalled with 71 rows staged for good: after a slot was
+    re-created, one streamer published the rows staged before it (a table-mode pass, which takes the stream's
+    bucket), the other then opened the new slot first. The first, refused the slot, kept the bucket and the one
+    streaming could publish nothing of it, ever. A streamer refused the slot now lets go of its streams."""
+    from unilog import store
+
+    emit_n(wal, 3)
+    with psycopg.connect(wal.conninfo) as conn:
+        slot = store.capture_slot(conn)
+    assert slot is not None
+    store.recreate_slot(wal.conninfo, slot)  # the 3 rows now predate the slot: a table-mode pass publishes them
+    first, second = streamer(wal, name="first"), streamer(wal, name="second")
+    try:
+        assert until_published(second) == 3, "the rows before the slot, by a table-mode pass (second holds the bucket)"
+        assert first.run_once().published == 0  # nothing predates the slot now: first opens it
+        emit_n(wal, 2, start=3)
+        refused = second.run_once()
+        assert refused.blocked and not refused.published, "the slot streams to first"
+        deadline = time.monotonic() + 10
+        while (result := first.run_once()).published == 0:
+            assert time.monotonic() < deadline, f"first, streaming the slot, published nothing: {result}"
+            time.sleep(0.02)
+    finally:
+        first.close()
+        second.close()
+    assert published(rds) == [(i + 1, i) for i in range(5)]
+    assert staged(pg) == 0
+
+
 def test_a_dropped_slot_with_only_rows_waiting_costs_nothing_and_the_streamer_recreates_it(
     wal: Settings, pg: Any, rds: redis.Redis
 ) -> None:

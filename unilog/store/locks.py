@@ -48,6 +48,20 @@ def try_bucket_locks(conn: psycopg.Connection[Any], buckets: Iterable[int], *, s
     return {int(r[0]) for r in rows}
 
 
+def release_stream_locks(
+    conn: psycopg.Connection[Any], buckets: Iterable[int], streams: Iterable[str] = (), *, shared: bool = False
+) -> None:
+    """Let go of the locks :func:`try_bucket_locks` took on ``buckets`` (``shared`` as they were taken) and of the
+    per-stream locks of ``streams``, in one statement, before the session ends: a WAL-mode streamer that another
+    streams the slot for publishes nothing, and the one that streams needs them (each was taken once)."""
+    unlock = "pg_advisory_unlock_shared" if shared else "pg_advisory_unlock"
+    conn.execute(
+        f"SELECT count({unlock}({_BUCKET_KEY})) FROM unnest(%s::int[]) b "
+        f"UNION ALL SELECT count(pg_advisory_unlock({_STREAM_KEY})) FROM unnest(%s::text[]) s",
+        (sorted(set(buckets)), sorted(set(streams))),
+    )
+
+
 def stream_locks_held_elsewhere(conn: psycopg.Connection[Any], streams: Iterable[str]) -> set[str]:
     """Which of ``streams`` another session holds the per-stream lock of (a streamer limited to listed streams, or
     one of a version before buckets, still running): none of them may be published here meanwhile."""

@@ -134,9 +134,10 @@ class WalCapture:
             self._predrained = True
         try:
             reader = self._open(conn)
-        except SlotBusy:
+        except SlotBusy:  # another streamer streams this database's slot: it needs every stream this one holds
             conn.commit()
-            return BatchResult(blocked=True)  # another streamer streams this database's slot
+            self.publisher.let_go(conn)
+            return BatchResult(blocked=True)
         if time.monotonic() >= self._guard_at:
             self._guard_at = time.monotonic() + GUARD_INTERVAL
             guard(conn, streaming=True, conninfos=self.standbys)

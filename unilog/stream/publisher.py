@@ -86,6 +86,18 @@ class Publisher:
         self.owned.clear()
         self.buckets.clear()
 
+    def let_go(self, conn: psycopg.Connection[Any]) -> None:
+        """Release the locks of the buckets and streams this session holds, now (committed): it publishes none of
+        them any more. For a WAL-mode streamer refused the slot, whose passes before (the rows staged before the
+        slot) took buckets the streamer of the slot needs. Nothing of it is in flight: a pass saves every batch it
+        sent before it returns."""
+        if not self.buckets and not self.owned:
+            return
+        store.release_stream_locks(conn, self.buckets, self.owned if self.listed else (), shared=self.listed)
+        conn.commit()
+        log.info("stream buckets released", buckets=len(self.buckets), streamer=self.name)
+        self.release()
+
     def identity(self) -> store.ProducerIdentity:
         """This database's producer identity, as resolved when the Postgres session opened."""
         assert self._identity is not None, "connect first"
