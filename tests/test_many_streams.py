@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -217,6 +218,35 @@ def test_two_streamers_share_the_buckets_one_publisher_per_stream(settings: Sett
     assert most and max(most.values()) <= STREAM_BUCKETS + 2, most  # + the capture mode's and listener's, if any
     assert pg.execute("SELECT count(*) FROM staged_log_records").fetchone()[0] == 0
     _assert_each_once_in_order(rds, names, 2)
+
+
+def test_a_streamer_of_listed_streams_does_not_stall_the_other_streams_of_its_buckets(
+    settings: Settings, pg: Any, rds: Any
+) -> None:
+    """A streamer limited to listed streams (``--streams``) holds their buckets shared. A streamer of every stream
+    that finds a bucket so held takes it shared too, and the own lock of each other stream in it: it publishes them
+    (before, refused the bucket, it published none of them for as long as the listed one ran), never the listed
+    streams the other holds."""
+    names = [f"s-{k:03d}" for k in range(200)]
+    listed_name = names[0]
+    _stage(settings, names, per_stream=2)
+    bucket = zlib.crc32(listed_name.encode()) % STREAM_BUCKETS
+    same_bucket = [n for n in names[1:] if zlib.crc32(n.encode()) % STREAM_BUCKETS == bucket]
+    assert same_bucket, "the test needs another stream in the listed stream's bucket"
+    listed = Streamer(settings, StreamerConfig(streams=(listed_name,)), name="listed")
+    every = Streamer(settings, name="every")
+    try:
+        assert listed.run_once().published == 2  # holds its bucket shared, and its stream's lock
+        assert every.drain(timeout=60) == 2 * (len(names) - 1), "every stream but the listed one"
+        assert listed_name not in every.publisher.owned
+        assert set(same_bucket) <= every.publisher.owned
+        _stage(settings, [listed_name, same_bucket[0]], per_stream=1)
+        assert listed.run_once().published == 1, "the listed stream stays the listed streamer's"
+        assert every.drain(timeout=60) == 1
+    finally:
+        listed.close()
+        every.close()
+    assert pg.execute("SELECT count(*) FROM staged_log_records").fetchone()[0] == 0
 
 
 def test_a_crash_after_a_batch_across_streams_was_sent_re_sends_it_once(settings: Settings, pg: Any, rds: Any) -> None:

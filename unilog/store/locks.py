@@ -49,16 +49,16 @@ def try_bucket_locks(conn: psycopg.Connection[Any], buckets: Iterable[int], *, s
 
 
 def release_stream_locks(
-    conn: psycopg.Connection[Any], buckets: Iterable[int], streams: Iterable[str] = (), *, shared: bool = False
+    conn: psycopg.Connection[Any], buckets: Iterable[int], shared: Iterable[int] = (), streams: Iterable[str] = ()
 ) -> None:
-    """Let go of the locks :func:`try_bucket_locks` took on ``buckets`` (``shared`` as they were taken) and of the
-    per-stream locks of ``streams``, in one statement, before the session ends: a WAL-mode streamer that another
-    streams the slot for publishes nothing, and the one that streams needs them (each was taken once)."""
-    unlock = "pg_advisory_unlock_shared" if shared else "pg_advisory_unlock"
+    """Let go of the locks :func:`try_bucket_locks` took on ``buckets`` (whole) and ``shared`` and of the own locks
+    of ``streams``, in one statement, before the session ends: a WAL-mode streamer that another streams the slot for
+    publishes nothing, and the one that streams needs them (each was taken once)."""
     conn.execute(
-        f"SELECT count({unlock}({_BUCKET_KEY})) FROM unnest(%s::int[]) b "
+        f"SELECT count(pg_advisory_unlock({_BUCKET_KEY})) FROM unnest(%s::int[]) b "
+        f"UNION ALL SELECT count(pg_advisory_unlock_shared({_BUCKET_KEY})) FROM unnest(%s::int[]) b "
         f"UNION ALL SELECT count(pg_advisory_unlock({_STREAM_KEY})) FROM unnest(%s::text[]) s",
-        (sorted(set(buckets)), sorted(set(streams))),
+        (sorted(set(buckets)), sorted(set(shared)), sorted(set(streams))),
     )
 
 

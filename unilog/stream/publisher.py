@@ -59,7 +59,9 @@ class Publisher:
         self.wait_replicas, self.wait_timeout_ms = wait_replicas, wait_timeout_ms
         self._redis = redis
         self.owned: set[str] = set()  # streams this streamer's session publishes (their bucket's lock held)
-        self.buckets: set[int] = set()  # the stream buckets whose lock the session holds (unilog.store.locks)
+        self.buckets: set[int] = set()  # the stream buckets whose lock the session holds whole (unilog.store.locks)
+        self.shared: set[int] = set()  # ... holds shared, with the own lock of each stream of them it publishes
+        self.locked: set[str] = set()  # the streams whose own lock the session holds
         self.listed = False  # limited to listed streams: their buckets are held shared, each stream's own lock too
         self.standby = False  # found a stream held by another streamer: looks for its lock, not for commits
         self.published_total = 0
@@ -85,17 +87,19 @@ class Publisher:
             metrics.STREAM_LOCK.labels(stream).set(0)
         self.owned.clear()
         self.buckets.clear()
+        self.shared.clear()
+        self.locked.clear()
 
     def let_go(self, conn: psycopg.Connection[Any]) -> None:
         """Release the locks of the buckets and streams this session holds, now (committed): it publishes none of
         them any more. For a WAL-mode streamer refused the slot, whose passes before (the rows staged before the
         slot) took buckets the streamer of the slot needs. Nothing of it is in flight: a pass saves every batch it
         sent before it returns."""
-        if not self.buckets and not self.owned:
+        if not self.buckets and not self.shared:
             return
-        store.release_stream_locks(conn, self.buckets, self.owned if self.listed else (), shared=self.listed)
+        store.release_stream_locks(conn, self.buckets, self.shared, self.locked)
         conn.commit()
-        log.info("stream buckets released", buckets=len(self.buckets), streamer=self.name)
+        log.info("stream buckets released", buckets=len(self.buckets | self.shared), streamer=self.name)
         self.release()
 
     def identity(self) -> store.ProducerIdentity:
@@ -128,26 +132,32 @@ class Publisher:
         return stream in self.owns_all(conn, [stream])
 
     def owns_all(self, conn: psycopg.Connection[Any], streams: Iterable[str]) -> set[str]:
-        """Which of ``streams`` this streamer publishes: those in buckets it holds, the free buckets' locks taken now
-        in one statement (one log line for all of them, never one per stream). A streamer limited to listed streams
-        (``listed``) holds their buckets shared and each stream's own lock. Commits ``conn``."""
+        """Which of ``streams`` this streamer publishes: those in buckets it holds whole, the free buckets' locks
+        taken now in one statement (one log line for all of them, never one per stream). A bucket that a streamer
+        limited to listed streams holds shared is taken shared too, with the own lock of each stream of it published
+        here: the listed streams stay the other's, the rest are published here. A streamer limited to listed streams
+        (``listed``) holds every bucket of its shared. Commits ``conn``."""
         wanted = set(streams)
         new = wanted - self.owned
         if not new:
             return wanted
-        buckets = {store.stream_bucket(s) for s in new}
-        taken = store.try_bucket_locks(conn, buckets - self.buckets, shared=self.listed)
-        got = {s for s in new if store.stream_bucket(s) in self.buckets | taken}
-        if self.listed:
-            got = {s for s in got if store.try_stream_lock(conn, s)}
-        else:  # a streamer of a version before buckets, or one limited to listed streams, may hold some of them
-            got -= store.stream_locks_held_elsewhere(conn, got)
-        conn.commit()
+        buckets = {store.stream_bucket(s) for s in new} - self.buckets - self.shared
+        taken = set() if self.listed else store.try_bucket_locks(conn, buckets)
+        shared = store.try_bucket_locks(conn, buckets - taken, shared=True)
         self.buckets |= taken
+        self.shared |= shared
+        whole = {s for s in new if store.stream_bucket(s) in self.buckets}
+        # a streamer of a version before buckets, or one limited to listed streams, may hold some of them
+        got = whole - store.stream_locks_held_elsewhere(conn, whole)
+        own = {s for s in new - whole if store.stream_bucket(s) in self.shared and store.try_stream_lock(conn, s)}
+        conn.commit()
+        self.locked |= own
+        got |= own
         self._check_layout(got)
         self.standby = got != new
-        if taken:
-            log.info("stream buckets acquired", buckets=len(taken), held=len(self.buckets), streamer=self.name)
+        if taken or shared:
+            held = len(self.buckets | self.shared)
+            log.info("stream buckets acquired", buckets=len(taken), shared=len(shared), held=held, streamer=self.name)
         for stream in got:
             metrics.STREAM_LOCK.labels(stream).set(1)
         self.owned |= got
