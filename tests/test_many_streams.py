@@ -168,6 +168,29 @@ def test_the_running_streamer_gets_past_a_stuck_stream(settings: Settings, pg: A
     _assert_each_once_in_order(rds, ["a-stuck", *names], 1)
 
 
+def test_a_held_claim_whose_rows_another_session_deleted_leaves_its_positions_taken(
+    settings: Settings, pg: Any, rds: Any
+) -> None:
+    """A batch across streams was sent, then its delete found one stream's rows held by another session, which kept
+    that stream's claim (sent, positions 1-2 in Redis, not saved). That session deleted the rows itself (a clean-up
+    job, not a streamer: no positions saved). The next pass drops the claim, and the stream's next records must take
+    positions 3 and on: reused, Redis skipped them as already present (lost)."""
+    _stage(settings, ["held", "free"], per_stream=2)
+    holder = _lock_rows_of(settings, "held")
+    with Streamer(settings, StreamerConfig(max_backoff=0.2), name="runner") as streamer:
+        streamer.run_once()  # both streams sent; "held" kept its claim, its delete waited on the rows
+        assert rds.xlen("held") == 2 and rds.xlen("free") == 2
+        assert pg.execute("SELECT count(*) FROM unilog_claims").fetchone()[0] == 1
+        holder.execute("DELETE FROM staged_log_records WHERE stream = 'held'")
+        holder.commit()
+        _stage(settings, ["held"], per_stream=2)
+        streamer.drain(timeout=30)
+    holder.close()
+    seqs = [int(f["seq"]) for _id, f in rds.xrange("held")]
+    assert seqs == [1, 2, 3, 4], "the records staged after the dropped claim are published, after its positions"
+    assert pg.execute("SELECT count(*) FROM staged_log_records").fetchone()[0] == 0
+
+
 def _advisory_locks(conn: psycopg.Connection[Any]) -> dict[str, int]:
     """Advisory locks each streamer's session holds now, by application name."""
     rows = conn.execute(

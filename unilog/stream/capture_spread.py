@@ -114,8 +114,10 @@ class SpreadPasses:
             take.append(claim)
             records += count
         got = store.reclaim_across(conn, take)
+        source_of = {claim: source for claim, source, _count in pending}
         for claim in sorted(set(take) - {c.claim for c in got}):
             store.drop_claim(conn, claim)
+            self.publisher.settle_dropped(conn, self.publisher.stream_of(source_of[claim]))
             log.warning("a saved claim's records were published by another streamer", claim=claim)
         for c in got:
             if c.count != c.saved:

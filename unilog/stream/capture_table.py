@@ -293,6 +293,7 @@ class TableCapture:
             # its rows are gone, deleted only after Redis confirmed them: a streamer that believed it held the lock
             # (a partitioned session) published the same records under the same positions and deleted them
             store.drop_claim(conn, claim)
+            self.publisher.settle_dropped(conn, stream)
             log.warning("a saved claim's records were published by another streamer", stream=stream, claim=claim)
         if cursor is None:
             if busy:

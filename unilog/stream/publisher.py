@@ -25,7 +25,7 @@ from typing import Any
 import psycopg
 import structlog
 
-from .. import engine, metrics, store
+from .. import engine, metrics, routing, store
 from ..errors import ConfigurationError
 from ..faults import Faults
 from . import sending
@@ -174,6 +174,27 @@ class Publisher:
                 f"stream {stream!r} has Redis keys in the layout before hash tags ({', '.join(keys[:3])}): stop "
                 f"its consumers and run `unilog stream relayout {stream}` (docs/guides/redis-cluster.md, Redis keys)"
             )
+
+    def settle_dropped(self, conn: psycopg.Connection[Any], stream: str) -> None:
+        """A saved claim of ``stream`` was dropped, its rows gone: whatever deleted them, Redis may hold the positions
+        the claim was sent under (sent, then its delete waited on a lock and kept it), and Postgres may not. Those
+        positions are saved now (in the caller's transaction), from this producer's high-water mark in Redis, so
+        the stream's next records take the positions after them: reused, Redis would skip those records as present.
+        """
+        identity = self.identity()
+        count = self.partitions(stream)
+        targets = [stream] if count <= 1 else [routing.partition_stream(stream, i) for i in range(count)]
+        saved = store.last_published_seqs(conn, targets, identity.epoch)
+        api = self._redis()
+        ahead = {}
+        for target in targets:
+            mark = api.high_water(target, identity.producer_id)
+            if mark is not None and mark[0] == identity.epoch and mark[1] > saved[target]:
+                ahead[target] = mark[1]
+        if ahead:
+            store.save_positions(conn, identity.epoch, ahead)
+            self.forget_positions(ahead)
+            log.warning("positions of a dropped claim saved from Redis", streams=ahead, streamer=self.name)
 
     def next_seq(self, conn: psycopg.Connection[Any], target: str, epoch: int) -> int:
         """The position the next record published on ``target`` gets."""
