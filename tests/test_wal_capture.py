@@ -232,6 +232,27 @@ def test_the_streamer_that_published_the_rows_before_the_slot_lets_go_of_their_s
     assert staged(pg) == 0
 
 
+def test_a_row_before_the_slot_naming_an_invalid_stream_does_not_stop_the_log(
+    wal: Settings, pg: Any, rds: redis.Redis
+) -> None:
+    """A row staged by raw SQL under ``'a b'`` (not a stream name) before the slot stays staged, named in one line,
+    as in table mode; the rows staged before the slot go out by a table-mode pass and the slot is streamed after
+    them. Waiting for the invalid one to go (it never does) stopped the log: nothing after it was published."""
+    from unilog import store
+
+    emit_n(wal, 2)
+    pg.execute("INSERT INTO staged_log_records (action, object, data, stream) VALUES ('a', 'o', '{}', 'a b')")
+    with psycopg.connect(wal.conninfo) as conn:
+        slot = store.capture_slot(conn)
+    assert slot is not None
+    store.recreate_slot(wal.conninfo, slot)
+    emit_n(wal, 2, start=2)
+    with streamer(wal) as s:
+        s.drain(timeout=20)
+    assert published(rds) == [(i + 1, i) for i in range(4)], "before the slot, then from it"
+    assert pg.execute("SELECT stream FROM staged_log_records").fetchall() == [("a b",)]
+
+
 def test_a_dropped_slot_with_only_rows_waiting_costs_nothing_and_the_streamer_recreates_it(
     wal: Settings, pg: Any, rds: redis.Redis
 ) -> None:

@@ -291,14 +291,26 @@ def staged_before(conn: psycopg.Connection[Any], from_xid: str) -> bool:
     return bool(row and row[0])
 
 
+def sources_before(conn: psycopg.Connection[Any], from_xid: str) -> list[str]:
+    """The ``stream`` values of the staged rows :func:`staged_before` finds (a scan of them: for the rare look at
+    what a table-mode pass left of them)."""
+    rows = conn.execute("SELECT DISTINCT stream FROM staged_log_records WHERE xid < %s::xid8", (from_xid,))
+    return [r[0] for r in rows.fetchall()]
+
+
 def wal_insert_lsn(conn: psycopg.Connection[Any]) -> int:
     """The end of the WAL written so far: a committed transaction's records all lie before it."""
     row = conn.execute("SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint").fetchone()
     return int(row[0]) if row else 0
 
 
-def any_staged(conn: psycopg.Connection[Any]) -> bool:
-    row = conn.execute("SELECT EXISTS (SELECT 1 FROM staged_log_records)").fetchone()
+def any_staged(conn: psycopg.Connection[Any], since_xid: str | None = None) -> bool:
+    """Whether committed rows are staged (those of transactions from ``since_xid`` on, given: the slot's)."""
+    if since_xid is None:
+        row = conn.execute("SELECT EXISTS (SELECT 1 FROM staged_log_records)").fetchone()
+    else:
+        query = "SELECT EXISTS (SELECT 1 FROM staged_log_records WHERE xid >= %s::xid8)"
+        row = conn.execute(query, (since_xid,)).fetchone()
     return bool(row and row[0])
 
 

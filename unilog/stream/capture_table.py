@@ -108,12 +108,12 @@ class TableCapture:
         """The sources (``stream`` column values) with staged rows that this streamer publishes. The transaction it
         begins is not committed here: the pass's claim follows in it (READ COMMITTED: each statement sees the
         commits before it), one round trip less between a producer's commit and its XADD."""
-        sources = [s for s in store.staged_sources(conn) if self._valid(s)]
+        sources = [s for s in store.staged_sources(conn) if self.valid(s)]
         if self.streams is None:
             return sources
         return [s for s in sources if self.publisher.stream_of(s) in self.streams]
 
-    def _valid(self, source: str) -> bool:
+    def valid(self, source: str) -> bool:
         """Whether ``source`` is a stream name (or '', the default stream). A row staged by raw SQL with another name
         (a space, say: batches across streams pass names space-separated) stays staged, never published under
         another stream's name; one line says so, once per name."""

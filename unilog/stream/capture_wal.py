@@ -41,7 +41,8 @@ from .. import routing, store
 from ..errors import CaptureLost, CaptureRecreated, ConfigurationError, PublishError, UnilogError
 from ..store.pgoutput import Decoder, WalRow, WalTransaction
 from ..store.wal import CaptureSlot, ReplicationStream, SlotBusy, SlotReplaced
-from .capture import BatchResult, Capture
+from .capture import BatchResult
+from .capture_table import TableCapture
 from .guard import GUARD_INTERVAL, guard
 from .publisher import Publisher, settle_unsaved
 
@@ -82,7 +83,7 @@ class WalCapture:
         self,
         publisher: Publisher,
         slot: CaptureSlot,
-        predrain: Capture,
+        predrain: TableCapture,
         *,
         conninfo: str,
         batch_size: int,
@@ -130,7 +131,9 @@ class WalCapture:
         if not self._predrained:
             if store.staged_before(conn, self.slot.from_xid):
                 conn.commit()
-                return self.predrain.run_once(conn)
+                result = self.predrain.run_once(conn)
+                if result.published or result.waiting or result.blocked or self._publishable_before(conn):
+                    return result
             self._predrained = True
         try:
             reader = self._open(conn)
@@ -144,11 +147,20 @@ class WalCapture:
         self._receive(reader, wait=0)
         if not self._pending:
             self._confirm_idle(reader)
-            # rows staged, or WAL written that the slot's stream has not reached: a record message may be in it
-            waiting = store.any_staged(conn) or reader.received_end < store.wal_insert_lsn(conn)
+            # rows staged since the slot (those before it are the table-mode passes', done: what is left of them
+            # names an invalid stream), or WAL the slot's stream has not reached: a record message may be in it
+            waiting = store.any_staged(conn, self.slot.from_xid) or reader.received_end < store.wal_insert_lsn(conn)
             conn.commit()
             return BatchResult(waiting=waiting)
         return self._publish(conn, reader)
+
+    def _publishable_before(self, conn: psycopg.Connection[Any]) -> bool:
+        """Whether a row staged before the slot that a table-mode pass may still publish is left (one held by another
+        session's lock, say): streaming waits for it. Rows naming an invalid stream stay staged for good (one line
+        says so); waiting for them would stop the log."""
+        sources = store.sources_before(conn, self.slot.from_xid)
+        conn.commit()
+        return any(self.predrain.valid(source) for source in sources)
 
     def _open(self, conn: psycopg.Connection[Any]) -> ReplicationStream:
         if self._reader is None:
