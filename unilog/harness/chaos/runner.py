@@ -418,6 +418,9 @@ def _quiesce(app: App, servers: _Servers, consumers: Sequence[str], timeout: flo
             return True
         if time.monotonic() > deadline:
             print(f"[{time.monotonic() - t0:6.1f}s] did not quiesce within {timeout:.0f}s: {summary}", file=out)
+            if "staged=0 " not in summary:
+                for line in tables.staged_diagnosis(servers.pg_url):
+                    print(f"  diagnosis: {line}", file=out)
             return False
         if time.monotonic() - last_print >= 10:
             last_print = time.monotonic()

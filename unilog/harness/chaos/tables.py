@@ -169,3 +169,33 @@ def first_applied_after(conn: psycopg.Connection[Any], since: float) -> dict[str
         (since,),
     ).fetchall()
     return {str(name): float(at) for name, at in rows}
+
+
+def staged_diagnosis(database_url: str) -> list[str]:
+    """What a run that did not quiesce with rows staged needs to be understood: the rows' ids and transaction ids
+    against the WAL capture's ``from_xid``, the capture's state (hold, saved mark), the database's slots, the losses
+    recorded, and the sessions of unilog's processes. Best effort: a failed read is named instead."""
+    lines: list[str] = []
+    queries = {
+        "staged rows": "SELECT count(*), min(id), max(id), min(xid::text::bigint), max(xid::text::bigint), "
+        "min(created_at)::text, max(created_at)::text, count(DISTINCT stream) FROM staged_log_records",
+        "claims": "SELECT claim, source, lo, hi, records FROM unilog_claims ORDER BY claim LIMIT 5",
+        "capture": "SELECT slot_name, from_xid::text, message_lsn::text, message_ordinal, held_reason, held_saved, "
+        "held_lsn::text, enabled_at::text FROM unilog_capture",
+        "slots": "SELECT to_jsonb(s) - 'plugin' - 'slot_type' - 'datoid' FROM pg_replication_slots s",
+        "losses": "SELECT id, slot, from_lsn::text, to_lsn::text, recovered, lost, detail FROM unilog_capture_losses",
+        "positions": "SELECT stream, epoch, last_seq FROM unilog_stream_positions ORDER BY stream LIMIT 5",
+        "sessions": "SELECT application_name, state, backend_xid::text, backend_xmin::text, "
+        "(now() - xact_start)::text FROM pg_stat_activity WHERE application_name LIKE 'unilog-%%'",
+        "wal": "SELECT pg_current_wal_insert_lsn()::text, pg_snapshot_xmax(pg_current_snapshot())::text",
+    }
+    try:
+        with connect(database_url, autocommit=True) as conn:
+            for name, query in queries.items():
+                try:
+                    lines.append(f"{name}: {conn.execute(query).fetchall()}")
+                except psycopg.Error as exc:
+                    lines.append(f"{name}: {type(exc).__name__}: {str(exc).strip()}")
+    except Exception as exc:  # a diagnosis never fails the report
+        lines.append(f"could not read the database: {exc!r}")
+    return lines
