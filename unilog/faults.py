@@ -16,6 +16,8 @@ Points:
     Table mode: crash after a batch's claim committed and before anything of it was sent to Redis.
 ``streamer.crash_after_publish``
     Crash after Redis confirmed the batch and before the delete of the staged records commits.
+``streamer.crash_recreating_slot``
+    WAL capture: crash after a lost slot's replacement was created and before its ``from_xid`` was recorded.
 ``consumer.crash_mid_batch``
     Crash while the handler iterates the batch, after some records were handled.
 ``consumer.crash_before_commit``
@@ -53,6 +55,7 @@ POINTS = (
     "streamer.crash_after_claim",  # table mode: the claim saved, nothing sent
     "streamer.crash_after_publish",
     "streamer.crash_before_confirm",  # WAL capture: rows deleted, the slot not yet told
+    "streamer.crash_recreating_slot",  # WAL capture: a lost slot's replacement made, its from_xid not yet recorded
     "consumer.crash_mid_batch",
     "consumer.crash_before_commit",
     "consumer.crash_after_dead_letter",

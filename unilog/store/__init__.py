@@ -175,6 +175,7 @@ from .staging import (
 )
 from .wal import (
     PUBLICATION,
+    RECREATING,
     CaptureSlot,
     ReplicationStream,
     SlotBusy,
@@ -211,6 +212,7 @@ __all__ = [
     "INSERT_STAGED_MANY",
     "NOTIFY_CHANNEL",
     "PUBLICATION",
+    "RECREATING",
     "SCHEMA_HEAD",
     "SCHEMA_MODES",
     "STREAM_BUCKETS",

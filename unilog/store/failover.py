@@ -12,7 +12,7 @@ that new emitters wait for (:func:`hold_rows`).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +23,7 @@ from ..errors import PublishError, UnilogError
 from .connection import connect
 from .pgoutput import Decoder, WalRow
 from .readiness import Readiness, failover_readiness, hosts_of
-from .wal import CaptureSlot, drop_slot, lsn_text, record_capture
+from .wal import RECREATING, CaptureSlot, drop_slot, lsn_text, record_capture
 
 FAILOVER_SLOTS_SINCE = 170000  # server_version_num of the first Postgres with failover slots
 EMIT_LOCK = "unilog.emit_mode"  # unilog_stage's advisory lock, shared by every emitting transaction
@@ -301,7 +301,9 @@ def release_slot_lock(conn: psycopg.Connection[Any], slot: str) -> None:
     conn.commit()
 
 
-def recreate_slot(conninfo: str, capture: CaptureSlot, *, locked: bool = False) -> None:
+def recreate_slot(
+    conninfo: str, capture: CaptureSlot, *, locked: bool = False, created: Callable[[], None] | None = None
+) -> None:
     """Replace a lost capture slot by a new one of the same name (a failover slot where the server has them), and
     take ``from_xid`` again: every row staged before it is then published by table-mode passes first, as after
     ``unilog capture wal --recreate``. For a streamer that found its slot lost at no cost (producers were held to
@@ -316,9 +318,15 @@ def recreate_slot(conninfo: str, capture: CaptureSlot, *, locked: bool = False) 
             if time.monotonic() > deadline:
                 raise SlotBusyError(f"another session holds slot {capture.slot!r}'s streaming lock: tried again later")
             time.sleep(0.05)
+        # from_xid goes to RECREATING first: a process that dies before the new slot's own from_xid is recorded
+        # leaves a capture no streamer streams (it re-creates the slot again), never a new slot under the old
+        # from_xid, whose rows staged before the new slot (above the old from_xid) no pass would publish
+        conn.execute("UPDATE unilog_capture SET from_xid = %s::xid8", (RECREATING,))
         if conn.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (capture.slot,)).fetchone():
             drop_slot(conn, capture.slot)
         create_slot(conn, capture.slot, failover=True)
+        if created is not None:
+            created()
         record_capture(conn, capture.slot, capture.publication)
 
 

@@ -46,6 +46,11 @@ class CaptureSlot:
     from_xid: str
 
 
+# The capture's from_xid while a lost slot's replacement is made (unilog.store.failover.recreate_slot): no xid is 0,
+# so no streamer opens the slot under it; one that finds it left by a process that died re-creates the slot again
+RECREATING = "0"
+
+
 def capture_slot(conn: psycopg.Connection[Any]) -> CaptureSlot | None:
     """The database's WAL capture, or None in table mode."""
     row = conn.execute("SELECT slot_name, publication, from_xid::text FROM unilog_capture").fetchone()

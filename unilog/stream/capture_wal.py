@@ -167,6 +167,9 @@ class WalCapture:
             name = self.publisher.name
             self._mark = store.message_mark(conn)  # where the slot's stream restarts, the last saved is the truth
             conn.commit()
+            if self.slot.from_xid == store.RECREATING:  # a process died replacing the lost slot: replace it again
+                unfinished = CaptureLost(f"the re-creation of slot {self.slot.slot!r} did not finish")
+                raise self._after_loss(conn, unfinished)
             try:
                 self._reader = ReplicationStream(
                     self.conninfo, self.slot, application_name=f"unilog-{name}-wal", timeout=self.timeout
@@ -218,7 +221,10 @@ class WalCapture:
                 )
         if (doubtful := self.publisher.in_doubt(conn)) and not self._settle_in_doubt(conn, doubtful):
             return CaptureLost(f"{exc}; {lost}")
-        store.recreate_slot(self.conninfo, self.slot, locked=True)  # what `capture wal --recreate` does, done here
+        crash = self.publisher.faults.crash  # what `capture wal --recreate` does, done here
+        store.recreate_slot(
+            self.conninfo, self.slot, locked=True, created=lambda: crash("streamer.crash_recreating_slot")
+        )
         if recovery is None:
             return CaptureRecreated(f"{exc}; {lost}: the slot is re-created")
         self.losses.append(recovery)
