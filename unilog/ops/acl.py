@@ -46,7 +46,8 @@ USES: dict[str, tuple[Callable[..., Any], ...]] = {
         R.memory,
     ),
     # checkpoint consumers (both faces): reads after the checkpoint (of several streams at once, and the look for a
-    # prefix's streams), the missing-stream and rewind checks, retention registration, dead letters; partitioned workers: partition counts, heartbeats, the wait over partitions;
+    # prefix's streams), the missing-stream and rewind checks, retention registration, dead letters; partitioned
+    # workers: partition counts, heartbeats, the wait over partitions;
     # the Spark source and sink, the archive and reconciliation: pages of the stream, registration; `unilog consume`
     # before a new consumer starts: the stream's length, or the entries after --from ID
     "consumer": (

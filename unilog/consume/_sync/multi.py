@@ -362,7 +362,9 @@ class MultiConsumer(Worker):
             if batch.replays:  # a replay's held row is taken: its letter is held again below, under this row
                 store.take_held(conn, lane.row, [r.origin for r in batch.replays])
             letter = self._dead_letter(conn, api, lane, entry, repr(exc), attempts=self.config.max_attempts + 1)
-            self.faults.crash("consumer.crash_after_dead_letter")  # see AsyncConsumer._poisoned
+            self.faults.crash(
+                "consumer.crash_after_dead_letter"
+            )  # as the single-stream consumer's: retried, then one replay
             store.save_checkpoints(conn, [after])
         self._committed({lane.stream: after}, [], 0, 1, 0.0)
         self.dead_total += 1
@@ -383,7 +385,7 @@ class MultiConsumer(Worker):
     ) -> str:
         """Hold the record under its stream's row and copy it to that stream's dead letters, in this transaction,
         before the checkpoint passes it; with too few replicas acknowledging, raise :class:`NotReplicated` (the
-        transaction rolls back, the record is retried). The contract of ``Consumer._dead_letter``, per stream;
+        transaction rolls back, the record is retried). The single-stream consumer's contract, per stream;
         returns the dead letter's id."""
         entry_id, fields = entry
         origin = fields.get(REPLAY_OF) or entry_id
