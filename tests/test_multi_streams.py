@@ -34,6 +34,7 @@ from unilog import (
     emit_many,
 )
 from unilog.cli import ExitCode
+from unilog.consume.lanes import checkpoint_name, fair_cut, per_stream_count, split_checkpoint_name
 from unilog.errors import ConfigurationError
 
 TESTS = Path(__file__).parent
@@ -94,7 +95,7 @@ def test_one_batch_spans_streams_and_a_crash_before_its_commit_applies_nothing_t
     batches: dict[str, set[str]] = defaultdict(set)
     for stream, _seq, _i, batch in rows(pg):
         batches[batch].add(stream)
-    assert max(len(s) for s in batches.values()) == 3, "one handler call saw several streams"
+    assert max(len(s) for s in batches.values()) >= 2, "one handler call saw several streams"
     saved = dict(pg.execute("SELECT name, stream FROM unilog_checkpoints ORDER BY name").fetchall())
     assert saved == {f"c:{s}": s for s in streams}, "a checkpoint row per stream, named <name>:<stream>"
     tops = {
@@ -153,6 +154,19 @@ def test_a_poison_record_and_a_malformed_entry_are_settled_per_stream(ddl: Setti
     assert applied["s2"] == [0, 1, 2, 3, 4], "s2 untouched by s1's poison; its malformed entry skipped"
     assert [f["dlq_consumer"] for _, f in rds.xrange("unilog:dlq:{s1}")] == ["d:s1"]
     assert [f["dlq_consumer"] for _, f in rds.xrange("unilog:dlq:{s2}")] == ["d:s2"]
+
+
+def test_a_cut_batch_keeps_a_prefix_of_each_stream_and_turns_between_streams() -> None:
+    read = {s: [(f"{i}-0".encode(), {}) for i in range(1, 5)] for s in ("a", "b", "c")}
+    assert fair_cut(read, 12) == read
+    for turn in range(6):
+        cut = fair_cut(read, 6, turn)
+        assert sum(len(entries) for entries in cut.values()) == 6
+        assert all(entries == read[s][: len(entries)] for s, entries in cut.items()), "a prefix of each stream"
+    assert {next(iter(fair_cut(read, 6, turn))) for turn in range(3)} == {"a", "b", "c"}, "every stream goes first"
+    assert per_stream_count(1000, 1) == 1000 and per_stream_count(1000, 1000) == 10 and per_stream_count(5, 1000) == 5
+    assert split_checkpoint_name(checkpoint_name("c", "tenant:1")) == ("c", "tenant:1")
+    assert split_checkpoint_name("c") is None
 
 
 def test_the_single_stream_consumer_refuses_a_config_of_several(settings: Settings) -> None:

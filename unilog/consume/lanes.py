@@ -75,22 +75,23 @@ def per_stream_count(batch_size: int, streams: int) -> int:
     return min(batch_size, max(MIN_PER_STREAM, batch_size // max(1, streams)))
 
 
-def fair_cut(read: Mapping[str, list[engine.Entry]], limit: int) -> dict[str, list[engine.Entry]]:
-    """At most ``limit`` entries of ``read`` (stream -> entries in stream order), taken round-robin, the first of
-    every stream, then the second...: each stream keeps a prefix of what was read (its order holds, and its
-    checkpoint moves only past what is kept), and no stream starves the others."""
-    total = sum(len(entries) for entries in read.values())
-    if total <= limit:
-        return {stream: entries for stream, entries in read.items() if entries}
-    keep = dict.fromkeys(read, 0)
-    taken, depth = 0, 0
-    while taken < limit:
-        for stream, entries in read.items():
-            if depth < len(entries) and taken < limit:
-                keep[stream] += 1
-                taken += 1
-        depth += 1
-    return {stream: read[stream][:n] for stream, n in keep.items() if n}
+def fair_cut(read: Mapping[str, list[engine.Entry]], limit: int, turn: int = 0) -> dict[str, list[engine.Entry]]:
+    """At most ``limit`` entries of ``read`` (stream -> entries in stream order): whole streams' reads, starting at
+    the ``turn``-th stream (the caller turns it every pass, so no stream starves the others), the last one taken
+    cut short. Each stream keeps a prefix of what was read (its order holds, and its checkpoint moves only past what
+    is kept); taking streams whole rather than a few entries of every one keeps the rows a batch saves few."""
+    streams = [stream for stream, entries in read.items() if entries]
+    if sum(len(read[stream]) for stream in streams) <= limit:
+        return {stream: read[stream] for stream in streams}
+    start = turn % len(streams)
+    kept: dict[str, list[engine.Entry]] = {}
+    room = limit
+    for stream in streams[start:] + streams[:start]:
+        if room <= 0:
+            break
+        kept[stream] = read[stream][:room]
+        room -= len(kept[stream])
+    return kept
 
 
 def label_of(streams: tuple[str, ...], prefix: str | None) -> str:

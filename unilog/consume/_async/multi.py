@@ -79,6 +79,7 @@ class AsyncMultiConsumer(AsyncWorker):
         self._registered_at = 0.0
         self._unregistered: dict[tuple[str, str], str] = {}  # (stream, row) -> last id committed, not yet registered
         self._last_rewind_check = 0.0
+        self._turn = 0  # which stream a cut batch starts at: turned every pass
         self.handled_total = self.skipped_total = self.malformed_total = self.dead_total = 0
 
     @property
@@ -213,7 +214,10 @@ class AsyncMultiConsumer(AsyncWorker):
             await self._check_not_rewound()
         after = {s: lane.checkpoint.last_id for s, lane in self.lanes.items() if lane.checkpoint is not None}
         count = per_stream_count(self.config.batch_size, len(after))
-        read = fair_cut(await (await self.links.redis()).read_many(after, count, wait), self.config.batch_size)
+        self._turn += 1
+        read = fair_cut(
+            await (await self.links.redis()).read_many(after, count, wait), self.config.batch_size, self._turn
+        )
         if not read:
             return ConsumeResult()
         poisoned = [s for s in read if self.lanes[s].poisoned(self.config.max_attempts)]
