@@ -208,6 +208,11 @@ def test_the_command_line_consumes_several_streams(ddl: Settings, pg: Any) -> No
     assert result.returncode == 0, result.stderr
     counts = dict(pg.execute("SELECT stream, count(*) FROM multi_applied GROUP BY stream").fetchall())
     assert counts == {"x1": 6, "x2": 3, "y1": 3}, "x1 by both consumers, x2 by the prefix's, y1 by the list's"
+    # a stream's row is an ordinary checkpoint: reset alone, by its name, it is applied again, and only it
+    result = unilog(ddl, "consumer", "reset", "cli:x1", "--to", "beginning")
+    assert result.returncode == 0, result.stderr
+    result = unilog(ddl, "consume", "handlers:multi_applied", "--name", "cli", "--streams", "x1,y1", "--once")
+    assert "handled 3 records" in result.stdout, result.stdout + result.stderr
 
 
 # -- the done-when test: 1,000 streams, one consumer process, kill -9 of the consumer and of the streamer ----------
