@@ -35,7 +35,9 @@ from unilog import (
 )
 from unilog.cli import ExitCode
 from unilog.consume.lanes import checkpoint_name, fair_cut, per_stream_count, split_checkpoint_name
+from unilog.engine import RedisStreams, connect
 from unilog.errors import ConfigurationError
+from unilog.ops.dlq import list_letters, replay
 
 TESTS = Path(__file__).parent
 
@@ -154,6 +156,17 @@ def test_a_poison_record_and_a_malformed_entry_are_settled_per_stream(ddl: Setti
     assert applied["s2"] == [0, 1, 2, 3, 4], "s2 untouched by s1's poison; its malformed entry skipped"
     assert [f["dlq_consumer"] for _, f in rds.xrange("unilog:dlq:{s1}")] == ["d:s1"]
     assert [f["dlq_consumer"] for _, f in rds.xrange("unilog:dlq:{s2}")] == ["d:s2"]
+    # the poison record's replay is addressed to its stream's row, which holds it: applied once, after the fix
+    api = RedisStreams(connect(ddl.redis_url))
+    try:
+        (letter,) = list_letters(api, "s1", consumer="d:s1")
+        replay(api, "s1", letter)
+    finally:
+        api.close()
+    with MultiConsumer(ddl, config, multi_applied) as consumer:
+        assert consumer.drain() == 1
+        assert consumer.drain() == 0
+    assert [i for stream, _seq, i, _batch in rows(pg) if stream == "s1"] == [0, 1, 3, 2], "the replay, once"
 
 
 def test_a_cut_batch_keeps_a_prefix_of_each_stream_and_turns_between_streams() -> None:
