@@ -122,7 +122,9 @@ CREATE TABLE IF NOT EXISTS multi_applied (
 def multi_applied(conn: psycopg.Connection[Any], records: Sequence[Record]) -> None:
     """Used by the several-streams tests (`unilog consume handlers:multi_applied --streams ...`): one row per
     application, in application order, with its stream and the batch it came in (a double apply is a duplicate
-    (stream, seq))."""
+    (stream, seq)); `SLOW_HANDLER` seconds per batch widen the window a kill lands in."""
+    import os
+    import time
     import uuid
 
     batch = uuid.uuid4().hex
@@ -131,3 +133,4 @@ def multi_applied(conn: psycopg.Connection[Any], records: Sequence[Record]) -> N
             "INSERT INTO multi_applied (stream, seq, i, batch) VALUES (%s, %s, %s, %s)",
             [(r.stream, r.seq, (r.data or {}).get("i"), batch) for r in records],
         )
+    time.sleep(float(os.environ.get("SLOW_HANDLER", "0")))

@@ -85,7 +85,7 @@ def test_one_batch_spans_streams_and_a_crash_before_its_commit_applies_nothing_t
     stage(ddl, streams, 5)
     publish(ddl)
     faults = Faults.scripted(consumer__crash_before_commit=[True])
-    config = ConsumerConfig(name="c", streams=tuple(streams), batch_size=9)
+    config = ConsumerConfig(name="c", streams=tuple(streams), batch_size=30)
     with MultiConsumer(ddl, config, multi_applied, faults=faults) as consumer:
         with pytest.raises(InjectedCrash):
             consumer.run_once()
@@ -234,9 +234,10 @@ TENANTS = [f"tenant-{n:04d}" for n in range(1000)]
 
 
 def spawn(settings: Settings, *argv: str) -> subprocess.Popen[bytes]:
-    """``unilog ARGV`` through the installed console script, in ``tests/`` (so ``handlers:...`` imports)."""
+    """``unilog ARGV`` through the installed console script, in ``tests/`` (so ``handlers:...`` imports); a
+    consumer's batches take 0.1 s more each (``SLOW_HANDLER``), so a kill lands while it has work left."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("UNILOG_")}
-    env.update(DATABASE_URL=settings.database_url, REDIS_URL=settings.redis_url)
+    env.update(DATABASE_URL=settings.database_url, REDIS_URL=settings.redis_url, SLOW_HANDLER="0.1")
     script = Path(sys.executable).with_name("unilog")
     return subprocess.Popen(
         [str(script), "--log-json", *argv], env=env, cwd=TESTS, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
@@ -277,14 +278,15 @@ def test_one_consumer_applies_1000_streams_exactly_once_in_order_through_kill_9(
     consume = ["consume", "handlers:multi_applied", "--name", "k", "--stream-prefix", "tenant-"]
     consume += ["--discover-interval", "0.5", "--block-ms", "200", "--batch-size", "500"]
     stage(ddl, TENANTS, 2)
-    streamer, consumer = spawn(ddl, "streamer"), spawn(ddl, *consume)
+    streamer, consumer = spawn(ddl, "streamer", "--batch-size", "100"), spawn(ddl, *consume)
     try:
         wait_until(lambda: applied_count(pg) >= 500, "the first records applied")
         kill9(consumer)
+        assert applied_count(pg) < 2000, "the consumer was killed with records of the first wave left to apply"
         stage(ddl, TENANTS, 2, start=2)
         wait_until(lambda: published(rds) >= 2200, "the second wave partly published")
         kill9(streamer)
-        streamer, consumer = spawn(ddl, "streamer"), spawn(ddl, *consume)
+        streamer, consumer = spawn(ddl, "streamer", "--batch-size", "100"), spawn(ddl, *consume)
         stage(ddl, TENANTS, 1, start=4)
         wait_until(lambda: applied_count(pg) >= 3000, "the restarted consumer applying")
         kill9(consumer)  # again, while the third wave flows

@@ -75,6 +75,13 @@ def per_stream_count(batch_size: int, streams: int) -> int:
     return min(batch_size, max(MIN_PER_STREAM, batch_size // max(1, streams)))
 
 
+def rewind_interval(streams: int) -> float:
+    """Seconds between looks for rewound streams (one ``XINFO STREAM`` each, pipelined): once a second, as the
+    single-stream consumer does, up to 250 streams; beyond, longer, so the look costs a bounded share of the
+    consumer's time (1,000 streams: every 4 s)."""
+    return max(1.0, streams / 250)
+
+
 def fair_cut(read: Mapping[str, list[engine.Entry]], limit: int, turn: int = 0) -> dict[str, list[engine.Entry]]:
     """At most ``limit`` entries of ``read`` (stream -> entries in stream order): whole streams' reads, starting at
     the ``turn``-th stream (the caller turns it every pass, so no stream starves the others), the last one taken

@@ -41,7 +41,7 @@ from ...store import aio as store
 from ...store.checkpoints import Checkpoint
 from ...wire import to_str
 from ..base import ConsumerConfig, ConsumeResult, describe, is_handler_failure
-from ..lanes import Lane, fair_cut, label_of, make_lane, per_stream_count
+from ..lanes import MIN_PER_STREAM, Lane, fair_cut, label_of, make_lane, per_stream_count, rewind_interval
 from ..progress import keep_held, sort_batch
 from ..records import REPLAY_OF, AsyncHandler, Batch, Record
 from ..typed import typed_handler
@@ -80,6 +80,7 @@ class AsyncMultiConsumer(AsyncWorker):
         self._unregistered: dict[tuple[str, str], str] = {}  # (stream, row) -> last id committed, not yet registered
         self._last_rewind_check = 0.0
         self._turn = 0  # which stream a cut batch starts at: turned every pass
+        self._quiet: set[str] | None = None  # the streams the last read found nothing after (None: not read yet)
         self.handled_total = self.skipped_total = self.malformed_total = self.dead_total = 0
 
     @property
@@ -187,12 +188,17 @@ class AsyncMultiConsumer(AsyncWorker):
             self._unregistered = {}
             self._registered_at = now
 
-    async def _check_not_rewound(self) -> None:
+    async def _check_not_rewound(self, quiet: set[str] | None = None) -> None:
         """Raise :class:`StreamRewound` if a stream's last id has been below its checkpoint (Redis lost data) for
-        longer than ``rewind_grace`` seconds: every stream read past its start, in one pipeline."""
+        longer than ``rewind_grace`` seconds: the streams read past their start, of ``quiet`` only if given (a
+        stream whose last read returned entries after its checkpoint does not end below it), in one pipeline."""
         self._last_rewind_check = time.monotonic()
         read = [
-            lane for lane in self.lanes.values() if lane.checkpoint is not None and lane.checkpoint.last_id != "0-0"
+            lane
+            for lane in self.lanes.values()
+            if lane.checkpoint is not None
+            and lane.checkpoint.last_id != "0-0"
+            and (quiet is None or lane.stream in quiet)
         ]
         if not read:
             return
@@ -210,14 +216,9 @@ class AsyncMultiConsumer(AsyncWorker):
         wait = self.config.block_ms if not block_ms else (None if block_ms < 0 else block_ms)
         await self._discover()
         await self._load()
-        if time.monotonic() - self._last_rewind_check >= 1.0:  # a rewound stream shows no entries: look for it
-            await self._check_not_rewound()
-        after = {s: lane.checkpoint.last_id for s, lane in self.lanes.items() if lane.checkpoint is not None}
-        count = per_stream_count(self.config.batch_size, len(after))
-        self._turn += 1
-        read = fair_cut(
-            await (await self.links.redis()).read_many(after, count, wait), self.config.batch_size, self._turn
-        )
+        if time.monotonic() - self._last_rewind_check >= rewind_interval(len(self.lanes)):
+            await self._check_not_rewound(self._quiet)  # a rewound stream shows no entries: look among the quiet
+        read = await self._read(wait)
         if not read:
             return ConsumeResult()
         poisoned = [s for s in read if self.lanes[s].poisoned(self.config.max_attempts)]
@@ -231,6 +232,27 @@ class AsyncMultiConsumer(AsyncWorker):
                     self.lanes[stream].failed()
                 await self.links.discard_failed_transaction()
             raise  # the loop rolls back, backs off and reads the batch again
+
+    async def _read(self, wait: int | None) -> Read:
+        """At most ``batch_size`` entries after the streams' checkpoints, a prefix of each stream's, from a start
+        that turns every pass. Over few streams, one read of :func:`per_stream_count` entries each. Over many (the
+        batch shared out would be under :data:`MIN_PER_STREAM` each), a first read of one entry each finds the
+        streams that have some, then a second reads deeper into those the batch takes: a batch spans few streams
+        (each one a checkpoint row to lock and save), and no entry is read only to be dropped."""
+        after = {s: lane.checkpoint.last_id for s, lane in self.lanes.items() if lane.checkpoint is not None}
+        api, batch_size = await self.links.redis(), self.config.batch_size
+        self._turn += 1
+        many = len(after) * MIN_PER_STREAM > batch_size
+        found = await api.read_many(after, 1 if many else per_stream_count(batch_size, len(after)), wait)
+        self._quiet = set(after) - set(found)
+        if not many or not found:
+            return fair_cut(found, batch_size, self._turn)
+        active = list(found)
+        start = self._turn % len(active)
+        depth = max(MIN_PER_STREAM, batch_size // len(active))
+        taken = (active[start:] + active[:start])[: max(1, batch_size // depth)]
+        deeper = await api.read_many({s: after[s] for s in taken}, depth, None)
+        return fair_cut(deeper, batch_size, 0)
 
     async def _apply_checked(self, read: Read) -> ConsumeResult:
         """:meth:`_apply`, again without an entry a handler found malformed (dead-lettered instead), unless the
