@@ -31,6 +31,7 @@ from unilog import (
     Record,
     Settings,
     Streamer,
+    StreamRewound,
     emit_many,
 )
 from unilog.cli import ExitCode
@@ -180,6 +181,18 @@ def test_a_cut_batch_keeps_a_prefix_of_each_stream_and_turns_between_streams() -
     assert per_stream_count(1000, 1) == 1000 and per_stream_count(1000, 1000) == 10 and per_stream_count(5, 1000) == 5
     assert split_checkpoint_name(checkpoint_name("c", "tenant:1")) == ("c", "tenant:1")
     assert split_checkpoint_name("c") is None
+
+
+def test_a_stream_that_lost_its_entries_stops_the_consumer_naming_it(ddl: Settings, pg: Any, rds: Any) -> None:
+    stage(ddl, ["r1", "r2"], 2)
+    publish(ddl)
+    config = ConsumerConfig(name="r", streams=("r1", "r2"))
+    with MultiConsumer(ddl, config, multi_applied) as consumer:
+        assert consumer.drain() == 4
+        rds.delete("r2")  # Redis lost the stream (a restart without persistence)
+        time.sleep(1.05)  # rewinds are looked for once a second (up to 250 streams)
+        with pytest.raises(StreamRewound, match="'r2'"):
+            consumer.run_once(block_ms=-1)
 
 
 def test_the_single_stream_consumer_refuses_a_config_of_several(settings: Settings) -> None:
