@@ -38,6 +38,7 @@ from unilog.cli import ExitCode
 from unilog.consume.lanes import checkpoint_name, fair_cut, per_stream_count, split_checkpoint_name
 from unilog.engine import RedisStreams, connect
 from unilog.errors import ConfigurationError
+from unilog.harness.pytest_plugin import running
 from unilog.ops.dlq import list_letters, replay
 
 TESTS = Path(__file__).parent
@@ -193,6 +194,27 @@ def test_a_stream_that_lost_its_entries_stops_the_consumer_naming_it(ddl: Settin
         time.sleep(1.05)  # rewinds are looked for once a second (up to 250 streams)
         with pytest.raises(StreamRewound, match="'r2'"):
             consumer.run_once(block_ms=-1)
+
+
+def test_two_copies_of_one_consumer_take_turns_and_apply_each_record_once(ddl: Settings, pg: Any) -> None:
+    """Two processes' worth of one consumer (same name, same streams) at once: they lock overlapping sets of rows in
+    one order, so they wait for each other (no deadlock), and a copy whose rows moved underneath re-reads."""
+    streams = [f"two-{k}" for k in range(30)]
+    stage(ddl, streams, 10)
+    publish(ddl)
+    config = ConsumerConfig(name="twin", streams=tuple(streams), batch_size=50, block_ms=50)
+    copies = [MultiConsumer(ddl, config, multi_applied) for _ in range(2)]
+    try:
+        with running(copies[0].run), running(copies[1].run):
+            deadline = time.monotonic() + 60
+            while len(rows(pg)) < 300 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(0.5)  # a double apply would show here
+    finally:
+        for copy in copies:
+            copy.close()
+    assert_once_in_order(pg, dict.fromkeys(streams, 10))
+    assert sum(copy.handled_total for copy in copies) == 300, "the copies' commits add up to each record once"
 
 
 def test_the_single_stream_consumer_refuses_a_config_of_several(settings: Settings) -> None:
