@@ -261,6 +261,9 @@ def test_the_command_line_consumes_several_streams(ddl: Settings, pg: Any) -> No
     assert result.returncode == 0, result.stderr
     result = unilog(ddl, "consume", "handlers:multi_applied", "--name", "cli", "--streams", "x1,y1", "--once")
     assert "handled 3 records" in result.stdout, result.stdout + result.stderr
+    status = unilog(ddl, "status", "--json")  # each row shows as a consumer of its stream, registered there
+    assert status.returncode == 0, status.stderr
+    assert '"cli:x1"' in status.stdout and '"cli2:x2"' in status.stdout, status.stdout[:3000]
 
 
 # -- the done-when test: 1,000 streams, one consumer process, kill -9 of the consumer and of the streamer ----------
