@@ -134,3 +134,13 @@ def multi_applied(conn: psycopg.Connection[Any], records: Sequence[Record]) -> N
             [(r.stream, r.seq, (r.data or {}).get("i"), batch) for r in records],
         )
     time.sleep(float(os.environ.get("SLOW_HANDLER", "0")))
+
+
+async def async_multi_applied(conn: psycopg.AsyncConnection[Any], records: Sequence[Record]) -> None:
+    """:func:`multi_applied` as an ``async def`` handler (`unilog consume handlers:async_multi_applied --streams ...`
+    runs an ``AsyncMultiConsumer``)."""
+    async with conn.cursor() as cur:
+        await cur.executemany(
+            "INSERT INTO multi_applied (stream, seq, i, batch) VALUES (%s, %s, %s, 'async')",
+            [(r.stream, r.seq, (r.data or {}).get("i")) for r in records],
+        )

@@ -261,6 +261,9 @@ def test_the_command_line_consumes_several_streams(ddl: Settings, pg: Any) -> No
     assert result.returncode == 0, result.stderr
     result = unilog(ddl, "consume", "handlers:multi_applied", "--name", "cli", "--streams", "x1,y1", "--once")
     assert "handled 3 records" in result.stdout, result.stdout + result.stderr
+    result = unilog(ddl, "consume", "handlers:async_multi_applied", "--name", "acli", "--stream-prefix", "y", "--once")
+    assert result.returncode == 0 and "handled 3 records" in result.stdout, result.stderr
+    assert pg.execute("SELECT count(*) FROM multi_applied WHERE batch = 'async'").fetchone()[0] == 3
     status = unilog(ddl, "status", "--json")  # each row shows as a consumer of its stream, registered there
     assert status.returncode == 0, status.stderr
     assert '"cli:x1"' in status.stdout and '"cli2:x2"' in status.stdout, status.stdout[:3000]
