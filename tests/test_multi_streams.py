@@ -309,7 +309,6 @@ def applied_count(pg: Any) -> int:
     return pg.execute("SELECT count(*) FROM multi_applied").fetchone()[0]
 
 
-@pytest.mark.slow(seconds=60)
 def test_one_consumer_applies_1000_streams_exactly_once_in_order_through_kill_9(
     ddl: Settings, pg: Any, rds: Any
 ) -> None:
