@@ -18,6 +18,7 @@ from .backfill import run_backfill, run_backfill_fleet
 from .bigtx import run_bigtx
 from .commits import run_commits
 from .consume import run_consume
+from .consume_streams import run_consume_streams
 from .core import FULL, QUICK, Profile, Results, log, preload, worker_init
 from .curves import run_curves
 from .drain import run_drain, run_drain_streams
@@ -48,6 +49,7 @@ WORKLOADS: dict[str, Workload] = {
     "produce": run_produce,
     "produce_clients": run_produce_clients,
     "consume": run_consume,
+    "consume_streams": run_consume_streams,
     "memory": run_memory,
     "bigtx": run_bigtx,
     "backfill": run_backfill,

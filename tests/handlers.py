@@ -106,3 +106,41 @@ async def async_cli_handler(conn: psycopg.AsyncConnection[Any], records: Sequenc
 async def async_group_handler(conn: psycopg.AsyncConnection[Any], records: Sequence[Record]) -> None:
     """Used by CLI tests (`unilog consume handlers:async_group_handler --group g`)."""
     await async_record_applied("group", conn, records)
+
+
+MULTI_DDL = """
+CREATE TABLE IF NOT EXISTS multi_applied (
+    id     BIGSERIAL PRIMARY KEY,
+    stream TEXT   NOT NULL,
+    seq    BIGINT,
+    i      BIGINT,
+    batch  TEXT   NOT NULL
+)
+"""
+
+
+def multi_applied(conn: psycopg.Connection[Any], records: Sequence[Record]) -> None:
+    """Used by the several-streams tests (`unilog consume handlers:multi_applied --streams ...`): one row per
+    application, in application order, with its stream and the batch it came in (a double apply is a duplicate
+    (stream, seq)); `SLOW_HANDLER` seconds per batch widen the window a kill lands in."""
+    import os
+    import time
+    import uuid
+
+    batch = uuid.uuid4().hex
+    with conn.cursor() as cur:
+        cur.executemany(
+            "INSERT INTO multi_applied (stream, seq, i, batch) VALUES (%s, %s, %s, %s)",
+            [(r.stream, r.seq, (r.data or {}).get("i"), batch) for r in records],
+        )
+    time.sleep(float(os.environ.get("SLOW_HANDLER", "0")))
+
+
+async def async_multi_applied(conn: psycopg.AsyncConnection[Any], records: Sequence[Record]) -> None:
+    """:func:`multi_applied` as an ``async def`` handler (`unilog consume handlers:async_multi_applied --streams ...`
+    runs an ``AsyncMultiConsumer``)."""
+    async with conn.cursor() as cur:
+        await cur.executemany(
+            "INSERT INTO multi_applied (stream, seq, i, batch) VALUES (%s, %s, %s, 'async')",
+            [(r.stream, r.seq, (r.data or {}).get("i")) for r in records],
+        )

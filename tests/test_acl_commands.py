@@ -154,6 +154,10 @@ def _publish_and_read(api: RedisStreams, mon: Monitor, rds: Any, s: str) -> None
         "wait_for_entries": lambda: api.wait_for_entries({s: "0-0"}, 1),
         "missing_stream": lambda: api.missing_stream("no-such-stream"),
         "last_generated_id": lambda: api.last_generated_id(s),
+        "read_many": lambda: api.read_many({s: "0-0", s + "m": "0-0", "no-such-stream": "0-0"}, 10, None),
+        "stream_names": lambda: api.stream_names(s[:3], 100),
+        "missing_streams": lambda: api.missing_streams([s, "no-such-stream"]),
+        "last_generated_ids": lambda: api.last_generated_ids([s, "no-such-stream"]),
         "raw_pages": lambda: list(raw_pages(mon.url, s, "0-0", "+", 10)),
     }.items():
         with mon.window(name):
@@ -200,6 +204,7 @@ def _bookkeeping(api: RedisStreams, mon: Monitor, rds: Any, s: str) -> None:
     rds.hset(f"unilog:consumers:{s}x", "c", "0-0")  # a key of stream sx in the layout before hash tags
     for name, call in {
         "register": lambda: api.register(s, "c", "0-0"),
+        "register_many": lambda: api.register_many({(s, "c:a"): "0-0", (s + "m", "c:b"): "0-0"}),
         "registered": lambda: api.registered(s),
         "unregister": lambda: api.unregister(s, "c"),
         "trim": lambda: api.trim(s, min_id="0-1", max_len=1000),
@@ -230,6 +235,11 @@ def _async_twins(url: str, mon: Monitor, rds: Any, s: str) -> set[str]:
             "missing_stream": lambda: api.missing_stream("no-such-stream"),
             "last_generated_id": lambda: api.last_generated_id(s),
             "register": lambda: api.register(s, "c", "0-0"),
+            "register_many": lambda: api.register_many({(s, "c:a"): "0-0"}),
+            "read_many": lambda: api.read_many({s: "0-0", "no-such-stream": "0-0"}, 10, None),
+            "stream_names": lambda: api.stream_names(s[:3], 100),
+            "missing_streams": lambda: api.missing_streams([s, "no-such-stream"]),
+            "last_generated_ids": lambda: api.last_generated_ids([s, "no-such-stream"]),
             "wait_for_entries": lambda: api.wait_for_entries({s: "0-0"}, 1),
             "partitions": lambda: api.partitions(s),
             "heartbeat": lambda: api.heartbeat(s, "c", "w", 10),

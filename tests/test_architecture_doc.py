@@ -114,6 +114,8 @@ def test_the_workers_are_the_ones_named_here() -> None:
         "AsyncConsumer",
         "AsyncGroupConsumer",
         "AsyncPartitionedConsumer",
+        "MultiConsumer",
+        "AsyncMultiConsumer",
     }
     paragraph = DOC[DOC.index("## The worker contract") :]
     assert all(f"`{name}`" in paragraph for name in names - {"AsyncConsumer", "AsyncGroupConsumer"}), names

@@ -237,3 +237,36 @@ def test_dead_letters_wait_for_a_replica_of_their_slots_master_by_default(cluste
         assert sum(client.xlen(dlq_key(s)) for s in streams + [s + "a" for s in streams]) == 16
     finally:
         client.close()
+
+
+def test_a_consumer_over_several_streams_reads_streams_of_every_master(
+    cluster: EmbeddedRedisCluster, settings: Settings, pg: Any
+) -> None:
+    """Streams of different slots share no ``XREAD``: a ``MultiConsumer`` pipelines one per stream (redis-py sends
+    each master its own), finds a prefix's streams on every master, and applies each once, in stream order."""
+    from handlers import MULTI_DDL, multi_applied
+
+    from unilog import ConsumerConfig, MultiConsumer, Streamer, emit_many
+
+    here = Settings(database_url=settings.database_url, redis_url=cluster.url.replace("redis://", "redis+cluster://"))
+    tag = uuid.uuid4().hex[:6]
+    names = [f"mc{tag}-{i}" for i in range(12)]
+    with psycopg.connect(settings.conninfo) as conn:
+        emit_many(
+            conn, [{"action": "a", "object": "o", "data": {"i": i}, "stream": s} for i in range(3) for s in names]
+        )
+    with Streamer(here) as streamer:
+        streamer.drain()
+    assert len({cluster.master_of(name).port for name in names}) >= 2, "the streams live on different masters"
+    pg.execute(MULTI_DDL)
+    config = ConsumerConfig(name="mc", stream_prefix=f"mc{tag}-", block_ms=100, batch_size=20)
+    with MultiConsumer(here, config, multi_applied) as consumer:
+        assert consumer.drain() == 36
+        started = time.monotonic()
+        assert consumer.run_once().read == 0, "nothing more"
+        assert time.monotonic() - started >= 0.09, "an idle read waits its block_ms, polling"
+        assert len(consumer.lanes) == 12
+    seen: dict[str, list[int]] = {}
+    for stream, i in pg.execute("SELECT stream, i FROM multi_applied ORDER BY id").fetchall():
+        seen.setdefault(stream, []).append(i)
+    assert seen == {name: [0, 1, 2] for name in names}

@@ -25,11 +25,13 @@ from handlers import APPLIED_INSERT
 from unilog import (
     AsyncConsumer,
     AsyncGroupConsumer,
+    AsyncMultiConsumer,
     AsyncPartitionedConsumer,
     Consumer,
     ConsumerConfig,
     GroupConfig,
     GroupConsumer,
+    MultiConsumer,
     PartitionConfig,
     PartitionedConsumer,
     Record,
@@ -56,11 +58,11 @@ from unilog.runtime import DEFAULT_HOOKS, AsyncLinks, AsyncWorker, Hook, Hooks, 
 from unilog.runtime.hooks import HealthHook, LogHook
 
 FACES = ["sync", "async"]
-KINDS = ["checkpoint", "group", "partition"]
+KINDS = ["checkpoint", "group", "partition", "multi"]  # multi: a MultiConsumer over the test's stream and another
 
 
 def _name(kind: str) -> str:
-    return {"checkpoint": "c", "group": "g", "partition": "p"}[kind]
+    return {"checkpoint": "c", "group": "g", "partition": "p", "multi": "m"}[kind]
 
 
 def build(
@@ -71,6 +73,8 @@ def build(
     config.setdefault("block_ms", 100)
     if kind == "checkpoint":
         made: Any = ConsumerConfig(name=name, **config)
+    elif kind == "multi":
+        made = ConsumerConfig(name=name, streams=(settings.stream, "other-stream"), **config)
     elif kind == "group":
         made = GroupConfig(group=name, worker="w1", claim_idle_ms=0, **config)
     else:
@@ -87,7 +91,12 @@ def build(
             with conn.cursor() as cur:
                 cur.executemany(APPLIED_INSERT, rows(records))
 
-        kinds: Any = {"checkpoint": Consumer, "group": GroupConsumer, "partition": PartitionedConsumer}
+        kinds: Any = {
+            "checkpoint": Consumer,
+            "group": GroupConsumer,
+            "partition": PartitionedConsumer,
+            "multi": MultiConsumer,
+        }
         return kinds[kind](settings, made, handle, faults=faults)
 
     async def handle_async(conn: psycopg.AsyncConnection[Any], records: Sequence[Record]) -> None:
@@ -96,7 +105,12 @@ def build(
         async with conn.cursor() as cur:
             await cur.executemany(APPLIED_INSERT, rows(records))
 
-    kinds = {"checkpoint": AsyncConsumer, "group": AsyncGroupConsumer, "partition": AsyncPartitionedConsumer}
+    kinds = {
+        "checkpoint": AsyncConsumer,
+        "group": AsyncGroupConsumer,
+        "partition": AsyncPartitionedConsumer,
+        "multi": AsyncMultiConsumer,
+    }
     return kinds[kind](settings, made, handle_async, faults=faults)
 
 

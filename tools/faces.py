@@ -49,6 +49,7 @@ HEADER = "# Generated from "
 RENAMES = {
     # unilog's own classes: each asyncio class named here has a threaded twin of the same shape
     "AsyncConsumer": "Consumer",
+    "AsyncMultiConsumer": "MultiConsumer",
     "AsyncGroupConsumer": "GroupConsumer",
     "AsyncPartitionedConsumer": "PartitionedConsumer",
     "AsyncWorker": "Worker",

@@ -49,7 +49,7 @@ from .errors import (
 if TYPE_CHECKING:
     from importlib.abc import Loader
 
-    from .consume.consumer import AsyncConsumer, Consumer, ConsumerConfig
+    from .consume.consumer import AsyncConsumer, AsyncMultiConsumer, Consumer, ConsumerConfig, MultiConsumer
     from .consume.group import AsyncGroupConsumer, GroupConfig, GroupConsumer
     from .consume.partitions import AsyncPartitionedConsumer, PartitionConfig, PartitionedConsumer
     from .consume.records import Batch, Handler, Record
@@ -67,6 +67,8 @@ _LAZY = {
     "Consumer": "consume.consumer",
     "ConsumerConfig": "consume.consumer",
     "AsyncConsumer": "consume.consumer",
+    "MultiConsumer": "consume.consumer",
+    "AsyncMultiConsumer": "consume.consumer",
     "Faults": "faults",
     "GroupConfig": "consume.group",
     "GroupConsumer": "consume.group",
@@ -165,6 +167,7 @@ if not any(type(finder).__name__ == "_MovedModules" for finder in sys.meta_path)
 __all__ = [
     "AsyncConsumer",
     "AsyncGroupConsumer",
+    "AsyncMultiConsumer",
     "AsyncPartitionedConsumer",
     "Batch",
     "ConcurrentConsumer",
@@ -184,6 +187,7 @@ __all__ = [
     "InvalidStreamName",
     "MalformedEntry",
     "MigrationFailed",
+    "MultiConsumer",
     "NotInTransaction",
     "PartitionConfig",
     "PartitionedConsumer",

@@ -67,7 +67,12 @@ def _run_async(args: argparse.Namespace, settings: Settings, handler: Any) -> in
         raise ConfigurationError("give --name NAME (a checkpoint consumer) or --group GROUP")
     else:
         config = _checkpoint_config(args, not args.exit_on_crash)
-        consumer = AsyncConsumer(settings, config, handler, faults=faults_from(args))
+        if config.several:
+            from ..consume.consumer import AsyncMultiConsumer
+
+            consumer = AsyncMultiConsumer(settings, config, handler, faults=faults_from(args))
+        else:
+            consumer = AsyncConsumer(settings, config, handler, faults=faults_from(args))
 
     async def main() -> int:
         async with consumer:
@@ -87,7 +92,7 @@ def _run_async(args: argparse.Namespace, settings: Settings, handler: Any) -> in
 
 
 def _make_worker(args: argparse.Namespace, settings: Settings, handler: Handler) -> Any:
-    from ..consume.consumer import Consumer
+    from ..consume.consumer import Consumer, MultiConsumer
     from ..consume.group import GroupConsumer
     from ..consume.partitions import PartitionedConsumer
 
@@ -96,6 +101,8 @@ def _make_worker(args: argparse.Namespace, settings: Settings, handler: Handler)
         return GroupConsumer(settings, config, handler, faults=faults_from(args))
     if args.partitioned:
         return PartitionedConsumer(settings, config, handler, faults=faults_from(args))
+    if config.several:
+        return MultiConsumer(settings, config, handler, faults=faults_from(args))
     return Consumer(settings, config, handler, faults=faults_from(args))
 
 

@@ -28,6 +28,11 @@ _STARTS = ("start", "end")
 Announcement = tuple[str, dict[str, Any]]  # a log line: its event and fields
 
 
+def several(args: argparse.Namespace) -> bool:
+    """Whether the command line asks for a consumer over several streams (``--streams``, ``--stream-prefix``)."""
+    return bool(getattr(args, "streams", None)) or getattr(args, "stream_prefix", None) is not None
+
+
 def check_options(args: argparse.Namespace) -> None:
     """Refuse, in one line, options that contradict each other or that the kind of consumer they pick ignores."""
     group, partitioned, name = args.group, args.partitioned, args.name
@@ -51,6 +56,11 @@ def check_options(args: argparse.Namespace) -> None:
             )
     start = args.start_from
     if start is not None:
+        if several(args):
+            raise InvalidUsage(
+                "--from applies to a consumer of one stream: a consumer over several streams (--streams, "
+                "--stream-prefix) starts each stream it has no checkpoint on at the stream's start"
+            )
         if partitioned:
             raise InvalidUsage("--from applies to a checkpoint consumer or a group, not to a partitioned consumer")
         if start not in _STARTS and not _is_id(start):
@@ -63,8 +73,8 @@ def prepare_start(args: argparse.Namespace, settings: Settings) -> None:
 
     A long-running consumer waits here for a server that cannot be reached, is restarting or failing over
     (:func:`unilog.runtime.waiting.wait_for_servers`: one line per retry); ``--once`` stops at once (exit code 4)."""
-    if os.environ.get(CHILD) or not (args.group or args.name):
-        return  # a missing --name is refused, in one line, where the worker is made
+    if os.environ.get(CHILD) or not (args.group or args.name) or several(args):
+        return  # a missing --name is refused, in one line, where the worker is made; several streams: --from is refused
     if args.once:
         _prepare(args, settings)
         return

@@ -17,7 +17,7 @@ import socket
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
-from ..config import validate_name, validate_stream_name
+from ..config import STREAM_NAME_RE, validate_name, validate_stream_name
 from ..errors import InvalidSetting
 
 # how Record.data reads a JSON number with a fraction or an exponent (here, not in .records: building `unilog
@@ -27,6 +27,7 @@ NUMBERS = ("float", "decimal")
 MALFORMED_POLICIES = ("dead-letter", "stop")
 POISON_POLICIES = ("stop", "dead-letter")
 CHECKPOINTS = "checkpoint and partitioned"  # the kinds that keep checkpoints
+STREAM_PREFIX_RE = STREAM_NAME_RE  # a prefix is spelled as a stream name is (so it cannot hold a glob character)
 
 
 def default_worker_name() -> str:
@@ -181,15 +182,70 @@ class CheckpointSettings(ConsumeSettings):
         _at_least("rewind_grace", self.rewind_grace, 0)
 
 
+MULTI = "checkpoint"  # the kind that reads several streams: --streams, --stream-prefix
+
+
 @dataclass(frozen=True)
 class ConsumerConfig(CheckpointSettings):
-    """A checkpoint consumer: ``name`` keys its checkpoint; every other setting is :class:`CheckpointSettings`'s."""
+    """A checkpoint consumer: ``name`` keys its checkpoint; every other setting is :class:`CheckpointSettings`'s.
+
+    Several streams (:class:`~unilog.MultiConsumer`): ``streams``, a tuple of stream names (a comma-separated
+    string is split), and/or ``stream_prefix``, every stream whose name starts with it, looked for again every
+    ``discover_interval`` seconds so streams created later are read too, up to ``max_streams`` streams in all.
+    Each stream keeps a checkpoint row of its own, named ``<name>:<stream>`` (see
+    :func:`~unilog.consume.lanes.checkpoint_name`). ``stream`` and ``streams`` cannot both be given."""
 
     name: str
+    streams: tuple[str, ...] = field(
+        default=(),
+        kw_only=True,
+        metadata=_opt("several streams to read, comma-separated (one consumer, one checkpoint each)", kinds=MULTI),
+    )
+    stream_prefix: str | None = field(
+        default=None,
+        kw_only=True,
+        metadata=_opt("read every stream whose name starts with this, new ones included", kinds=MULTI),
+    )
+    discover_interval: float = field(
+        default=5.0,
+        kw_only=True,
+        metadata=_opt("seconds between looks for new streams of --stream-prefix", kinds=MULTI),
+    )
+    max_streams: int = field(
+        default=10_000, kw_only=True, metadata=_opt("most streams one consumer reads", kinds=MULTI)
+    )
 
     def __post_init__(self) -> None:
         validate_name("consumer", self.name)
         super().__post_init__()
+        streams = self.streams
+        if isinstance(streams, str):  # the command line's --streams a,b
+            streams = tuple(part.strip() for part in streams.split(","))
+        streams = tuple(streams)
+        object.__setattr__(self, "streams", streams)
+        for stream in streams:
+            if not stream:
+                raise InvalidSetting("streams: an empty stream name (give names separated by commas)")
+            validate_stream_name(stream)
+        if len(set(streams)) != len(streams):
+            raise InvalidSetting(f"streams: a stream is named twice in {','.join(streams)!r}")
+        if streams and self.stream is not None:
+            raise InvalidSetting("give stream (one stream) or streams (several), not both")
+        if self.stream_prefix is not None and not STREAM_PREFIX_RE.fullmatch(self.stream_prefix):
+            raise InvalidSetting(
+                f"stream_prefix {self.stream_prefix!r}: use 1-200 characters from [A-Za-z0-9_.:-], starting with a "
+                "letter or digit (a prefix, not a pattern: no '*')"
+            )
+        _at_least("discover_interval", self.discover_interval, 0, strict=True)
+        _at_least("max_streams", self.max_streams, 1)
+        if len(streams) > self.max_streams:
+            raise InvalidSetting(f"streams: {len(streams)} streams, more than max_streams ({self.max_streams})")
+
+    @property
+    def several(self) -> bool:
+        """Whether this consumer reads several streams (``streams`` or ``stream_prefix``): a
+        :class:`~unilog.MultiConsumer`'s config."""
+        return bool(self.streams) or self.stream_prefix is not None
 
 
 @dataclass(frozen=True)
@@ -289,7 +345,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             action = "store_false" if f.default else "store_true"
             parser.add_argument(flag, dest=name, action=action, default=None, help=f"{scope}{meta['help']}")
             continue
-        shown = "" if f.default is None else f" (default {f.default})"  # a None default is said in the help
+        shown = "" if f.default in (None, ()) else f" (default {f.default})"  # a None default is said in the help
         parser.add_argument(
             flag,
             dest=name,

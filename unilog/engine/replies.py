@@ -15,6 +15,18 @@ def read_reply(reply: Any) -> list[Entry]:
     return list(reply[0][1]) if reply else []
 
 
+def read_many_reply(reply: Any) -> dict[str, list[Entry]]:
+    """The entries of an ``XREAD`` reply on several streams, by stream; streams without entries are left out.
+    (RESP2's list of (stream, entries) pairs; redis-py reads RESP3's map as stream -> [entries].)"""
+    if not reply:
+        return {}
+    if isinstance(reply, dict):
+        pairs = [(stream, value[0] if value else []) for stream, value in reply.items()]
+    else:
+        pairs = reply
+    return {to_str(stream): list(entries) for stream, entries in pairs if entries}
+
+
 def delivered(reply: Any) -> list[Entry]:
     """The entries of an ``XREADGROUP`` reply on one stream; a pending entry deleted from the stream (Redis sends
     its id with no fields) is left out."""

@@ -45,17 +45,23 @@ USES: dict[str, tuple[Callable[..., Any], ...]] = {
         R.trim,
         R.memory,
     ),
-    # checkpoint consumers (both faces): reads after the checkpoint, the missing-stream and rewind checks, retention
-    # registration, dead letters; partitioned workers: partition counts, heartbeats, the wait over partitions;
+    # checkpoint consumers (both faces): reads after the checkpoint (of several streams at once, and the look for a
+    # prefix's streams), the missing-stream and rewind checks, retention registration, dead letters; partitioned
+    # workers: partition counts, heartbeats, the wait over partitions;
     # the Spark source and sink, the archive and reconciliation: pages of the stream, registration; `unilog consume`
     # before a new consumer starts: the stream's length, or the entries after --from ID
     "consumer": (
         R.read,
+        R.read_many,
+        R.stream_names,
         R.info,
         R.entries_after,
         R.missing_stream,
+        R.missing_streams,
         R.last_generated_id,
+        R.last_generated_ids,
         R.register,
+        R.register_many,
         R.dead_letter_entry,
         R.partitions,
         R.heartbeat,

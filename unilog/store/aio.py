@@ -17,10 +17,13 @@ import psycopg
 
 from ._async.checkpoints import (
     ensure_checkpoint,
+    ensure_checkpoints,
     hold_letter,
     lock_checkpoint,
     read_checkpoint,
+    read_checkpoints,
     save_checkpoint,
+    save_checkpoints,
     take_held,
 )
 from ._async.connection import check_schema, connect_async
@@ -54,13 +57,16 @@ __all__ = [
     "connect_async",
     "deadline",
     "ensure_checkpoint",
+    "ensure_checkpoints",
     "group_watermarks",
     "hold_letter",
     "lock_checkpoint",
     "read_checkpoint",
+    "read_checkpoints",
     "read_committed",
     "release_partition_lock",
     "save_checkpoint",
+    "save_checkpoints",
     "take_held",
     "try_partition_lock",
     "try_prune_lock",

@@ -50,6 +50,11 @@ class AsyncConsumer(AsyncWorker):
     def __init__(
         self, settings: Settings, config: ConsumerConfig, handler: AsyncHandler, *, faults: Faults = NO_FAULTS
     ) -> None:
+        if config.several:
+            raise ConfigurationError(
+                f"consumer {config.name!r}: a config with streams or stream_prefix is a MultiConsumer's "
+                "(AsyncMultiConsumer's), not a single-stream consumer's"
+            )
         self.settings, self.config, self.faults = settings, config, faults
         self.handler = typed_handler(handler)  # a handler annotated with record types is handed instances
         self.stream = config.stream or settings.stream

@@ -15,7 +15,7 @@ from ...wire import to_str
 from ..base import Entry
 from ..commands import issues
 from ..nodes import clustered
-from ..replies import last_generated, no_such_key, read_reply
+from ..replies import last_generated, no_such_key, read_many_reply, read_reply
 from .base import Adapter
 
 
@@ -69,3 +69,69 @@ class ReadingCore(Adapter):
             if time.monotonic() >= deadline:
                 return False
             sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+
+    # -- several streams at once (a consumer over several streams) -------------------------------------------------
+
+    @issues("xread")
+    def read_many(self, after: Mapping[str, str], count: int, block_ms: int | None) -> dict[str, list[Entry]]:
+        """Up to ``count`` entries of each stream of ``after`` (stream -> id to read after), waiting up to
+        ``block_ms`` if none has any yet; the streams that had entries, with them.
+
+        A single Redis answers one ``XREAD`` over every stream. On a Redis Cluster streams of different slots cannot
+        share an ``XREAD``: one is sent per stream, all in one pipeline (redis-py sends each node its own in one
+        round trip), without blocking, again every 50 ms until ``block_ms`` passed."""
+        if not after:
+            return {}
+        if not clustered(self.client):
+            reply: Any = self.client.xread(dict(after), count=count, block=block_ms)  # type: ignore[arg-type]
+            return read_many_reply(reply)
+        deadline = time.monotonic() + (block_ms or 0) / 1000
+        while True:
+            pipe = self.client.pipeline(transaction=False)
+            for stream, last in after.items():
+                pipe.xread({stream: last}, count=count)
+            found: dict[str, list[Entry]] = {}
+            for reply in pipe.execute():
+                found.update(read_many_reply(reply))
+            if found or block_ms is None or time.monotonic() >= deadline:
+                return found
+            sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+
+    @issues("scan")
+    def stream_names(self, prefix: str, limit: int) -> list[str]:
+        """The streams whose names start with ``prefix`` (``SCAN`` of stream keys; on a Redis Cluster, of every
+        primary's), sorted, at most ``limit`` + 1 of them (so a caller sees it went over ``limit``). The keys of
+        unilog's own bookkeeping (dead letters: ``unilog:dlq:{<stream>}``) hold a hash tag, which no stream name
+        may: they are left out."""
+        names: set[str] = set()
+        for key in self.client.scan_iter(match=prefix + "*", count=1000, _type="STREAM"):
+            name = to_str(key)
+            if "{" not in name:
+                names.add(name)
+                if len(names) > limit:
+                    break
+        return sorted(names)
+
+    @issues("exists")
+    def missing_streams(self, streams: list[str]) -> list[str]:
+        """The streams of ``streams`` that do not exist (one pipelined ``EXISTS`` each)."""
+        pipe = self.client.pipeline(transaction=False)
+        for stream in streams:
+            pipe.exists(stream)
+        return [stream for stream, found in zip(streams, pipe.execute(), strict=True) if not found]
+
+    @issues("xinfo|stream")
+    def last_generated_ids(self, streams: list[str]) -> dict[str, str | None]:
+        """:meth:`last_generated_id` of each of ``streams``, in one pipeline."""
+        pipe = self.client.pipeline(transaction=False)
+        for stream in streams:
+            pipe.xinfo_stream(stream)
+        tops: dict[str, str | None] = {}
+        for stream, info in zip(streams, pipe.execute(raise_on_error=False), strict=True):
+            if isinstance(info, redis.ResponseError):
+                if not no_such_key(info):
+                    raise info
+                tops[stream] = None
+            else:
+                tops[stream] = last_generated(info)
+        return tops

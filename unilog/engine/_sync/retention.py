@@ -5,6 +5,8 @@ retention's bookkeeping (the registry read, trimming) is threaded only: :class:`
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from ...wire import registry_key
 from ..commands import issues
 from .base import Adapter
@@ -17,3 +19,11 @@ class RetentionCore(Adapter):
     def register(self, stream: str, consumer: str, last_id: str) -> None:
         """Record ``consumer``'s checkpoint on ``stream`` (after its commit), so trimming never passes it."""
         self.client.hset(registry_key(stream), consumer, last_id)
+
+    @issues("hset")
+    def register_many(self, checkpoints: Mapping[tuple[str, str], str]) -> None:
+        """:meth:`register` each of ``checkpoints`` ((stream, consumer) -> last id), in one pipeline."""
+        pipe = self.client.pipeline(transaction=False)
+        for (stream, consumer), last_id in checkpoints.items():
+            pipe.hset(registry_key(stream), consumer, last_id)
+        pipe.execute()

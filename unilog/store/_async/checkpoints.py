@@ -59,3 +59,42 @@ async def take_held(conn: psycopg.AsyncConnection[Any], consumer: str, origin_id
     this transaction (a rollback holds them again)."""
     cursor = await conn.execute(TAKE_HELD, (consumer, origin_ids))
     return {row[0] for row in await cursor.fetchall()}
+
+
+# -- a consumer over several streams: one row per stream, each statement over all of them at once -----------------
+
+INSERT_CHECKPOINTS = (
+    "INSERT INTO unilog_checkpoints (name, stream) SELECT * FROM unnest(%s::text[], %s::text[]) "
+    "ON CONFLICT (name) DO NOTHING"
+)
+SELECT_CHECKPOINTS = (
+    "SELECT name, stream, last_id, positions FROM unilog_checkpoints WHERE name = ANY(%s) ORDER BY name"
+)
+SAVE_CHECKPOINTS = (
+    "UPDATE unilog_checkpoints AS c SET last_id = v.last_id, positions = v.positions::jsonb, updated_at = now() "
+    "FROM unnest(%s::text[], %s::text[], %s::text[]) AS v(name, last_id, positions) WHERE c.name = v.name"
+)
+
+
+async def read_checkpoints(
+    conn: psycopg.AsyncConnection[Any], names: list[str], *, lock: bool = False
+) -> dict[str, Checkpoint]:
+    """The checkpoints among ``names`` that exist, by name, in one statement: as committed, or with ``lock``
+    row-locked in the caller's transaction, in name order (so copies of a consumer that lock overlapping sets of
+    rows wait for each other instead of deadlocking)."""
+    cursor = await conn.execute(SELECT_CHECKPOINTS + (" FOR UPDATE" if lock else ""), (names,))
+    return {row[0]: checkpoint_from_row(row[0], row[1:]) for row in await cursor.fetchall()}
+
+
+async def ensure_checkpoints(conn: psycopg.AsyncConnection[Any], rows: dict[str, str]) -> dict[str, Checkpoint]:
+    """The checkpoints of ``rows`` (name -> stream), those missing created at their stream's beginning, in two
+    statements whatever their number."""
+    names = sorted(rows)
+    await conn.execute(INSERT_CHECKPOINTS, (names, [rows[name] for name in names]))
+    return await read_checkpoints(conn, names)
+
+
+async def save_checkpoints(conn: psycopg.AsyncConnection[Any], checkpoints: list[Checkpoint]) -> None:
+    """Write ``checkpoints`` in the caller's transaction, in one statement (see :func:`save_checkpoint`)."""
+    params = [save_params(c) for c in sorted(checkpoints, key=lambda c: c.name)]
+    await conn.execute(SAVE_CHECKPOINTS, ([p[2] for p in params], [p[0] for p in params], [p[1] for p in params]))

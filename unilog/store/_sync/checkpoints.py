@@ -60,3 +60,40 @@ def take_held(conn: psycopg.Connection[Any], consumer: str, origin_ids: list[str
     this transaction (a rollback holds them again)."""
     cursor = conn.execute(TAKE_HELD, (consumer, origin_ids))
     return {row[0] for row in cursor.fetchall()}
+
+
+# -- a consumer over several streams: one row per stream, each statement over all of them at once -----------------
+
+INSERT_CHECKPOINTS = (
+    "INSERT INTO unilog_checkpoints (name, stream) SELECT * FROM unnest(%s::text[], %s::text[]) "
+    "ON CONFLICT (name) DO NOTHING"
+)
+SELECT_CHECKPOINTS = (
+    "SELECT name, stream, last_id, positions FROM unilog_checkpoints WHERE name = ANY(%s) ORDER BY name"
+)
+SAVE_CHECKPOINTS = (
+    "UPDATE unilog_checkpoints AS c SET last_id = v.last_id, positions = v.positions::jsonb, updated_at = now() "
+    "FROM unnest(%s::text[], %s::text[], %s::text[]) AS v(name, last_id, positions) WHERE c.name = v.name"
+)
+
+
+def read_checkpoints(conn: psycopg.Connection[Any], names: list[str], *, lock: bool = False) -> dict[str, Checkpoint]:
+    """The checkpoints among ``names`` that exist, by name, in one statement: as committed, or with ``lock``
+    row-locked in the caller's transaction, in name order (so copies of a consumer that lock overlapping sets of
+    rows wait for each other instead of deadlocking)."""
+    cursor = conn.execute(SELECT_CHECKPOINTS + (" FOR UPDATE" if lock else ""), (names,))
+    return {row[0]: checkpoint_from_row(row[0], row[1:]) for row in cursor.fetchall()}
+
+
+def ensure_checkpoints(conn: psycopg.Connection[Any], rows: dict[str, str]) -> dict[str, Checkpoint]:
+    """The checkpoints of ``rows`` (name -> stream), those missing created at their stream's beginning, in two
+    statements whatever their number."""
+    names = sorted(rows)
+    conn.execute(INSERT_CHECKPOINTS, (names, [rows[name] for name in names]))
+    return read_checkpoints(conn, names)
+
+
+def save_checkpoints(conn: psycopg.Connection[Any], checkpoints: list[Checkpoint]) -> None:
+    """Write ``checkpoints`` in the caller's transaction, in one statement (see :func:`save_checkpoint`)."""
+    params = [save_params(c) for c in sorted(checkpoints, key=lambda c: c.name)]
+    conn.execute(SAVE_CHECKPOINTS, ([p[2] for p in params], [p[0] for p in params], [p[1] for p in params]))
