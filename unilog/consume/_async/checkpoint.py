@@ -309,37 +309,10 @@ class AsyncConsumer(AsyncWorker):
     async def _dead_letter(
         self, conn: psycopg.AsyncConnection[Any], api: AsyncRedisStreams, entry: Entry, error: str, attempts: int = 1
     ) -> str:
-        """Hold the record (so a replay of it is applied once) and copy it to the dead letters, in this transaction,
-        before the checkpoint passes it: a crash before the commit may dead-letter it twice, never lose it. Returns
-        the dead letter's id.
-
-        With replicas wanted (``wait_replicas``), raise :class:`~unilog.errors.NotReplicated` unless enough
-        acknowledged the letter: the transaction rolls back (no checkpoint past the record, no held row) and the
-        record is retried, its next letter replacing this one (one copy, not one per attempt)."""
-        entry_id, fields = entry
-        origin = fields.get(REPLAY_OF) or entry_id
-        await store.hold_letter(conn, self.config.name, self.stream, to_str(origin))
-        written = await api.dead_letter_entry(
-            self.stream,
-            entry_id,
-            fields,
-            error=error,
-            consumer=self.config.name,
-            attempts=attempts,
-            wait_replicas=self.config.wait_replicas,
-            wait_timeout_ms=self.config.wait_timeout_ms,
-            replaces=self._unconfirmed.pop(entry_id, None),
+        """:func:`write_dead_letter` under this consumer's name, on its stream."""
+        return await write_dead_letter(
+            conn, api, self.config, self._unconfirmed, self.config.name, self.stream, entry, error, attempts
         )
-        if not written.confirmed:
-            self._unconfirmed[entry_id] = written.id
-            metrics.letter_unreplicated(self.stream, self.config.name)
-            raise NotReplicated(
-                f"consumer {self.config.name!r} on stream {self.stream!r}: dead letter {written.id} of entry "
-                f"{to_str(entry_id)} was acknowledged by {written.replicas} of {written.wanted} replicas within "
-                f"{self.config.wait_timeout_ms} ms; the checkpoint stays before the record, which is retried (a Redis "
-                "without replicas: --wait-replicas 0)"
-            )
-        return written.id
 
     async def _dead_letter_malformed(
         self, conn: psycopg.AsyncConnection[Any], api: AsyncRedisStreams, letters: list[tuple[bytes, Any, str]]
@@ -374,3 +347,49 @@ class AsyncConsumer(AsyncWorker):
         """One pass of :meth:`drain` (burst mode: consume until the stream has nothing after the checkpoint)."""
         result = await self.run_once(block_ms=-1)
         return result.handled, result.read == 0 and self._checkpoint is not None
+
+
+async def write_dead_letter(
+    conn: psycopg.AsyncConnection[Any],
+    api: AsyncRedisStreams,
+    config: ConsumerConfig,
+    unconfirmed: dict[bytes, str],
+    row: str,
+    stream: str,
+    entry: Entry,
+    error: str,
+    attempts: int = 1,
+    label: str | None = None,
+) -> str:
+    """Hold the record under checkpoint ``row`` (so a replay of it is applied once) and copy it to ``stream``'s dead
+    letters, in this transaction, before the checkpoint passes it: a crash before the commit may dead-letter it twice,
+    never lose it. Returns the dead letter's id. Both the single-stream consumer and each stream of a several-streams
+    one (its row ``<name>:<stream>``; ``label``, the consumer's bounded ``stream`` label for the metric) write their
+    letters here.
+
+    With replicas wanted (``wait_replicas``), raise :class:`~unilog.errors.NotReplicated` unless enough acknowledged
+    the letter: the transaction rolls back (no checkpoint past the record, no held row) and the record is retried, its
+    next letter replacing this one (one copy, not one per attempt; ``unconfirmed`` remembers it by entry id)."""
+    entry_id, fields = entry
+    origin = fields.get(REPLAY_OF) or entry_id
+    await store.hold_letter(conn, row, stream, to_str(origin))
+    written = await api.dead_letter_entry(
+        stream,
+        entry_id,
+        fields,
+        error=error,
+        consumer=row,
+        attempts=attempts,
+        wait_replicas=config.wait_replicas,
+        wait_timeout_ms=config.wait_timeout_ms,
+        replaces=unconfirmed.pop(entry_id, None),
+    )
+    if not written.confirmed:
+        unconfirmed[entry_id] = written.id
+        metrics.letter_unreplicated(label or stream, config.name)
+        raise NotReplicated(
+            f"consumer {row!r} on stream {stream!r}: dead letter {written.id} of entry {to_str(entry_id)} was "
+            f"acknowledged by {written.replicas} of {written.wanted} replicas within {config.wait_timeout_ms} ms; the "
+            "checkpoint stays before the record, which is retried (a Redis without replicas: --wait-replicas 0)"
+        )
+    return written.id

@@ -33,7 +33,7 @@ import structlog
 from ... import metrics, tracing
 from ...config import Settings
 from ...engine.aio import AsyncRedisStreams, Entry
-from ...errors import ConfigurationError, MalformedEntry, NotReplicated, PoisonRecord
+from ...errors import ConfigurationError, MalformedEntry, PoisonRecord
 from ...faults import NO_FAULTS, Faults
 from ...runtime._async.loop import AsyncLinks, AsyncWorker
 from ...runtime.policy import account_batch
@@ -43,8 +43,9 @@ from ...wire import to_str
 from ..base import ConsumerConfig, ConsumeResult, describe, is_handler_failure
 from ..lanes import MIN_PER_STREAM, Lane, fair_cut, label_of, make_lane, per_stream_count, rewind_interval
 from ..progress import keep_held, sort_batch
-from ..records import REPLAY_OF, AsyncHandler, Batch, Record
+from ..records import AsyncHandler, Batch, Record
 from ..typed import typed_handler
+from .checkpoint import write_dead_letter
 
 log = structlog.get_logger("unilog.consumer")
 
@@ -409,34 +410,11 @@ class AsyncMultiConsumer(AsyncWorker):
         error: str,
         attempts: int = 1,
     ) -> str:
-        """Hold the record under its stream's row and copy it to that stream's dead letters, in this transaction,
-        before the checkpoint passes it; with too few replicas acknowledging, raise :class:`NotReplicated` (the
-        transaction rolls back, the record is retried). The single-stream consumer's contract, per stream;
-        returns the dead letter's id."""
-        entry_id, fields = entry
-        origin = fields.get(REPLAY_OF) or entry_id
-        await store.hold_letter(conn, lane.row, lane.stream, to_str(origin))
-        written = await api.dead_letter_entry(
-            lane.stream,
-            entry_id,
-            fields,
-            error=error,
-            consumer=lane.row,
-            attempts=attempts,
-            wait_replicas=self.config.wait_replicas,
-            wait_timeout_ms=self.config.wait_timeout_ms,
-            replaces=lane.unconfirmed.pop(entry_id, None),
+        """The single-stream consumer's dead letter (:func:`~unilog.consume._async.checkpoint.write_dead_letter`),
+        per stream: held under its stream's row, copied to that stream's dead letters."""
+        return await write_dead_letter(
+            conn, api, self.config, lane.unconfirmed, lane.row, lane.stream, entry, error, attempts, label=self.stream
         )
-        if not written.confirmed:
-            lane.unconfirmed[entry_id] = written.id
-            metrics.letter_unreplicated(self.stream, self.config.name)
-            raise NotReplicated(
-                f"consumer {lane.row!r} on stream {lane.stream!r}: dead letter {written.id} of entry "
-                f"{to_str(entry_id)} was acknowledged by {written.replicas} of {written.wanted} replicas within "
-                f"{self.config.wait_timeout_ms} ms; the checkpoint stays before the record, which is retried (a Redis "
-                "without replicas: --wait-replicas 0)"
-            )
-        return written.id
 
     async def _dead_letter_malformed(
         self, conn: psycopg.AsyncConnection[Any], api: AsyncRedisStreams, lane: Lane, letters: list[Any]
