@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -35,26 +36,28 @@ _OWN_BASETEMP = [""]  # the base this run made (removed after a run that passed;
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto`` (pyproject's addopts): a worker per CPU and one more, each with throw-away servers of its own;
+    """``-n auto`` (pyproject's addopts): a worker per CPU and two more, each with throw-away servers of its own;
     none (a serial run) on servers given by URL, since some tests change server-wide state there (``maxmemory``,
     roles, ACL users) that a second worker's tests would meet."""
     del config  # the hook's signature
     given = ("DATABASE_URL", "REDIS_URL", "UNILOG_TEST_DATABASE_URL", "UNILOG_TEST_REDIS_URL")
     if any(os.environ.get(name) for name in given):
         return 0
-    # one more than the CPUs: much of a test's time is waiting (servers starting, processes polled, a five-minute
-    # fleet run at ten records a second), and the extra worker fills it
-    return len(os.sched_getaffinity(0)) + 1
+    # two more than the CPUs: much of a test's time is waiting (servers starting, processes polled, a five-minute
+    # fleet run at ten records a second, the two end-to-end lanes' runs waiting out their faults), and the extra
+    # workers fill it
+    return len(os.sched_getaffinity(0)) + 2
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Longest first, so parallel workers end together instead of one finishing a five-minute test alone: the
-    durations the last run on this checkout recorded (pytest's cache), else the ``slow`` marker. A module whose
+    durations the last run on this checkout recorded (pytest's cache), else those committed in
+    ``tests/durations.json`` (a fresh clone's), else the ``slow`` marker. A module whose
     tests share a fixture of its own (a Spark session, a cluster, a built wheel) stays on one worker
     (``--dist loadgroup``) and in one piece, so the fixture is built once."""
     cache = getattr(config, "cache", None)  # None with -p no:cacheprovider
-    known: dict[str, float] = cache.get(DURATIONS_KEY, {}) if cache else {}
+    known: dict[str, float] = _recorded() | (cache.get(DURATIONS_KEY, {}) if cache else {})
 
     def took(item: pytest.Item) -> float:
         slow = item.get_closest_marker("slow")  # @pytest.mark.slow(seconds=300): how long it runs, for a fresh clone
@@ -62,14 +65,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     heavy_modules = {item.path.stem for item in items if _heavy(item)}
     lane: dict[int, str] = {}
+    heavy_time: dict[str, float] = {}
     for item in items:
         if item.path.stem in CORE:
             item.add_marker(pytest.mark.core)
         shares = _shares_a_module_fixture(item)
         if _heavy(item) or (shares and item.path.stem in heavy_modules):
-            lane[id(item)] = HEAVY
+            unit = item.path.stem if shares else item.nodeid  # a shared fixture keeps its module in one piece
+            lane[id(item)] = unit
+            heavy_time[unit] = heavy_time.get(unit, 0.0) + took(item)
         elif shares:
             lane[id(item)] = item.path.stem
+    heavy_lane = _spread(heavy_time, HEAVY_LANES)
+    for key, name in lane.items():
+        lane[key] = heavy_lane.get(name, name)
     groups: dict[str, float] = {}
     for item in items:
         if id(item) in lane:
@@ -79,10 +88,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: (-groups.get(lane.get(id(item), ""), took(item)), order[id(item)]))
 
 
-# The end-to-end runs (a fleet, a chaos run, Spark, the compose stack) take one lane, one at a time: three at once on
-# two cores put the load past 14 and their verdicts' deadlines with it. A light one (@pytest.mark.slow(light=True):
-# a fleet at ten records a second) runs beside the rest.
+# The end-to-end runs (a fleet, a chaos run, Spark, the compose stack) take two lanes, each one test at a time, spread
+# over them by their known times, longest first (a module whose tests share a fixture of its own as one piece): three
+# at once on two cores put the load past 14 and their verdicts' deadlines with it, and one lane alone was the suite's
+# critical path (1,966 s of 2,044). A light one (@pytest.mark.slow(light=True): a fleet at ten records a second, a
+# test slow only for the default run's length) runs beside the rest.
 HEAVY = "end-to-end"
+HEAVY_LANES = 2
+
+
+def _spread(times: dict[str, float], lanes: int) -> dict[str, str]:
+    """Each heavy test's (or module's) lane: the longest first, each into the lane with the least time so far."""
+    load = [0.0] * lanes
+    placed: dict[str, str] = {}
+    for unit in sorted(times, key=lambda name: (-times[name], name)):
+        emptiest = load.index(min(load))
+        load[emptiest] += times[unit]
+        placed[unit] = f"{HEAVY}-{emptiest + 1}"
+    return placed
 
 
 def _heavy(item: pytest.Item) -> bool:
@@ -126,6 +149,19 @@ CORE = frozenset(
     )
 )
 DURATIONS_KEY = "unilog/durations"
+# A fresh clone (the CI) has no cache: the times of a whole run, committed, spread the lanes there
+# (`python tools/suite_durations.py` writes them from the last whole run's cache)
+RECORDED = os.path.join(os.path.dirname(__file__), "durations.json")
+
+
+def _recorded() -> dict[str, float]:
+    try:
+        with open(RECORDED) as file:
+            return dict(json.load(file))
+    except (OSError, ValueError):
+        return {}
+
+
 _durations: dict[str, float] = {}
 
 

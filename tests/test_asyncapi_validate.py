@@ -128,7 +128,7 @@ def test_the_logs_own_document_is_validated_as_it_is_built(
     assert json.loads((tmp_path / "log.json").read_text())["asyncapi"] == "3.0.0"
 
 
-@pytest.mark.slow
+@pytest.mark.slow(light=True)
 def test_the_parser_is_installed_into_the_cache_folder_on_first_use(tmp_path: Path) -> None:
     if shutil.which("node") is None or shutil.which("npm") is None:
         pytest.skip("node and npm are needed (apt-get install nodejs npm)")

@@ -112,7 +112,7 @@ def producers(logical: Settings) -> Iterator[Producers]:
     thread.join(30)
 
 
-@pytest.mark.slow  # over 8 s: the default run stays near 12 minutes; .ci/run runs it
+@pytest.mark.slow(light=True)  # over 8 s: the default run stays near 12 minutes; .ci/run runs it
 def test_producers_keep_committing_while_capture_table_rebuilds_the_index(
     logical: Settings, pg: Any, rds: redis.Redis, producers: Producers
 ) -> None:

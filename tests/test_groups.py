@@ -223,7 +223,7 @@ def test_trimming_respects_pending_entries(settings: Settings, rds: Any) -> None
     streamer.close()
 
 
-@pytest.mark.slow
+@pytest.mark.slow(light=True)
 def test_three_worker_processes_one_killed_mid_batch(settings: Settings, pg: Any, rds: redis.Redis) -> None:
     with psycopg.connect(settings.conninfo) as conn:
         conn.execute(

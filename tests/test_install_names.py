@@ -145,7 +145,7 @@ def test_the_missing_extra_line_names_the_distribution() -> None:
     assert str(error).endswith("pip install 'unilog-outbox[progress]'"), error
 
 
-@pytest.mark.slow
+@pytest.mark.slow(light=True)
 def test_the_tutorials_install_line_installs_this_project_and_its_command(tmp_path: Path) -> None:
     """``pip install "unilog-outbox[testing,contracts]" fastapi uvicorn`` as the tutorial writes it, with this tree's
     wheel offered beside the index (as the published one will be): every extra exists, and `unilog` runs."""

@@ -115,7 +115,7 @@ def _position(fields: dict[bytes, bytes]) -> dict[bytes, bytes]:
     return {} if seq is None else {b"producer": b"junk", b"seq": b"s" + seq}
 
 
-@pytest.mark.slow  # over 8 s: the default run stays near 12 minutes; .ci/run runs it
+@pytest.mark.slow(light=True)  # over 8 s: the default run stays near 12 minutes; .ci/run runs it
 @junk_settings(EXAMPLES)
 @given(plan=st.lists(st.one_of(st.integers(1, 3), junk_fields), min_size=1, max_size=8))
 def test_junk_entries_never_stop_a_consumer_and_every_record_is_applied_once(
@@ -162,7 +162,7 @@ env_values = st.one_of(
 NAMED = {int(code) for code in ExitCode}
 
 
-@pytest.mark.slow
+@pytest.mark.slow(light=True)
 @junk_settings(max(6, EXAMPLES // 2))
 @given(
     database=env_values,

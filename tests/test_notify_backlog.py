@@ -93,7 +93,7 @@ def largest_backlog(streamer: Streamer) -> Iterator[list[int]]:
         worst[0] = max(worst[0], backlog(streamer))
 
 
-@pytest.mark.slow  # 11 s each: the whole suite runs them
+@pytest.mark.slow(light=True)  # 11 s each: the whole suite runs them
 def test_a_standby_streamer_does_not_make_the_publisher_keep_notifications(
     settings: Settings, rds: redis.Redis
 ) -> None:
@@ -115,7 +115,7 @@ def test_a_standby_streamer_does_not_make_the_publisher_keep_notifications(
     assert sent <= BOUND, f"producers sent {sent} NOTIFYs for {COMMITS} commits: a standby slept on the wake-up"
 
 
-@pytest.mark.slow
+@pytest.mark.slow(light=True)
 def test_a_busy_streamer_keeps_no_notifications_while_another_sleeps(settings: Settings, rds: redis.Redis) -> None:
     """Two streamers with streams of their own: the idle one sleeps on the wake-up, so producers notify (rightly),
     and the busy one's ``LISTEN`` session receives every NOTIFY and must not keep them."""

@@ -90,7 +90,7 @@ def stage_keyed(settings: Settings, keys: int, per_key: int, stream: str) -> Non
         conn.commit()
 
 
-@pytest.mark.slow
+@pytest.mark.slow(light=True)
 def test_per_key_order_under_four_workers_with_one_killed(settings: Settings, pg: Any, rds: Any) -> None:
     pg.execute(ORDER_DDL)
     api = RedisStreams(connect(settings.redis_url))

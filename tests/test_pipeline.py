@@ -247,7 +247,7 @@ def test_transaction_ids_crossing_a_power_of_ten_keep_numeric_order(settings: Se
     assert [int(f["seq"]) for _, f in entries] == list(range(1, 7))
 
 
-@pytest.mark.slow  # over 8 s: the default run stays near 12 minutes; .ci/run runs it
+@pytest.mark.slow(light=True)  # over 8 s: the default run stays near 12 minutes; .ci/run runs it
 def test_backlog_larger_than_a_batch_arrives_complete_and_in_order(settings: Settings, pg: Any, rds: Any) -> None:
     n = 100_000
     pg.execute(

@@ -65,7 +65,7 @@ def test_two_producer_databases_share_one_stream(
             drop_database(unilog_postgres, url)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(light=True)
 def test_restore_into_a_new_cluster_starts_a_new_epoch(settings: Settings, tmp_path: Path, rds: Any) -> None:
     """pg_dump a producer database with staged records, restore it into another cluster, keep streaming."""
     stage(settings.database_url, "before", 4)

@@ -373,7 +373,7 @@ class Pipeline:
     database=None,  # keep .hypothesis/ out of the repository; a failure prints its steps and a reproduce blob
     print_blob=True,
 )
-@pytest.mark.slow  # over 8 s: the default run stays near 12 minutes; .ci/run runs it
+@pytest.mark.slow(light=True)  # over 8 s: the default run stays near 12 minutes; .ci/run runs it
 @given(steps=steps_strategy, finish=finish_strategy)
 def test_interleavings_apply_every_committed_record_exactly_once_in_order(
     unilog_postgres: PostgresHandle,

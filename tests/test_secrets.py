@@ -87,7 +87,7 @@ def background(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
     )
 
 
-@pytest.mark.slow  # over 8 s: the default run stays near 12 minutes; .ci/run runs it
+@pytest.mark.slow(light=True)  # over 8 s: the default run stays near 12 minutes; .ci/run runs it
 def test_a_planted_password_appears_in_no_output(settings: Settings, secret_env: dict[str, str]) -> None:
     with psycopg.connect(settings.conninfo) as conn:
         for n in range(5):

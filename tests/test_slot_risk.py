@@ -34,9 +34,13 @@ def majors() -> dict[int, Any]:
     return postgres_by_major()
 
 
-# 15 in the default run; 16 and 18 in the slow one (.ci/run runs both)
+# 15 in the default run; 16 and 18 in the slow one (.ci/run runs both), beside the other tests: no deadline of theirs
+# depends on the machine's load
+LIGHT_SLOW = pytest.mark.slow(light=True)
+
+
 @pytest.fixture(
-    params=[15, pytest.param(16, marks=pytest.mark.slow), pytest.param(18, marks=pytest.mark.slow)],
+    params=[15, pytest.param(16, marks=LIGHT_SLOW), pytest.param(18, marks=LIGHT_SLOW)],
     ids=lambda v: f"pg{v}",
 )
 def limited(

@@ -58,7 +58,7 @@ def spawn(settings: Settings, *argv: str) -> subprocess.Popen[bytes]:
     )
 
 
-@pytest.mark.slow
+@pytest.mark.slow(light=True)
 def test_two_streamers_two_consumers_survive_sigkill_of_the_active_streamer(
     settings: Settings, pg: psycopg.Connection[Any], rds: Any
 ) -> None:

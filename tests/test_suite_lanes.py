@@ -59,3 +59,15 @@ def test_a_group_runs_on_one_worker(tmp_path: Path) -> None:
     workers = dict(line.split() for line in log.read_text().splitlines())
     assert set(workers) == {"a", "b", "c", "d"}
     assert workers["a"] == workers["b"] == workers["c"], f"the group was split over workers: {workers}"
+
+
+def test_the_end_to_end_runs_are_spread_over_two_lanes_by_their_times() -> None:
+    """Longest first, each into the emptier lane: a 615 s chaos module and the rest end within a test of each other,
+    where one lane held them all before (the whole suite's critical path)."""
+    from conftest import HEAVY_LANES, _spread
+
+    times = {"chaos": 615.0, "compose": 254.0, "spark": 230.0, "restarts": 93.0, "fleet": 73.0, "junk": 18.0}
+    lanes = _spread(times, HEAVY_LANES)
+    assert set(lanes.values()) == {"end-to-end-1", "end-to-end-2"}
+    load = {lane: sum(t for unit, t in times.items() if lanes[unit] == lane) for lane in set(lanes.values())}
+    assert sorted(load.values()) == [633.0, 650.0], load  # chaos and junk; the rest

@@ -118,7 +118,7 @@ def test_a_large_transaction_is_split_across_batches_and_confirmed_once_whole(
     assert published(rds) == [(i + 1, i) for i in range(25)]
 
 
-@pytest.mark.slow  # over 8 s: the default run stays near 12 minutes; .ci/run runs it
+@pytest.mark.slow(light=True)  # over 8 s: the default run stays near 12 minutes; .ci/run runs it
 def test_a_large_transaction_is_never_held_whole(wal: Settings, pg: Any, rds: redis.Redis) -> None:
     """Issue 26: the WAL pass decodes, publishes and deletes a large transaction a batch at a time as it arrives;
     before, the decoder held all of it until its commit message (200,000 rows here, about 90 MB)."""
