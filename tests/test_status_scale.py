@@ -18,7 +18,7 @@ from cli import unilog
 from prometheus_client.parser import text_string_to_metric_families
 
 from unilog import Settings
-from unilog.engine import connect
+from unilog.engine import RedisStreams, connect
 from unilog.engine.survey import COUNT_PAGE
 from unilog.harness.embedded import free_port
 from unilog.ops.dashboard import History
@@ -71,6 +71,38 @@ def test_the_survey_counts_every_stream_exactly_past_its_page(unilog_settings: S
     totals = report["totals"]
     assert totals["streams"] == len(streams) and totals["consumers"] == STREAMS and totals["groups"] == 1
     assert totals["lag_entries"] == sum(c["lag_entries"] for c in report["consumers"]) + group["lag_entries"]
+    rds.close()
+
+
+def test_counts_the_survey_answers_from_a_streams_ends_are_exact(unilog_settings: Settings) -> None:
+    """The survey answers a count from the stream's ends where they suffice (an id before or at the first entry, at or
+    past the last, an empty stream) and reads the range otherwise: every answer is what XRANGE counts."""
+    rds = connect(unilog_settings.redis_url)
+    ids = [rds.xadd("ends", {"n": str(i)}, id=f"{1_000 + i}-{i}").decode() for i in range(1, 6)]
+    rds.xadd("emptied", {"n": "0"})
+    rds.xtrim("emptied", maxlen=0)
+    asked = [
+        "0-0",
+        "999-9",
+        ids[0],
+        "1002-1",
+        ids[2],
+        ids[-1],
+        "1005-6",
+        "99999999999999-0",
+        "1004-18446744073709551615",
+    ]
+    api = RedisStreams(rds)
+    surveyed = api.survey(["ends", "emptied", "missing"], {"ends": asked, "emptied": ["0-0"], "missing": ["0-0"]})
+    for after_id in asked:
+        entries = rds.xrange("ends", min="(" + after_id)
+        expected = (len(entries), entries[0][0].decode() if entries else None)
+        counted = surveyed["ends"].after[after_id]
+        assert (counted.count, counted.first_id) == expected, after_id
+    assert (surveyed["ends"].info.first_id, surveyed["ends"].info.last_id) == (ids[0], ids[-1])
+    assert surveyed["ends"].info.length == 5
+    for name in ("emptied", "missing"):
+        assert surveyed[name].after["0-0"].count == 0 and surveyed[name].info.last_id is None, name
     rds.close()
 
 
@@ -150,3 +182,23 @@ def test_bounds_refuse_bad_numbers_in_one_line(unilog_settings: Settings, flag: 
     command = ["status", flag, "-1"] if flag == "--top" else ["metrics", flag, "-1"]
     refused = unilog(unilog_settings, *command)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr and "-1" in refused.stderr
+
+
+def test_publishers_of_many_streams_are_each_streams_lock_holders(unilog_settings: Settings) -> None:
+    """The publishers of many streams, read in one statement, are what each stream's own lookup finds: a bucket held
+    exclusively, a stream's own lock, both by different sessions, and none."""
+    from unilog import store
+
+    streams = [f"pub-{i}" for i in range(40)]
+    bucket_of = {s: store.stream_bucket(s) for s in streams}
+    with (
+        psycopg.connect(unilog_settings.conninfo, autocommit=True) as one,
+        psycopg.connect(unilog_settings.conninfo, autocommit=True) as two,
+        psycopg.connect(unilog_settings.conninfo, autocommit=True) as reader,
+    ):
+        store.try_bucket_locks(one, [bucket_of["pub-0"], bucket_of["pub-1"]])
+        store.try_bucket_locks(two, [bucket_of["pub-2"]], shared=True)  # shared: a reader of it, not a publisher
+        assert store.try_stream_lock(two, "pub-1") and store.try_stream_lock(two, "pub-3")
+        many = store.stream_lock_holders_many(reader, streams)
+        assert many == {s: store.stream_lock_holders(reader, s) for s in streams}
+        assert many["pub-1"] == 2 and many["pub-0"] >= 1 and many["pub-3"] >= 1

@@ -8,7 +8,8 @@ calls of each node written back to back), so the cost follows the work Redis doe
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
+from contextlib import closing
 from dataclasses import dataclass
 from hashlib import sha1
 from importlib import resources
@@ -65,13 +66,18 @@ def _id(raw: Any) -> str | None:
     return to_str(raw) if raw else None
 
 
-def _surveyed(reply: list[Any], ids: Sequence[str]) -> StreamSurvey:
-    """A :class:`StreamSurvey` from ``survey.lua``'s reply (see the script for its shape)."""
-    length, first, last, letters, partitions, registered, groups, counts = reply
-    after = {ids[i]: RangeCount(int(counts[2 * i]), _id(counts[2 * i + 1])) for i in range(len(ids))}
-    return StreamSurvey(
-        info=StreamInfo(length=int(length), first_id=_id(first), last_id=_id(last)),
-        groups=[
+def _surveyed(reply: list[Any], at: int, ids: Sequence[str]) -> tuple[StreamSurvey, int]:
+    """A :class:`StreamSurvey` from ``survey.lua``'s flat reply (see the script for its shape), read from index
+    ``at``; and the index the next stream's answer starts at."""
+    length, first, last, letters, partitions, registrations = reply[at : at + 6]
+    at += 6
+    registered = {to_str(reply[i]): to_str(reply[i + 1]) for i in range(at, at + 2 * registrations, 2)}
+    at += 2 * registrations
+    groups = []
+    for _ in range(reply[at]):
+        name, consumers, pending, delivered, oldest, n, next_id = reply[at + 1 : at + 8]
+        at += 7
+        groups.append(
             {
                 "name": to_str(name),
                 "consumers": int(consumers),
@@ -80,93 +86,115 @@ def _surveyed(reply: list[Any], ids: Sequence[str]) -> StreamSurvey:
                 "oldest-pending": _id(oldest),
                 "lag": RangeCount(int(n), _id(next_id)),
             }
-            for name, consumers, pending, delivered, oldest, n, next_id in groups
-        ],
-        registered={to_str(registered[i]): to_str(registered[i + 1]) for i in range(0, len(registered), 2)},
+        )
+    at += 1
+    after = {}
+    for after_id in ids:
+        after[after_id] = RangeCount(reply[at], _id(reply[at + 1]))
+        at += 2
+    found = StreamSurvey(
+        info=StreamInfo(length=int(length), first_id=_id(first), last_id=_id(last)),
+        groups=groups,
+        registered=registered,
         partitions=int(partitions) if partitions else 1,
         dead_letters=int(letters),
         after=after,
     )
+    return found, at
 
 
 class Survey(Reading):
     """Reads over many streams, pipelined."""
 
-    @issues(via=("_survey_chunk", "_counted_on", "_per_node"))
+    @issues(via=("_survey_calls", "_counted_on"))
     def survey(
         self, streams: Iterable[str], after: Mapping[str, Sequence[str]] | None = None
     ) -> dict[str, StreamSurvey]:
         """Each of ``streams``' :class:`StreamSurvey`, with the entries after each of ``after[stream]``'s ids
-        counted: one ``survey.lua`` call per stream (its keys share the stream's hash slot), pipelined,
-        :data:`CHUNK` streams per round trip. Counts are exact: a range longer than :data:`COUNT_PAGE` is counted on
-        by :meth:`entries_after`."""
+        counted: one ``survey.lua`` call per :data:`CHUNK` streams (per hash slot on a cluster: a script's keys must
+        share one), every call written at once and each reply read as it comes, so this process reads one while
+        Redis runs the next. Counts are exact: a range longer than :data:`COUNT_PAGE` is counted on by
+        :meth:`entries_after`. The script is loaded again if a server forgot it (a restart, a failover, ``SCRIPT
+        FLUSH``)."""
         names = list(dict.fromkeys(streams))
         wanted = {n: list(dict.fromkeys((after or {}).get(n, ()))) for n in names}
-        found: dict[str, StreamSurvey] = {}
+        calls: list[tuple[list[str], tuple[Any, ...]]] = []
         for chunk in _chunks(names):
-            for name, reply in zip(chunk, self._survey_chunk(chunk, wanted), strict=True):
-                found[name] = self._counted_on(name, _surveyed(reply, wanted[name]))
-        return found
+            calls += self._survey_calls(chunk, wanted)
+        for attempt in (1, 2):
+            found: dict[str, StreamSurvey] = {}
+            try:
+                with closing(self._per_node([(names[0], command) for names, command in calls])) as replies:
+                    for i, reply in replies:
+                        if isinstance(reply, Exception):
+                            raise reply
+                        at = 0
+                        for name in calls[i][0]:
+                            surveyed, at = _surveyed(reply, at, wanted[name])
+                            found[name] = self._counted_on(name, surveyed)
+            except redis.exceptions.NoScriptError:
+                if attempt == 2:
+                    raise
+                self.client.script_load(SURVEY_LUA)
+                continue
+            return {name: found[name] for name in names}
+        raise AssertionError("unreachable")
 
     # EVALSHA, SCRIPT LOAD when Redis forgot the script; and the script's own commands, which it runs as the caller
-    # (named here rather than read from its text: its XINFO is XINFO GROUPS only, the narrower ACL rule)
+    # (named here rather than read from its text: its XINFOs are XINFO STREAM and GROUPS only, the narrower ACL rules)
     @issues(
-        "evalsha", "script|load", "exists", "xlen", "hget", "hgetall", "xrange", "xrevrange", "xinfo|groups", "xpending"
+        "evalsha",
+        "script|load",
+        "exists",
+        "xinfo|stream",
+        "xinfo|groups",
+        "xlen",
+        "hget",
+        "hgetall",
+        "xrange",
+        "xpending",
     )
-    def _survey_chunk(self, chunk: Sequence[str], wanted: dict[str, list[str]]) -> list[Any]:
-        """``survey.lua``'s reply for each stream of ``chunk``: one call for all of them on a single Redis, one per
-        hash slot on a cluster (a script's keys must share one); the script is loaded again if a server forgot it (a
-        restart, a failover, ``SCRIPT FLUSH``)."""
+    def _survey_calls(
+        self, chunk: Sequence[str], wanted: dict[str, list[str]]
+    ) -> list[tuple[list[str], tuple[Any, ...]]]:
+        """The ``survey.lua`` calls that read ``chunk``: one on a single Redis, one per hash slot on a cluster, each
+        with the streams it reads, in the order of its reply."""
         slots: dict[int, list[str]] = {}
         cluster: Any = self.client if clustered(self.client) else None
         for name in chunk:
             slots.setdefault(cluster.keyslot(name) if cluster is not None else 0, []).append(name)
-        calls: list[tuple[str, tuple[Any, ...]]] = []
+        calls: list[tuple[list[str], tuple[Any, ...]]] = []
         for names in slots.values():
             keys = [k for n in names for k in (n, registry_key(n), meta_key(n), dlq_key(n))]
             args = [a for n in names for a in (len(wanted[n]), *wanted[n])]
-            calls.append((names[0], ("EVALSHA", SURVEY_SHA, len(keys), *keys, COUNT_PAGE, *args)))
-        for attempt in (1, 2):
-            replies = self._per_node(calls)
-            if attempt == 1 and any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
-                self.client.script_load(SURVEY_LUA)
-                continue
-            for reply in replies:
-                if isinstance(reply, Exception):
-                    raise reply
-            found = {
-                n: r
-                for names, reply in zip(slots.values(), replies, strict=True)
-                for n, r in zip(names, reply, strict=True)
-            }
-            return [found[name] for name in chunk]
-        raise AssertionError("unreachable")
+            calls.append((names, ("EVALSHA", SURVEY_SHA, len(keys), *keys, COUNT_PAGE, *args)))
+        return calls
 
     @issues()
-    def _per_node(self, calls: Sequence[tuple[str, tuple[Any, ...]]]) -> list[Any]:
-        """Each ``(key, command)``'s reply (an error as its exception), in order: the commands of each node, the one
-        that serves their key, written back to back on one of its connections and their replies then read (redis-py's
-        cluster pipeline refuses scripts)."""
+    def _per_node(self, calls: Sequence[tuple[str, tuple[Any, ...]]]) -> Generator[tuple[int, Any], None, None]:
+        """Each ``(key, command)``'s index and reply (an error as its exception), as read: the commands of each
+        node, the one that serves their key, written back to back on one of its connections and their replies then
+        read one by one (redis-py's cluster pipeline refuses scripts). Stopped early, its connection is dropped (the
+        replies not read would answer its next user)."""
         by_pool: dict[int, tuple[Any, list[int]]] = {}
         for i, (key, _command) in enumerate(calls):
             pool = node_pool(self.client, key)
             by_pool.setdefault(id(pool), (pool, []))[1].append(i)
-        replies: list[Any] = [None] * len(calls)
         for pool, indexes in by_pool.values():
             conn = pool.get_connection()
             try:
                 conn.send_packed_command(conn.pack_commands([calls[i][1] for i in indexes]))
                 for i in indexes:
                     try:
-                        replies[i] = conn.read_response()
+                        reply = conn.read_response()
                     except redis.exceptions.ResponseError as exc:  # this command's refusal; the next reply follows
-                        replies[i] = exc
+                        reply = exc
+                    yield i, reply
             except BaseException:
                 conn.disconnect()  # replies out of step: never reuse it
                 raise
             finally:
                 pool.release(conn)
-        return replies
 
     @issues(via=("_rest",))
     def _counted_on(self, stream: str, surveyed: StreamSurvey) -> StreamSurvey:
@@ -182,7 +210,7 @@ class Survey(Reading):
     def _rest(self, stream: str, after_id: str, counted: RangeCount) -> RangeCount:
         """``counted`` counted on past its page (the entries read now: the stream may have changed since the
         script, a trim or an append; the count is as of now)."""
-        if counted.count < COUNT_PAGE:
+        if counted.count != COUNT_PAGE:  # fewer: the range's end was read; more: the stream's length, exact
             return counted
         return RangeCount(self.entries_after(stream, after_id), counted.first_id)
 

@@ -9,6 +9,7 @@ records ranks first. Consumers and groups follow their streams.
 
 from __future__ import annotations
 
+import heapq
 from typing import Any
 
 TOP = 20  # streams `unilog status` lists unless asked for more (--top N, --all)
@@ -56,7 +57,7 @@ def worst(report: dict[str, Any], top: int | None) -> dict[str, Any]:
     waits: dict[str, float] = {}
     for row in [*report["consumers"], *({"stream": s["name"], **g} for s in streams for g in s["groups"])]:
         waits[row["stream"]] = max(waits.get(row["stream"], 0.0), row["lag_seconds"] or 0.0)
-    kept = sorted(streams, key=lambda s: _rank(s, waits), reverse=True)[: max(0, top)]
+    kept = heapq.nlargest(max(0, top), streams, key=lambda s: _rank(s, waits))  # sorted()'s order, in n log top
     names = {s["name"] for s in kept}
     consumers = [c for c in report["consumers"] if c["stream"] in names]
     consumers.sort(key=lambda c: c["lag_seconds"] or 0.0, reverse=True)

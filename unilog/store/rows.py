@@ -28,6 +28,6 @@ def save_params(checkpoint: Checkpoint) -> tuple[str, str, str]:
 
 def checkpoint_from_row(name: str, row: tuple[Any, ...]) -> Checkpoint:
     stream, last_id, positions = row
-    if isinstance(positions, str):  # a connection whose jsonb loader gives text (Django registers one)
-        positions = json.loads(positions)
+    if isinstance(positions, str):  # selected as text, or a connection whose jsonb loader gives text (Django's)
+        positions = json.loads(positions) if positions != "{}" else {}
     return Checkpoint(name, stream, last_id, {p: (int(e), int(s)) for p, (e, s) in positions.items()})
