@@ -39,12 +39,12 @@ def _no_cyclic_gc() -> Iterator[None]:
     """The cyclic garbage collector paused meanwhile (if it runs, and back on after). A report over 10,000 streams
     builds some 100,000 containers, none in a cycle and all alive until it is returned; the collector's passes over
     them (and the whole heap) found nothing and took some 40 % of the report's time."""
-    paused = gc.isenabled()
+    was_on = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
-        if paused:
+        if was_on:
             gc.enable()
 
 
