@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import UnilogError
+from ..errors import PoisonRecord, UnilogError
 from ..runtime import FATAL, TRANSIENT
 from ..store.groups import Identity
 from .records import Record
@@ -44,6 +44,17 @@ def describe(record: Record) -> str:
     pos = record.position
     where = "no unilog position" if pos is None else f"position {record.producer}:{pos[0]}:{pos[1]}"
     return f"record {record.id} ({where}, action {record.action!r})"
+
+
+def poison_stop(config: ConsumerConfig, stream: str, record: Record, exc: Exception) -> PoisonRecord:
+    """The error a checkpoint consumer (of one stream or several) stops with under ``on_poison="stop"``: ``record``
+    of ``stream`` failed its handler alone, after its batch failed ``max_attempts`` times."""
+    return PoisonRecord(
+        f"consumer {config.name!r} on stream {stream!r}: {describe(record)} failed its handler alone after "
+        f"{config.max_attempts} failed attempts at its batch: {exc!r}. The records before it are applied; fix the "
+        "handler and restart, or run with --on-poison dead-letter",
+        record.id,
+    )
 
 
 @dataclass(frozen=True)

@@ -26,14 +26,14 @@ import structlog
 from ... import metrics, tracing
 from ...config import Settings
 from ...engine.aio import AsyncRedisStreams, Entry
-from ...errors import ConfigurationError, MalformedEntry, NotReplicated, PoisonRecord, UnilogError
+from ...errors import ConfigurationError, MalformedEntry, NotReplicated, UnilogError
 from ...faults import NO_FAULTS, Faults
 from ...runtime._async.loop import AsyncLinks, AsyncWorker
 from ...runtime.policy import account_batch
 from ...store import aio as store
 from ...store.checkpoints import Checkpoint
 from ...wire import to_str
-from ..base import ConsumerConfig, ConsumeResult, describe, is_handler_failure
+from ..base import ConsumerConfig, ConsumeResult, describe, is_handler_failure, poison_stop
 from ..progress import RewindWatch, Rules, keep_held, sort_batch
 from ..records import REPLAY_OF, AsyncHandler, Batch, Record, replay_owner
 from ..typed import typed_handler
@@ -275,12 +275,7 @@ class AsyncConsumer(AsyncWorker):
         past it, in one transaction with the row that lets a replay of it be applied once."""
         record = Record(self.stream, *entry, self.config.numbers)
         if self.config.on_poison == "stop":
-            raise PoisonRecord(
-                f"consumer {self.config.name!r} on stream {self.stream!r}: {describe(record)} failed its handler "
-                f"alone after {self.config.max_attempts} failed attempts at its batch: {exc!r}. The records before it "
-                "are applied; fix the handler and restart, or run with --on-poison dead-letter",
-                record.id,
-            ) from exc
+            raise poison_stop(self.config, self.stream, record, exc) from exc
         conn, api = await self.links.pg(), await self.links.redis()
         async with store.deadline(conn, self.config.pg_timeout), conn.transaction():
             current = await store.lock_checkpoint(conn, self.config.name)

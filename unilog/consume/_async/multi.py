@@ -33,14 +33,14 @@ import structlog
 from ... import metrics, tracing
 from ...config import Settings
 from ...engine.aio import AsyncRedisStreams, Entry
-from ...errors import ConfigurationError, MalformedEntry, PoisonRecord
+from ...errors import ConfigurationError, MalformedEntry
 from ...faults import NO_FAULTS, Faults
 from ...runtime._async.loop import AsyncLinks, AsyncWorker
 from ...runtime.policy import account_batch
 from ...store import aio as store
 from ...store.checkpoints import Checkpoint
 from ...wire import to_str
-from ..base import ConsumerConfig, ConsumeResult, describe, is_handler_failure
+from ..base import ConsumerConfig, ConsumeResult, describe, is_handler_failure, poison_stop
 from ..lanes import MIN_PER_STREAM, Lane, fair_cut, label_of, make_lane, per_stream_count, rewind_interval
 from ..progress import keep_held, sort_batch
 from ..records import AsyncHandler, Batch, Record
@@ -373,12 +373,7 @@ class AsyncMultiConsumer(AsyncWorker):
         stream's checkpoint past it, in one transaction with the row that lets a replay of it be applied once."""
         record = Record(lane.stream, *entry, self.config.numbers)
         if self.config.on_poison == "stop":
-            raise PoisonRecord(
-                f"consumer {self.config.name!r} on stream {lane.stream!r}: {describe(record)} failed its handler "
-                f"alone after {self.config.max_attempts} failed attempts at its batch: {exc!r}. The records before it "
-                "are applied; fix the handler and restart, or run with --on-poison dead-letter",
-                record.id,
-            ) from exc
+            raise poison_stop(self.config, lane.stream, record, exc) from exc
         conn, api = await self.links.pg(), await self.links.redis()
         async with store.deadline(conn, self.config.pg_timeout), conn.transaction():
             afters = await self._lock_unmoved(conn, {lane.stream: [entry]})
