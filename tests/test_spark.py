@@ -358,7 +358,8 @@ def test_spark_consumer_killed_mid_batch_and_restarted(app: Settings, pg: Any, t
             holder.execute("LOCK TABLE consumer_states IN SHARE MODE")
             rides(app, 200)
             streamer.drain()
-            wait_for(waiting_in_batch, 120, "a Spark batch to wait inside its transaction")
+            # the consumer's first batch, after its JVM's warm-up: over 120 s at load 10
+            wait_for(waiting_in_batch, 240, "a Spark batch to wait inside its transaction")
             at_kill = committed()
             proc.send_signal(signal.SIGKILL)
             proc.wait(10)
