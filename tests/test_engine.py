@@ -92,3 +92,36 @@ def test_script_cache_flush_is_recovered(streams: RedisStreams) -> None:
     streams.publish("s", "p1", 1, 1, rows(1))
     streams.client.script_flush()
     assert streams.publish("s", "p1", 1, 2, rows(2)).appended == 1
+
+
+def test_publish_many_in_calls_reports_only_what_was_not_appended_whole(streams: RedisStreams) -> None:
+    """publish_many's batches go in script calls of about ``per_call`` records (a stream's batch never split); each
+    call's reply names only the streams with entries skipped, a gap, or a mark on a deleted stream ignored."""
+    streams.publish("a", "p1", 1, 1, rows(1, 2))  # a: positions 1-2 present
+    streams.publish("c", "p1", 1, 1, rows(1, 2))  # c: a gap follows (3-5 missing)
+    streams.publish("d", "p1", 1, 1, rows(1, 2))
+    streams.client.delete("d")  # d: its mark is ignored
+    batches = [("a", 2, rows(2, 3, 4)), ("b", 1, rows(1)), ("c", 6, rows(6)), ("d", 1, rows(1, 2)), ("b", 2, rows(2))]
+    results = streams.publish_many(batches, "p1", 1, per_call=3)
+    assert [(r.appended, r.skipped, r.gap_after) for r in results] == [
+        (2, 1, None),
+        (1, 0, None),
+        (1, 0, 2),
+        (2, 0, None),
+        (1, 0, None),
+    ]
+    assert (seqs(streams, "a"), seqs(streams, "b"), seqs(streams, "c"), seqs(streams, "d")) == (
+        [1, 2, 3, 4],
+        [1, 2],
+        [1, 2, 6],
+        [1, 2],
+    )
+    again = streams.publish_many(batches, "p1", 1, per_call=3)
+    assert [(r.appended, r.skipped) for r in again] == [(0, 3), (0, 1), (0, 1), (0, 2), (0, 1)], "a re-send skips all"
+
+
+def test_publish_many_refuses_a_stale_epoch(streams: RedisStreams) -> None:
+    streams.publish("a", "p1", 2, 1, rows(1))
+    with pytest.raises(redis.ResponseError, match="UNILOG_STALE_EPOCH"):
+        streams.publish_many([("b", 1, rows(1)), ("a", 2, rows(2))], "p1", 1, per_call=1)
+    assert seqs(streams, "a") == [1]

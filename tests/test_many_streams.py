@@ -20,11 +20,13 @@ import redis
 
 from unilog import Settings, Streamer, StreamerConfig, emit_many
 from unilog.cli.common import ExitCode
-from unilog.errors import InjectedCrash
+from unilog.errors import InjectedCrash, PublishError
 from unilog.faults import Faults
 from unilog.harness.chaos.report import recoveries
 from unilog.harness.supervisor import Fleet
 from unilog.runtime import Hook
+from unilog.stream.capture_spread import DEPTH
+from unilog.wire import hwm_key
 
 STREAMS = 3000
 STREAM_BUCKETS = 64  # unilog.store.STREAM_BUCKETS: the most ownership locks a streamer takes, whatever the streams
@@ -275,11 +277,12 @@ def test_a_streamer_of_listed_streams_does_not_stall_the_other_streams_of_its_bu
 def test_a_crash_after_a_batch_across_streams_was_sent_re_sends_it_once(settings: Settings, pg: Any, rds: Any) -> None:
     """One claim covers the batch's streams (a claim saved per stream, all in one statement, before anything is
     sent); a crash between the send and the delete leaves them all saved, and the next streamer re-sends them under
-    the same positions, which Redis drops as already there: every record once, in order."""
+    the same positions, which Redis drops as already there: every record once, in order. The batch claims DEPTH
+    batches' worth of records and is sent in script calls of a batch's worth: the crash follows all of them."""
     names = [f"s-{k:04d}" for k in range(400)]
     total = _stage(settings, names, per_stream=3)
     faults = Faults(script={"streamer.crash_after_publish": [True]})
-    crashing = Streamer(settings, StreamerConfig(batch_size=1000), faults=faults, name="crashing")
+    crashing = Streamer(settings, StreamerConfig(batch_size=1000 // DEPTH), faults=faults, name="crashing")
     with crashing, pytest.raises(InjectedCrash):
         crashing.run_once()
     claims = pg.execute("SELECT count(*), sum(records) FROM unilog_claims").fetchone()
@@ -333,3 +336,46 @@ def test_a_row_naming_an_invalid_stream_stays_staged_and_names_no_other(unilog_s
     said = [json.loads(ln) for ln in (done.stdout + done.stderr).splitlines() if "invalid stream" in ln]
     assert len(said) == 1 and said[0]["stream"] == "a b", done.stderr
     rds.close()
+
+
+def test_a_batch_refused_in_its_last_script_call_is_re_sent_once(settings: Settings, pg: Any, rds: Any) -> None:
+    """A batch across streams goes in several script calls; Redis refusing one (here: a stream whose mark is of a
+    later epoch) fails the pass after the calls before it were appended. Nothing is deleted; once the refusal is
+    gone, the whole batch is re-sent under the same positions and the entries already there are skipped: every record
+    once, in order, on every stream."""
+    names = [f"s-{k:03d}" for k in range(40)]
+    total = _stage(settings, names, per_stream=2)
+    refused = names[-1]  # the last stream of the batch's first claim: its records go in the last call
+    rds.xadd(refused, {"other": "entry"})  # a mark counts only on a stream that exists
+    with Streamer(settings, StreamerConfig(batch_size=10), name="refused") as streamer:
+        streamer.connect()
+        producer = streamer.identity().producer_id
+        rds.hset(hwm_key(refused), producer, "99:1")
+        with pytest.raises(PublishError, match="UNILOG_STALE_EPOCH"):
+            streamer.run_once()
+        assert pg.execute("SELECT count(*) FROM staged_log_records").fetchone()[0] == total, "nothing deleted"
+        appended_before = sum(rds.xlen(n) for n in names[:-1])
+        assert 0 < appended_before < total, "the calls before the refused one were appended"
+        rds.hdel(hwm_key(refused), producer)
+        streamer.recover()
+        assert streamer.drain(timeout=120) == total
+    for name in names:
+        entries = [f for _id, f in rds.xrange(name) if "seq" in f]
+        assert [int(f["seq"]) for f in entries] == [1, 2], name
+        assert [json.loads(f["data"])["i"] for f in entries] == [0, 1], name
+    assert pg.execute("SELECT count(*) FROM unilog_claims").fetchone()[0] == 0
+
+
+def test_a_batch_across_streams_claims_at_most_a_batch_of_each(settings: Settings, pg: Any, rds: Any) -> None:
+    """A batch across streams claims among the lowest DEPTH batches' worth of ids at most ``batch_size`` records of each
+    stream (its lowest: its part goes in one script call, which this bounds); the rest of it follows in order."""
+    _stage(settings, ["big"], per_stream=30)  # the lowest ids: a claim by ids alone would take 30 of it
+    total = 30 + _stage(settings, [f"s-{k}" for k in range(10)], per_stream=3)
+    faults = Faults(script={"streamer.crash_after_claim": [True]})
+    with Streamer(settings, StreamerConfig(batch_size=5), faults=faults) as crashing, pytest.raises(InjectedCrash):
+        crashing.run_once()
+    claimed = dict(pg.execute("SELECT source, records FROM unilog_claims").fetchall())
+    assert claimed == {"big": 5} | {f"s-{k}": 1 for k in range(10)}, claimed  # the lowest 40 ids: 30 + 10 x 1
+    with Streamer(settings, StreamerConfig(batch_size=5), name="successor") as streamer:
+        assert streamer.drain(timeout=60) == total
+    assert [json.loads(f["data"])["i"] for _id, f in rds.xrange("big")] == list(range(30))

@@ -122,6 +122,13 @@ class Faults:
         """
         return cls(script={k.replace("__", "."): v for k, v in script.items()})
 
+    def armed(self, point: str) -> bool:
+        """Whether the fault at ``point`` may fire at all (scripted, or a rate above 0): a point visited once per
+        stream of a batch is asked once per batch, not ten thousand times. Asking :meth:`fires` only while this holds
+        changes no outcome: an unarmed point never fires and draws no random number."""
+        with self._lock:
+            return bool(self._script.get(point)) or self.config.rates.get(point, 0.0) > 0.0
+
     def fires(self, point: str) -> bool:
         """Whether the fault at ``point`` fires now; logs and counts it if so."""
         with self._lock:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterable
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
@@ -150,6 +151,19 @@ def batch_published(stream: str, count: int, seconds: float, first_created_ms: i
     BATCH_SECONDS.labels("streamer", stream).observe(seconds)
     if first_created_ms is not None:
         PUBLISH_LATENCY.labels(stream).observe(max(0.0, time.time() - first_created_ms / 1000))
+
+
+_locks: dict[str, Any] = {}  # STREAM_LOCK's child per stream, as _published's
+
+
+def locks_held(streams: Iterable[str], held: bool) -> None:
+    """The streamer took (``held``) or let go of the publishing lock of each of ``streams``."""
+    value = 1 if held else 0
+    for stream in streams:
+        gauge = _locks.get(stream)
+        if gauge is None:
+            gauge = _locks[stream] = STREAM_LOCK.labels(stream)
+        gauge.set(value)
 
 
 # The stream label of a streamer's batch across several streams (table mode over many sources, WAL mode): its size,

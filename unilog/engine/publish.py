@@ -10,7 +10,7 @@ from typing import Any
 
 import redis
 
-from ..wire import Packed, PublishRow, _b, _bulk, _pack, hwm_key, pack_rows, to_str
+from ..wire import Packed, PublishRow, _b, _pack, hwm_key, pack_rows, to_str
 from ._sync.base import Adapter
 from .commands import issues, script_commands
 from .nodes import clustered, node_pool
@@ -127,15 +127,17 @@ class Publishing(Adapter):
         *,
         wait_replicas: int = 0,
         wait_timeout_ms: int = 1000,
+        per_call: int | None = None,
     ) -> list[PublishResult]:
         """:meth:`publish` of many streams' batches, ``(stream, first_seq, payload)`` each, deduplicated, in one
         pipelined round trip per Redis node (not one per stream): the script calls are written back to back, then
         their replies read. Each call is atomic on its own stream; raises a redis error if Redis refused any (those
         before it may have been appended: a re-send under the same positions skips them). With ``wait_replicas``,
-        one ``WAIT`` after them all reports in each result's ``replicas``. On a single Redis, all of them are one
-        script call (:meth:`_publish_together`)."""
+        one ``WAIT`` after them all reports in each result's ``replicas``. On a single Redis, consecutive batches go
+        together in script calls of about ``per_call`` records (None: all in one; a stream's batch is never split),
+        so that Redis serves its other clients between them (:meth:`_publish_together`)."""
         if batches and not clustered(self.client):
-            return self._publish_together(batches, producer, epoch, wait_replicas, wait_timeout_ms)
+            return self._publish_together(batches, producer, epoch, wait_replicas, wait_timeout_ms, per_call)
         by_pool: dict[int, tuple[Any, list[int]]] = {}
         for i, (stream, _first, _payload) in enumerate(batches):
             pool = self._pool(stream)
@@ -163,29 +165,31 @@ class Publishing(Adapter):
         epoch: int,
         wait_replicas: int,
         wait_timeout_ms: int,
+        per_call: int | None,
     ) -> list[PublishResult]:
-        """:meth:`publish_many` on a single Redis: one ``publish_many.lua`` call for every batch (one reply to read,
-        not one per stream; the script is atomic, and Redis runs nothing else meanwhile, as for one large batch),
-        written in one piece (redis-py writes each part of a packed command with a call of its own)."""
-        keys: list[bytes] = []
-        parts: list[bytes] = []
-        more = 0
+        """:meth:`publish_many` on a single Redis: ``publish_many.lua`` calls of about ``per_call`` records each (a
+        reply per call, not per stream; each call is atomic, and Redis runs nothing else meanwhile, as for one large
+        batch), each written in one piece (redis-py writes each part of a packed command with a call of its own), all
+        in one round trip. Its results carry no entry ids (the script returns only the streams with entries skipped
+        or a gap); a batch appended whole shares its result with the others of its size."""
+        calls: list[list[tuple[str, int, Packed]]] = [[]]
+        records = 0
         for stream, first_seq, rows in batches:
             batch = rows if isinstance(rows, Packed) else pack_rows(rows)
-            keys += [_b(stream), _b(hwm_key(stream))]
-            parts += [_bulk([b"%d" % first_seq, b"%d" % batch.stride, b"%d" % batch.count]), batch.body]
-            more += 3 + batch.stride * batch.count
-        args = [b"EVALSHA", PUBLISH_MANY_SHA.encode(), b"%d" % len(keys), *keys, _b(producer), b"%d" % epoch]
-        pool = self._pool(batches[0][0])
+            if calls[-1] and per_call is not None and records + batch.count > per_call:
+                calls.append([])
+                records = 0
+            calls[-1].append((stream, first_seq, batch))
+            records += batch.count
+        head = [b"EVALSHA", PUBLISH_MANY_SHA.encode()]
+        commands = [_together(head, call, _b(producer), b"%d" % epoch) for call in calls]
         replies, replicas = self._evalsha_many(
-            pool,
-            [b"".join([_pack(args, more=more), *parts])],
-            1,
-            wait_replicas,
-            wait_timeout_ms,
-            script=PUBLISH_MANY_LUA,
+            self._pool(batches[0][0]), commands, len(calls), wait_replicas, wait_timeout_ms, script=PUBLISH_MANY_LUA
         )
-        return [_result(reply, replicas) for reply in replies[0]]
+        results: list[PublishResult] = []
+        for call, reply in zip(calls, replies, strict=True):
+            results += _results_together(reply, call, replicas)
+        return results
 
     @issues("evalsha", "script|load", "wait", *script_commands(PUBLISH_LUA), *script_commands(PUBLISH_MANY_LUA))
     def _evalsha_many(
@@ -289,6 +293,50 @@ class Publishing(Adapter):
             return None
         epoch, _, seq = to_str(mark).partition(":")
         return int(epoch), int(seq)
+
+
+# the head of one stream's part in a publish_many.lua call: its first seq, stride and count as RESP bulk strings
+_HEAD = b"$%d\r\n%b\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n"
+
+
+def _together(head: list[bytes], batches: list[tuple[str, int, Packed]], producer: bytes, epoch: bytes) -> bytes:
+    """One ``publish_many.lua`` call of ``batches``, encoded in RESP."""
+    keys: list[bytes] = []
+    parts: list[bytes] = []
+    more = 0
+    for stream, first_seq, batch in batches:
+        keys += [_b(stream), _b(hwm_key(stream))]
+        first, stride, count = b"%d" % first_seq, b"%d" % batch.stride, b"%d" % batch.count
+        parts += [_HEAD % (len(first), first, len(stride), stride, len(count), count), batch.body]
+        more += 3 + batch.stride * batch.count
+    return b"".join([_pack([*head, b"%d" % len(keys), *keys, producer, epoch], more=more), *parts])
+
+
+def _results_together(reply: list[Any], batches: list[tuple[str, int, Packed]], replicas: int) -> list[PublishResult]:
+    """A ``publish_many.lua`` reply as one result per batch: {appended in all, then (index, skipped, gap) of each
+    batch not appended whole}."""
+    whole: dict[int, PublishResult] = {}
+    results: list[PublishResult] = []
+    for _stream, _first, batch in batches:
+        count = batch.count
+        result = whole.get(count)
+        if result is None:
+            result = whole[count] = PublishResult(
+                appended=count, skipped=0, first_id=None, last_id=None, replicas=replicas
+            )
+        results.append(result)
+    for k in range(1, len(reply), 3):
+        i, skipped, gap = int(reply[k]) - 1, int(reply[k + 1]), int(reply[k + 2])
+        count = results[i].appended
+        results[i] = PublishResult(
+            appended=count - skipped,
+            skipped=skipped,
+            first_id=None,
+            last_id=None,
+            gap_after=None if gap < 0 else gap,
+            replicas=replicas,
+        )
+    return results
 
 
 def _result(reply: Any, replicas: int) -> PublishResult:

@@ -4,39 +4,39 @@
 -- this producer's high-water mark on the stream, the mark then moved to the batch's last position.
 -- KEYS: per stream, the stream and the high-water marks beside it. ARGV: producer, epoch, then per stream its first
 -- seq, the fields per entry (the stride: 5, 7 or 8, as publish.lua's), its entries' count, then each entry's fields.
--- Reply: per stream, {appended, skipped, gap (the mark when below first seq - 1, else -1), first id, last id}.
+-- Reply: the entries appended in all, then only for the streams with something to say (a batch at ten thousand
+-- streams built and parsed ten thousand replies of five elements each, all saying "appended, nothing skipped"): each
+-- one's index (1-based), skipped and gap (the mark when below first seq - 1, else -1).
 local producer, epoch = ARGV[1], tonumber(ARGV[2])
-local out = {}
+local out = {0}
 local at = 3
 for k = 1, #KEYS / 2 do
   local stream, marks = KEYS[2 * k - 1], KEYS[2 * k]
   local first, stride, n = tonumber(ARGV[at]), tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
   local base = at + 2
   local skip, gap = 0, -1
-  if redis.call('EXISTS', stream) == 1 then
-    local mark = redis.call('HGET', marks, producer)
-    if mark then
-      local sep = string.find(mark, ':', 1, true)
-      local me, ms = tonumber(string.sub(mark, 1, sep - 1)), tonumber(string.sub(mark, sep + 1))
-      if me > epoch then
-        return redis.error_reply('UNILOG_STALE_EPOCH producer ' .. producer .. ' is at epoch ' .. me .. ', not ' .. epoch)
-      elseif me == epoch then
-        skip = ms - first + 1
-        if skip < 0 then gap = ms; skip = 0 end
-        if skip > n then skip = n end
-      end
+  -- the mark first: a stream new to this producer then costs one call, not two (a mark counts only on a stream that
+  -- exists, as in publish.lua)
+  local mark = redis.call('HGET', marks, producer)
+  if mark and redis.call('EXISTS', stream) == 1 then
+    local sep = string.find(mark, ':', 1, true)
+    local me, ms = tonumber(string.sub(mark, 1, sep - 1)), tonumber(string.sub(mark, sep + 1))
+    if me > epoch then
+      return redis.error_reply('UNILOG_STALE_EPOCH producer ' .. producer .. ' is at epoch ' .. me .. ', not ' .. epoch)
+    elseif me == epoch then
+      skip = ms - first + 1
+      if skip < 0 then gap = ms; skip = 0 end
+      if skip > n then skip = n end
     end
   end
-  local first_id, last_id = false, false
   for i = skip, n - 1 do
     local b = base + i * stride
     if stride == 5 and ARGV[b + 5] == '' then  -- the common shapes without a Lua table per entry
-      last_id = redis.call('XADD', stream, '*', 'data', ARGV[b + 1], 'action', ARGV[b + 2], 'object', ARGV[b + 3],
-                           'producer', producer, 'epoch', ARGV[2], 'seq', first + i, 'created', ARGV[b + 4])
+      redis.call('XADD', stream, '*', 'data', ARGV[b + 1], 'action', ARGV[b + 2], 'object', ARGV[b + 3],
+                 'producer', producer, 'epoch', ARGV[2], 'seq', first + i, 'created', ARGV[b + 4])
     elseif stride == 5 then
-      last_id = redis.call('XADD', stream, '*', 'data', ARGV[b + 1], 'action', ARGV[b + 2], 'object', ARGV[b + 3],
-                           'producer', producer, 'epoch', ARGV[2], 'seq', first + i, 'created', ARGV[b + 4],
-                           'key', ARGV[b + 5])
+      redis.call('XADD', stream, '*', 'data', ARGV[b + 1], 'action', ARGV[b + 2], 'object', ARGV[b + 3],
+                 'producer', producer, 'epoch', ARGV[2], 'seq', first + i, 'created', ARGV[b + 4], 'key', ARGV[b + 5])
     else  -- traced or typed: fields in a table, in publish.lua's order
       local f = {'data', ARGV[b + 1], 'action', ARGV[b + 2], 'object', ARGV[b + 3], 'producer', producer,
                  'epoch', ARGV[2], 'seq', first + i, 'created', ARGV[b + 4]}
@@ -45,14 +45,16 @@ for k = 1, #KEYS / 2 do
       if stride == 8 and ARGV[b + 8] ~= '' then f[#f + 1] = 'type'; f[#f + 1] = ARGV[b + 8] end
       if ARGV[b + 6] ~= '' then f[#f + 1] = 'traceparent'; f[#f + 1] = ARGV[b + 6] end
       if ARGV[b + 7] ~= '' then f[#f + 1] = 'tracestate'; f[#f + 1] = ARGV[b + 7] end
-      last_id = redis.call('XADD', stream, '*', unpack(f))
+      redis.call('XADD', stream, '*', unpack(f))
     end
-    if not first_id then first_id = last_id end
   end
   if n > skip then
     redis.call('HSET', marks, producer, ARGV[2] .. ':' .. tostring(first + n - 1))
   end
-  out[k] = {n - skip, skip, gap, first_id, last_id}
+  out[1] = out[1] + n - skip
+  if skip > 0 or gap >= 0 then
+    out[#out + 1] = k; out[#out + 1] = skip; out[#out + 1] = gap
+  end
   at = base + n * stride + 1
 end
 return out

@@ -21,17 +21,20 @@ import psycopg
 from .claims import _COLUMNS, RESP_FIELDS
 
 # The rows of a new claim: the lowest ids of the sources' committed rows (``before``: WAL mode's table passes publish
-# only the rows that may predate the slot). Scanned in id order by the primary key, the sources hashed.
+# only the rows that may predate the slot), at most ``per_source`` of each source: its lowest, so still a prefix of
+# its rows in id order (a source's part is sent in one script call, which this bounds). Scanned in id order by the
+# primary key, the sources hashed.
 _NEW = f"""
-    WITH rows AS MATERIALIZED (
+    WITH scanned AS MATERIALIZED (
         SELECT {_COLUMNS}, stream AS source FROM staged_log_records
         WHERE (stream = ANY(string_to_array(%(names)s, ' ')) OR (%(blank)s AND stream = ''))
           AND (%(before)s::xid8 IS NULL OR xid < %(before)s::xid8)
         ORDER BY id LIMIT %(limit)s
     ),
+    ranked AS MATERIALIZED (SELECT s.*, row_number() OVER (PARTITION BY source ORDER BY id) AS rn FROM scanned s),
+    rows AS MATERIALIZED (SELECT * FROM ranked WHERE rn <= %(per_source)s),
     runs AS (
-        SELECT source, min(id) AS lo, max(id) AS hi
-        FROM (SELECT source, id, id - row_number() OVER (PARTITION BY source ORDER BY id) AS g FROM rows) t
+        SELECT source, min(id) AS lo, max(id) AS hi FROM (SELECT source, id, id - rn AS g FROM rows) t
         GROUP BY source, g
     ),
     claimed AS (
@@ -82,9 +85,10 @@ CLAIM_ACROSS = _NEW + _PER_CLAIM
 AGAIN_ACROSS = _AGAIN + _PER_CLAIM
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: a batch makes one per stream, and a frozen one's __init__ costs six times more
 class SourceClaim:
-    """One source's part of a claim across sources, encoded for Redis (see :class:`unilog.wire.Packed`)."""
+    """One source's part of a claim across sources, encoded for Redis (see :class:`unilog.wire.Packed`); read-only
+    by contract."""
 
     claim: int
     source: str
@@ -101,18 +105,29 @@ class SourceClaim:
 
 
 def claim_across(
-    conn: psycopg.Connection[Any], sources: list[str], limit: int, before: str | None = None
+    conn: psycopg.Connection[Any],
+    sources: list[str],
+    limit: int,
+    before: str | None = None,
+    per_source: int | None = None,
 ) -> list[SourceClaim]:
-    """Claim the ``limit`` lowest-id committed rows of ``sources`` in one statement, saving one claim per source, and
-    return them in claim order (empty: nothing committed to claim). Every row of ``sources`` must be out of any saved
-    claim (re-sent and deleted first): a saved claim's rows would be claimed again. The claims are saved in the
-    caller's transaction: it must commit before any of them is sent."""
+    """Claim among the ``limit`` lowest-id committed rows of ``sources`` the lowest ``per_source`` of each source (None:
+    all) in one statement, saving one claim per source, and return them in claim order (empty: nothing committed to
+    claim). Every row of ``sources`` must be out of any saved claim (re-sent and deleted first): a saved claim's rows
+    would be claimed again. The claims are saved in the caller's transaction: it must commit before any of them is
+    sent."""
     if not sources:
         return []
     # one string, not a text[] of ten thousand elements (adapting those dominated the call): a stream name holds no
     # space (unilog.config.validate_stream_name); a row staged with no stream has '' (``blank``)
     names = " ".join(s for s in sources if s)
-    params = {"names": names, "blank": "" in sources, "limit": limit, "before": before}
+    params = {
+        "names": names,
+        "blank": "" in sources,
+        "limit": limit,
+        "before": before,
+        "per_source": per_source or limit,
+    }
     return _claims(conn.execute(CLAIM_ACROSS, params, binary=True, prepare=False).fetchall())
 
 
@@ -125,10 +140,9 @@ def reclaim_across(conn: psycopg.Connection[Any], claims: list[int]) -> list[Sou
 
 
 def _claims(rows: list[Any]) -> list[SourceClaim]:
+    # read in binary: the integers are ints and the body bytes already (converting them again cost as much as the rest)
     return [
-        SourceClaim(
-            int(claim), source, int(count), int(saved or 0), int(stride), bytes(body), created, tuple(parents or ())
-        )
+        SourceClaim(claim, source, count, saved or 0, stride, body, created, tuple(parents) if parents else ())
         for claim, source, saved, count, stride, body, created, parents in rows
     ]
 

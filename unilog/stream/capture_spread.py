@@ -32,6 +32,13 @@ from .publisher import Publisher
 
 log = structlog.get_logger(__name__)
 
+# A batch across streams claims up to this many batches' worth of records, at most a batch's worth of each stream,
+# sent in script calls of a batch's worth each (one round trip). What such a batch costs follows the streams it spans
+# as much as its records (a claim row, a position and a script's checks per stream): over ten thousand streams a batch
+# of 5,000 records spans 5,000 streams, one record each; eight times deeper, the same streams carry eight times the
+# records for about the same cost (bench/RESULTS.md, issue 46). Redis still serves other clients between calls.
+DEPTH = 8
+
 # Seconds a batch's delete waits for a row another session holds locked before it looks for whose rows they are and
 # publishes the other streams (their claims are deleted; the held streams' wait for a later pass)
 LOCK_WAIT = 1.0
@@ -49,7 +56,8 @@ class Spread:
 
 class SpreadPasses:
     """Passes of table mode over many sources for one streamer: up to ``pipeline_batches`` batches of
-    ``batch_size`` records, each across all the sources, while the pass is within ``pass_seconds``. ``before``
+    :data:`DEPTH` times ``batch_size`` records (``batch_size`` of a source at most), each across all the sources,
+    sent in script calls of about ``batch_size`` records, while the pass is within ``pass_seconds``. ``before``
     limits it to rows of transaction ids below it (WAL mode's table passes); ``packed`` whether Postgres encodes
     batches for Redis (a UTF8 database; else each source's rows are read as rows)."""
 
@@ -64,6 +72,7 @@ class SpreadPasses:
     ) -> None:
         self.publisher = publisher
         self.batch_size, self.pipeline_batches = batch_size, pipeline_batches
+        self.limit = DEPTH * batch_size  # records a batch claims at most
         self.before, self.pass_seconds = before, pass_seconds
         self._held: set[str] = set()  # streams whose rows another session held locked at the last delete
 
@@ -78,14 +87,15 @@ class SpreadPasses:
             published, kept, more_saved = self._resend(conn, sources, packed=packed)
         waiting = {self.publisher.stream_of(s) for s in kept}
         fresh = [s for s in sources if self.publisher.stream_of(s) not in waiting]
-        claims = store.claim_across(conn, fresh, self.batch_size, self.before) if fresh else []
+        claims = store.claim_across(conn, fresh, self.limit, self.before, self.batch_size) if fresh else []
         conn.commit()  # the claims are saved before anything of them reaches Redis
         full = False
         for i in range(self.pipeline_batches):
             if not claims:
                 break
             self.publisher.faults.crash("streamer.crash_after_claim")
-            full = sum(c.count for c in claims) >= self.batch_size
+            # full: the claim took all it could, or a source its most (more of it may be waiting)
+            full = sum(c.count for c in claims) >= self.limit or any(c.count >= self.batch_size for c in claims)
             more = full and i + 1 < self.pipeline_batches and not self._late(started)
             done, stuck, claims = self._publish(conn, claims, packed=packed, then=fresh if more else None)
             published += done
@@ -109,7 +119,7 @@ class SpreadPasses:
         take: list[int] = []
         records = 0
         for claim, _source, count in pending:
-            if take and records + count > self.batch_size:
+            if take and records + count > self.limit:
                 break
             take.append(claim)
             records += count
@@ -180,13 +190,13 @@ class SpreadPasses:
         last = {t: p - 1 for t, p in position.items()}
         try:
             conn.commit()  # nothing is open in Postgres while Redis appends
-            appended = publisher.send_batches(batches, identity)
+            appended = publisher.send_batches(batches, identity, self.batch_size)
             publisher.faults.crash("streamer.crash_after_publish")
             publisher.forget_positions(last)  # re-read from Postgres unless this commit succeeds
             done, kept = self._delete_confirmed(conn, claims, targets, last, identity.epoch)
             held = {publisher.stream_of(s) for s in kept}  # a held stream's new records wait behind its claims
             fresh = [s for s in then or () if publisher.stream_of(s) not in held]
-            ahead = store.claim_across(conn, fresh, self.batch_size, self.before) if fresh else []
+            ahead = store.claim_across(conn, fresh, self.limit, self.before, self.batch_size) if fresh else []
             conn.commit()
         except BaseException:
             publisher.forget_positions()

@@ -83,8 +83,7 @@ class Publisher:
 
     def release(self) -> None:
         """Forget the streams whose lock the session held (a closed or new session holds none)."""
-        for stream in self.owned:
-            metrics.STREAM_LOCK.labels(stream).set(0)
+        metrics.locks_held(self.owned, False)
         self.owned.clear()
         self.buckets.clear()
         self.shared.clear()
@@ -158,8 +157,7 @@ class Publisher:
         if taken or shared:
             held = len(self.buckets | self.shared)
             log.info("stream buckets acquired", buckets=len(taken), shared=len(shared), held=held, streamer=self.name)
-        for stream in got:
-            metrics.STREAM_LOCK.labels(stream).set(1)
+        metrics.locks_held(got, True)
         self.owned |= got
         return wanted & self.owned
 
@@ -244,15 +242,20 @@ class Publisher:
 
     # -- sending and counting ----------------------------------------------------------------------------------------
 
-    def send_batches(self, batches: list[tuple[str, int, engine.Packed]], identity: store.ProducerIdentity) -> int:
+    def send_batches(
+        self, batches: list[tuple[str, int, engine.Packed]], identity: store.ProducerIdentity, per_call: int | None
+    ) -> int:
         """Append each batch, ``(target, first position, payload)``, deduplicated by position, in one pipelined round
-        trip per Redis node, in the order given (a target's batches in position order); return the entries Redis
-        appended. Raises :class:`~unilog.errors.PublishError` unless Redis confirmed every one
-        (:func:`unilog.stream.sending.send_many`)."""
-        results = sending.send_many(self._redis(), batches, identity, self.wait_replicas, self.wait_timeout_ms)
-        for target, first, payload in batches:
-            if self.faults.fires("streamer.double_send"):
-                self._send(target, identity, first, payload, dedupe=False)
+        trip per Redis node (script calls of about ``per_call`` records), in the order given (a target's batches in
+        position order); return the entries Redis appended. Raises :class:`~unilog.errors.PublishError` unless Redis
+        confirmed every one (:func:`unilog.stream.sending.send_many`)."""
+        results = sending.send_many(
+            self._redis(), batches, identity, self.wait_replicas, self.wait_timeout_ms, per_call
+        )
+        if self.faults.armed("streamer.double_send"):
+            for target, first, payload in batches:
+                if self.faults.fires("streamer.double_send"):
+                    self._send(target, identity, first, payload, dedupe=False)
         return sum(result.appended for result in results)
 
     def send_all(
@@ -267,9 +270,10 @@ class Publisher:
             batches = [(target, first[target], payload) for target, payload in targets.items()]
             results = sending.send_many(self._redis(), batches, identity, self.wait_replicas, self.wait_timeout_ms)
             appended = sum(result.appended for result in results)
-        for target, payload in targets.items():
-            if self.faults.fires("streamer.double_send"):
-                self._send(target, identity, first[target], payload, dedupe=False)
+        if self.faults.armed("streamer.double_send"):
+            for target, payload in targets.items():
+                if self.faults.fires("streamer.double_send"):
+                    self._send(target, identity, first[target], payload, dedupe=False)
         return appended
 
     def next_seqs(self, conn: psycopg.Connection[Any], targets: Iterable[str], epoch: int) -> dict[str, int]:

@@ -47,12 +47,19 @@ def send_many(
     identity: store.ProducerIdentity,
     wait_replicas: int,
     wait_timeout_ms: int,
+    per_call: int | None = None,
 ) -> list[engine.PublishResult]:
     """:func:`send` of many streams' batches (``(stream, first_seq, payload)``), deduplicated, in one pipelined
-    round trip (per Redis node); raises as it does unless Redis confirmed every one of them."""
+    round trip (per Redis node; on a single Redis in script calls of about ``per_call`` records); raises as it does
+    unless Redis confirmed every one of them."""
     try:
         results = rds.publish_many(
-            batches, identity.producer_id, identity.epoch, wait_replicas=wait_replicas, wait_timeout_ms=wait_timeout_ms
+            batches,
+            identity.producer_id,
+            identity.epoch,
+            wait_replicas=wait_replicas,
+            wait_timeout_ms=wait_timeout_ms,
+            per_call=per_call,
         )
     except (engine.RedisError, OSError) as exc:
         records = sum(payload.count for _s, _f, payload in batches)
