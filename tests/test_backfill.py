@@ -409,3 +409,32 @@ def test_a_postgres_restart_mid_backfill_is_retried_and_stages_each_row_once(set
             worker.close()
         with psycopg.connect(server.url, autocommit=True) as pg:
             assert backfill_counts(pg) == Counter({str(i): 1 for i in range(1, 2001)})
+
+
+def test_a_lock_its_closing_session_still_holds_is_waited_for_and_a_live_holder_is_refused(
+    settings: Settings, pg: Any
+) -> None:
+    """The backfill's lock is a session lock, let go when the holding backend exits, a moment after its client
+    closed the session. A backfill restarted in-process after a crash met its own closed session still holding it (the
+    CI's run at load: "being run by another process", by itself); it now waits up to ``LOCK_WAIT`` for it. A holder
+    that stays is still refused."""
+    from unilog.produce.backfill import LOCK_WAIT
+    from unilog.store.backfills import try_backfill_lock
+
+    make_table(pg, 10)
+    cursor = start(settings, BackfillConfig("accounts", "id", batch_size=5))
+    holder = psycopg.connect(settings.conninfo, autocommit=True)
+    assert try_backfill_lock(holder, cursor["name"])
+    closing = threading.Timer(1.0, holder.close)  # the last session of a crashed run, gone a moment later
+    closing.start()
+    try:
+        with Backfill(settings, cursor["name"]) as b:
+            assert b.drain() == 10
+    finally:
+        closing.join()
+    with psycopg.connect(settings.conninfo, autocommit=True) as rival:
+        assert try_backfill_lock(rival, cursor["name"])
+        started = time.monotonic()
+        with Backfill(settings, cursor["name"]) as b, pytest.raises(BackfillRefused, match="another process"):
+            b.drain()
+        assert time.monotonic() - started >= LOCK_WAIT, "refused only after the wait"

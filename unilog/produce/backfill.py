@@ -53,6 +53,10 @@ __all__ = ["Backfill", "BackfillConfig", "backfills", "cancel", "default_name", 
 
 log = structlog.get_logger(__name__)
 
+# Seconds a backfill waits for its lock before it is refused as run by another process. A session-level lock is let
+# go when its backend exits, a moment after the client closed the session: a backfill restarted in-process after a
+# crash (or reconnecting) found its own closed session still holding it, at load, and was refused as its own rival.
+LOCK_WAIT = 5.0
 EXACT_COUNT_BELOW = 200_000  # a planner estimate below this is replaced by count(*) (cheap, and exact)
 
 
@@ -323,8 +327,11 @@ class Backfill(Worker):
     def connect(self) -> None:
         """Open the session, take the backfill's lock and check its table again (it may have changed)."""
         conn = self.links.pg()
-        if not sql.try_backfill_lock(conn, self.name):
-            raise BackfillRefused(f"backfill {self.name!r} is being run by another process")
+        deadline = time.monotonic() + LOCK_WAIT
+        while not sql.try_backfill_lock(conn, self.name):
+            if time.monotonic() >= deadline:
+                raise BackfillRefused(f"backfill {self.name!r} is being run by another process")
+            time.sleep(0.1)
         cursor = sql.get_backfill(conn, self.name)
         if cursor is None:
             raise BackfillRefused(f"no backfill named {self.name!r} (`unilog backfill status` lists them)")
