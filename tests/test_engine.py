@@ -125,3 +125,20 @@ def test_publish_many_refuses_a_stale_epoch(streams: RedisStreams) -> None:
     with pytest.raises(redis.ResponseError, match="UNILOG_STALE_EPOCH"):
         streams.publish_many([("b", 1, rows(1)), ("a", 2, rows(2))], "p1", 1, per_call=1)
     assert seqs(streams, "a") == [1]
+
+
+def test_publish_many_keeps_a_streams_batches_in_one_call_so_a_refused_call_leaves_it_a_prefix(
+    streams: RedisStreams,
+) -> None:
+    """Redis runs a pipeline's later script calls after one that failed. Split over two calls, stream ``s``'s second
+    batch was appended after its first was refused (with the stale epoch of ``a``, earlier in that call): a gap no
+    reply reported, and a re-send then skipped the first batch as present. Kept in one call, ``s`` gets nothing, and
+    the re-send after the refusal appends it whole, in order."""
+    streams.publish("a", "p1", 2, 1, rows(1))  # a: at epoch 2, so a call holding a's epoch-1 batch is refused
+    batches = [("a", 2, rows(2)), ("s", 1, rows(1, 2)), ("s", 3, rows(3, 4))]
+    with pytest.raises(redis.ResponseError, match="UNILOG_STALE_EPOCH"):
+        streams.publish_many(batches, "p1", 1, per_call=3)
+    assert seqs(streams, "s") == [], "none of s, or a prefix: never its second batch alone"
+    results = streams.publish_many(batches[1:], "p1", 1, per_call=2)
+    assert [(r.appended, r.skipped) for r in results] == [(2, 0), (2, 0)]
+    assert seqs(streams, "s") == [1, 2, 3, 4]

@@ -171,25 +171,35 @@ class Publishing(Adapter):
         reply per call, not per stream; each call is atomic, and Redis runs nothing else meanwhile, as for one large
         batch), each written in one piece (redis-py writes each part of a packed command with a call of its own), all
         in one round trip. Its results carry no entry ids (the script returns only the streams with entries skipped
-        or a gap); a batch appended whole shares its result with the others of its size."""
-        calls: list[list[tuple[str, int, Packed]]] = [[]]
+        or a gap); a batch appended whole shares its result with the others of its size.
+
+        Every batch of one stream goes in the same call, in order: Redis runs a pipeline's later calls after one that
+        failed, so a stream split over two calls could get its second part appended after its first was refused,
+        with a gap no reply reported, and a re-send would then skip the first part as present, lost. In one call a
+        stream's appended entries are always a prefix of its batches, which a re-send completes."""
+        calls: list[list[tuple[int, str, int, Packed]]] = [[]]
+        call_of: dict[str, int] = {}
         records = 0
-        for stream, first_seq, rows in batches:
+        for index, (stream, first_seq, rows) in enumerate(batches):
             batch = rows if isinstance(rows, Packed) else pack_rows(rows)
-            if calls[-1] and per_call is not None and records + batch.count > per_call:
-                calls.append([])
-                records = 0
-            calls[-1].append((stream, first_seq, batch))
-            records += batch.count
+            if stream not in call_of:
+                if calls[-1] and per_call is not None and records + batch.count > per_call:
+                    calls.append([])
+                    records = 0
+                call_of[stream] = len(calls) - 1
+            calls[call_of[stream]].append((index, stream, first_seq, batch))
+            records += batch.count if call_of[stream] == len(calls) - 1 else 0
         head = [b"EVALSHA", PUBLISH_MANY_SHA.encode()]
-        commands = [_together(head, call, _b(producer), b"%d" % epoch) for call in calls]
+        parts = [[(stream, first, batch) for _i, stream, first, batch in call] for call in calls]
+        commands = [_together(head, part, _b(producer), b"%d" % epoch) for part in parts]
         replies, replicas = self._evalsha_many(
             self._pool(batches[0][0]), commands, len(calls), wait_replicas, wait_timeout_ms, script=PUBLISH_MANY_LUA
         )
-        results: list[PublishResult] = []
-        for call, reply in zip(calls, replies, strict=True):
-            results += _results_together(reply, call, replicas)
-        return results
+        results: list[PublishResult | None] = [None] * len(batches)
+        for call, part, reply in zip(calls, parts, replies, strict=True):
+            for (index, *_batch), result in zip(call, _results_together(reply, part, replicas), strict=True):
+                results[index] = result
+        return [r for r in results if r is not None]
 
     @issues("evalsha", "script|load", "wait", *script_commands(PUBLISH_LUA), *script_commands(PUBLISH_MANY_LUA))
     def _evalsha_many(
