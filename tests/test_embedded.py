@@ -235,6 +235,25 @@ def test_postgres_temp_dir_removed_on_cleanup() -> None:
 # --------------------------------------------------------------------------- #
 
 
+def test_servers_keep_their_files_in_ram_when_the_machine_has_room_and_where_told_otherwise(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A tmpfs with room is taken, a disk or a tmpfs too small for the minimum is not (real mounts: this machine's
+    /proc/mounts), and ``UNILOG_SERVERS_DIR`` overrides the choice."""
+    from unilog.harness.embedded.process import RAM_ROOT, SERVERS_DIR_ENV, ram_backed, servers_root
+
+    if not ram_backed(RAM_ROOT, 0):
+        pytest.skip(f"{RAM_ROOT} is not a writable tmpfs on this machine")
+    assert not ram_backed(RAM_ROOT, 1 << 60)  # more than any machine has free
+    assert not ram_backed(str(tmp_path), 0)  # a directory, not a tmpfs mount point
+    assert not ram_backed("/nonexistent-unilog", 0)
+    monkeypatch.setenv(SERVERS_DIR_ENV, str(tmp_path))
+    assert servers_root() == str(tmp_path)
+    server = EmbeddedRedis()
+    assert server.base_dir.parent == tmp_path
+    server.stop(cleanup=True)
+
+
 @pytest.mark.parametrize("binary", REDIS_SERVERS, ids=lambda b: f"redis-{b.version}")
 def test_redis_streams_survive_kill_and_pause(binary: RedisBinary) -> None:
     with EmbeddedRedis(binary=binary) as server:

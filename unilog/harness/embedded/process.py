@@ -26,6 +26,7 @@ PG_BIN_ENV = "UNILOG_PG_BIN"
 PG_USER_ENV = "UNILOG_PG_USER"
 REDIS_SERVER_ENV = "UNILOG_REDIS_SERVER"
 DEFAULT_PG_USER = "unilog-pg"
+SERVERS_DIR_ENV = "UNILOG_SERVERS_DIR"
 
 PG_START_TIMEOUT = 30.0
 PG_STOP_TIMEOUT = 30.0
@@ -155,9 +156,39 @@ def _is_executable(path: Path) -> bool:
 
 
 def _new_temp_dir(prefix: str) -> Path:
-    """Create a short-named temp dir; short because of the unix socket limit."""
-    root = "/tmp" if Path("/tmp").is_dir() else None
-    return Path(tempfile.mkdtemp(prefix=prefix, dir=root))
+    """Create a short-named temp dir (short because of the unix socket limit) under :func:`servers_root`."""
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=servers_root()))
+
+
+RAM_ROOT = "/dev/shm"
+RAM_ROOT_MIN_FREE = 4 << 30
+
+
+def servers_root() -> str | None:
+    """Where throw-away servers keep their files: ``UNILOG_SERVERS_DIR`` when set; else a RAM-backed ``/dev/shm``
+    with at least 4 GiB free; else ``/tmp`` (None: the platform's temp dir).
+
+    RAM, because nothing here outlives its process and every server runs without fsync: on a disk, ``CREATE
+    DATABASE`` from a template (once per test) took 170-550 ms, on tmpfs 25-40 ms (same machine, interleaved), and
+    Redis's ``appendfsync always`` waited on the disk at every write. A small ``/dev/shm`` (a container's 64 MB) is
+    left alone."""
+    chosen = os.environ.get(SERVERS_DIR_ENV)
+    if chosen:
+        return chosen
+    if ram_backed(RAM_ROOT, RAM_ROOT_MIN_FREE):
+        return RAM_ROOT
+    return "/tmp" if Path("/tmp").is_dir() else None
+
+
+def ram_backed(path: str, min_free: int) -> bool:
+    """True if ``path`` is a writable tmpfs mount point with at least ``min_free`` bytes available."""
+    try:
+        stats = os.statvfs(path)
+        with open("/proc/mounts") as mounts:
+            tmpfs = any(line.split()[1:3] == [path, "tmpfs"] for line in mounts)
+    except OSError:
+        return False
+    return tmpfs and stats.f_bavail * stats.f_frsize >= min_free and os.access(path, os.W_OK)
 
 
 # --------------------------------------------------------------------------- #
