@@ -252,6 +252,11 @@ def test_servers_keep_their_files_in_ram_when_the_machine_has_room_and_where_tol
     server = EmbeddedRedis()
     assert server.base_dir.parent == tmp_path
     server.stop(cleanup=True)
+    monkeypatch.delenv(SERVERS_DIR_ENV)
+    assert servers_root() == RAM_ROOT if ram_backed(RAM_ROOT, 4 << 30) else servers_root() == "/tmp"
+    durable = EmbeddedPostgres(fsync=True)  # its fsync is the point: never in RAM
+    assert not str(durable.base_dir).startswith(RAM_ROOT), durable.base_dir
+    durable.stop(cleanup=True)
 
 
 @pytest.mark.parametrize("binary", REDIS_SERVERS, ids=lambda b: f"redis-{b.version}")

@@ -52,11 +52,12 @@ from .binaries import (
 )
 from .cluster import EmbeddedRedisCluster
 from .postgres import EmbeddedPostgres
-from .process import EmbeddedServerError, ServerNotFound, ServerProcess, free_port
+from .process import SERVERS_DIR_ENV, EmbeddedServerError, ServerNotFound, ServerProcess, free_port, servers_root
 from .redis import EmbeddedRedis
 from .replicated import ReplicatedPostgres
 
 __all__ = [
+    "SERVERS_DIR_ENV",
     "EmbeddedPostgres",
     "EmbeddedRedis",
     "EmbeddedRedisCluster",
@@ -75,4 +76,5 @@ __all__ = [
     "postgres_by_major",
     "probe_postgres",
     "probe_redis",
+    "servers_root",
 ]

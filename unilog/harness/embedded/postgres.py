@@ -190,7 +190,7 @@ class EmbeddedPostgres(ServerProcess):
         ``standby``: start in standby mode (see :meth:`clone_from`, :meth:`promote`)."""
         self.binaries: PostgresBinaries = binaries or find_postgres()
         self.tls = tls
-        self._init_process(base_dir, port, self.binaries.version)
+        self._init_process(base_dir, port, self.binaries.version, durable=fsync)  # fsync in RAM would be a no-op
         self.fsync = fsync
         self.settings: dict[str, str] = _default_pg_settings(fsync) | dict(settings or {})
         self.data_dir: Path = self.base_dir / "data"

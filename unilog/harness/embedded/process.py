@@ -155,18 +155,19 @@ def _is_executable(path: Path) -> bool:
     return path.is_file() and os.access(path, os.X_OK)
 
 
-def _new_temp_dir(prefix: str) -> Path:
-    """Create a short-named temp dir (short because of the unix socket limit) under :func:`servers_root`."""
-    return Path(tempfile.mkdtemp(prefix=prefix, dir=servers_root()))
+def _new_temp_dir(prefix: str, *, durable: bool = False) -> Path:
+    """Create a short-named temp dir (short because of the unix socket limit) under :func:`servers_root`
+    (``durable``: never in RAM, for a server whose fsync is the point)."""
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=servers_root(durable=durable)))
 
 
 RAM_ROOT = "/dev/shm"
 RAM_ROOT_MIN_FREE = 4 << 30
 
 
-def servers_root() -> str | None:
+def servers_root(*, durable: bool = False) -> str | None:
     """Where throw-away servers keep their files: ``UNILOG_SERVERS_DIR`` when set; else a RAM-backed ``/dev/shm``
-    with at least 4 GiB free; else ``/tmp`` (None: the platform's temp dir).
+    with at least 4 GiB free (unless ``durable``); else ``/tmp`` (None: the platform's temp dir).
 
     RAM, because nothing here outlives its process and every server runs without fsync: on a disk, ``CREATE
     DATABASE`` from a template (once per test) took 170-550 ms, on tmpfs 25-40 ms (same machine, interleaved), and
@@ -175,7 +176,7 @@ def servers_root() -> str | None:
     chosen = os.environ.get(SERVERS_DIR_ENV)
     if chosen:
         return chosen
-    if ram_backed(RAM_ROOT, RAM_ROOT_MIN_FREE):
+    if not durable and ram_backed(RAM_ROOT, RAM_ROOT_MIN_FREE):
         return RAM_ROOT
     return "/tmp" if Path("/tmp").is_dir() else None
 
@@ -209,10 +210,12 @@ class ServerProcess:
     kind: ClassVar[str] = "server"
     temp_prefix: ClassVar[str] = "unilog-"
 
-    def _init_process(self, base_dir: Path | None, port: int | None, version: str) -> None:
+    def _init_process(self, base_dir: Path | None, port: int | None, version: str, *, durable: bool = False) -> None:
         self.version = version
         self._owns_base_dir = base_dir is None
-        self.base_dir: Path = _new_temp_dir(self.temp_prefix) if base_dir is None else Path(base_dir).absolute()
+        self.base_dir: Path = (
+            _new_temp_dir(self.temp_prefix, durable=durable) if base_dir is None else Path(base_dir).absolute()
+        )
         self._auto_port = port is None
         self.port: int = free_port() if port is None else port
         self._ever_started = False
