@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from unilog import Settings, emit
+from unilog import Settings, emit, emit_many
 from unilog.harness.embedded import free_port
 from unilog.wire import dlq_key
 
@@ -184,3 +184,33 @@ def test_the_system_exporter_reports_lag_backlog_open_stagers_dead_letters_and_p
     spawn("streamer", "--poll-interval", "0.2")
     wait_for(lambda: value(scrape(port), "unilog_stream_publishers", stream=stream) == 1, 20, "a publisher")
     wait_for(lambda: value(scrape(port), "unilog_staged_records", stream=stream) == 0, 20, "the backlog to drain")
+
+
+def test_a_streamer_over_many_streams_keeps_its_series_per_stream_bounded(
+    settings: Settings, pg: Any, spawn: Callable[..., Any]
+) -> None:
+    """Past ``STREAM_SERIES`` streams a streamer's series per stream are shared (``stream="*"``): the counts stay
+    whole (every record counted once) and the lock gauge counts the streams past the bound it holds."""
+    from unilog.metrics import SEVERAL, STREAM_SERIES
+
+    names = [f"tenant-{i:03}" for i in range(STREAM_SERIES + 30)]
+    records = [{"action": "a", "object": "o", "data": {"i": i}, "stream": n} for i in range(2) for n in names]
+    with psycopg.connect(settings.conninfo) as conn:
+        emit_many(conn, records)
+    port = free_port()
+    spawn("streamer", "--poll-interval", "0.2", "--metrics-port", str(port))
+    wait_for(serving(port), 20, "the streamer's metrics")
+    staged = "SELECT count(*) FROM staged_log_records"
+    wait_for(lambda: pg.execute(staged).fetchone()[0] == 0, 60, "the streamer to publish every record")
+
+    def series(name: str) -> dict[str, float]:
+        return {dict(labels)["stream"]: v for (n, labels), v in scrape(port).items() if n == name}
+
+    wait_for(lambda: sum(series("unilog_records_published_total").values()) == len(records), 10, "the counts")
+    published = series("unilog_records_published_total")
+    assert len(published) == STREAM_SERIES + 1, sorted(published)
+    assert published[SEVERAL] == 2 * 30
+    assert all(published[n] == 2 for n in published if n != SEVERAL)
+    locks = series("unilog_stream_lock_held")
+    assert len(locks) == STREAM_SERIES + 1 and locks[SEVERAL] == 30, locks
+    assert sum(v for n, v in locks.items() if n != SEVERAL) == STREAM_SERIES
