@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import compileall
 import json
 import os
 import shutil
@@ -26,10 +27,22 @@ def pytest_configure(config: pytest.Config) -> None:
     for app, test in (("DATABASE_URL", "UNILOG_TEST_DATABASE_URL"), ("REDIS_URL", "UNILOG_TEST_REDIS_URL")):
         if os.environ.get(app) and not os.environ.get(test):
             os.environ[test] = os.environ[app]
+    if not hasattr(config, "workerinput"):
+        _compile_the_project()
     if os.geteuid() == 0 and config.option.basetemp is None and not hasattr(config, "workerinput"):
         # As root, tests' own servers run as an unprivileged user that must traverse the test's tmp_path; any other
         # pytest run on the machine resets /tmp/pytest-of-root to 0700 and cuts them off mid-test: a base of our own
         config.option.basetemp = _OWN_BASETEMP[0] = tempfile.mkdtemp(prefix="unilog-pytest-")
+
+
+def _compile_the_project() -> None:
+    """Byte-compile this checkout's packages once, before the workers start: an editable install has no ``.pyc``
+    (pip compiles what it installs, not the checkout), and with ``PYTHONDONTWRITEBYTECODE`` set (as on this
+    project's CI machine) every process the suite starts (some thousands: fleets, commands, chaos runs) compiled
+    each unilog module it imported again (test_cli.py: 32.6 and 29.0 s without, 28.9 and 26.3 s with)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for package in ("unilog", "services", "tests"):
+        compileall.compile_dir(os.path.join(root, package), quiet=2)
 
 
 _OWN_BASETEMP = [""]  # the base this run made (removed after a run that passed; kept to read when one failed)
