@@ -16,6 +16,7 @@ import redis
 from handlers import APPLIED_DDL  # tests/ is on sys.path: pytest puts a rootdir-less test folder there
 
 from unilog import Settings
+from unilog.harness.app import SPARK_SHORT_JVM
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest's tmpdir plugin reads --basetemp
@@ -29,6 +30,10 @@ def pytest_configure(config: pytest.Config) -> None:
             os.environ[test] = os.environ[app]
     if not hasattr(config, "workerinput"):
         _compile_the_project()
+        # every Spark JVM of the suite (the sessions of test_spark.py, the fleets' consumers) is short-lived and
+        # shares two cores: the JIT's quick tier alone (unilog.harness.app.SPARK_SHORT_JVM, measured there)
+        for name, value in SPARK_SHORT_JVM.items():
+            os.environ.setdefault(name, value)
     if os.geteuid() == 0 and config.option.basetemp is None and not hasattr(config, "workerinput"):
         # As root, tests' own servers run as an unprivileged user that must traverse the test's tmp_path; any other
         # pytest run on the machine resets /tmp/pytest-of-root to 0700 and cuts them off mid-test: a base of our own

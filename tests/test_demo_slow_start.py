@@ -84,3 +84,20 @@ def test_a_consumer_that_never_starts_ends_the_run_behind_and_named_before_traff
     assert verdict.startswith("unilog demo verdict: did not catch up in "), verdict
     assert f"still behind: {SLOW} (lag " in verdict and "DISAGREE" not in verdict, verdict
     assert "producers stopped" not in text, text[-3000:]
+
+
+def test_the_fleets_spark_consumer_starts_its_jvm_on_the_quick_jit_tier_unless_told_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The demo's Spark process gets ``SPARK_SUBMIT_OPTS`` with C1 alone (its start costs half the CPU), the other
+    processes nothing of it, and a user's own ``SPARK_SUBMIT_OPTS`` is left to stand."""
+    from unilog.harness.app import SPARK_SHORT_JVM
+
+    monkeypatch.delenv("SPARK_SUBMIT_OPTS", raising=False)
+    specs = {spec.name: spec for spec in demo.fleet_specs(APP, 1, 1.0, False, None, True)}
+    assert APP.spark_name in specs, sorted(specs)
+    assert specs[APP.spark_name].env == SPARK_SHORT_JVM
+    assert [name for name, spec in specs.items() if "SPARK_SUBMIT_OPTS" in spec.env] == [APP.spark_name]
+    monkeypatch.setenv("SPARK_SUBMIT_OPTS", "-Xmx2g")
+    specs = {spec.name: spec for spec in demo.fleet_specs(APP, 1, 1.0, False, None, True)}
+    assert "SPARK_SUBMIT_OPTS" not in specs[APP.spark_name].env

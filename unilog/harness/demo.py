@@ -39,7 +39,7 @@ from unilog.config import Settings
 from unilog.ops import admin
 from unilog.ops.status import collect_status
 
-from .app import App, spark_available
+from .app import App, spark_available, spark_env
 from .chaos.runner import wait_for_api
 from .embedded import EmbeddedPostgres, EmbeddedRedis, EmbeddedRedisCluster, free_port
 from .supervisor import Fleet, ProcessSpec
@@ -153,7 +153,7 @@ def _fleet_specs(
     if spark and app.spark_consumer is not None:
         checkpoint = str(Path(tempfile.gettempdir()) / f"unilog-demo-spark-{os.getpid()}")
         argv = [py, "-m", app.module(app.spark_consumer), app.spark_name, "--master", "local[2]"]
-        specs.append(ProcessSpec(app.spark_name, [*argv, "--checkpoint", checkpoint]))
+        specs.append(ProcessSpec(app.spark_name, [*argv, "--checkpoint", checkpoint], spark_env()))
     sim = [py, "-m", app.module(app.simulator), "--api", f"http://127.0.0.1:{api_port}", "--rate", str(rate)]
     specs.append(ProcessSpec("simulator", sim + ([] if seed is None else ["--seed", str(seed)])))
     return specs

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..app import App
+from ..app import App, spark_env
 from ..supervisor import ProcessSpec
 
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ def fleet_specs(
     if config.use_spark(app):
         checkpoint = str(state_dir / f"{app.spark_name}-checkpoint")
         argv = [python, "-m", HARNESS, "spark", app.spark_name, "--app", _app_ref(app), "--checkpoint", checkpoint]
-        specs.append(ProcessSpec(app.spark_name, argv))
+        specs.append(ProcessSpec(app.spark_name, argv, spark_env()))
     specs.extend(config.extra_processes)
     specs += _producers(app, config, python, history_dir)
     simulator = [python, "-m", app.module(app.simulator), "--api", f"http://127.0.0.1:{api_port}"]
