@@ -20,7 +20,7 @@ from .env import BenchEnv, Urls
 from .handlers import count_records
 
 COUNTS = (1, 10, 1_000)
-SIZE, QUICK_SIZE = 50_000, 20_000
+SIZE, QUICK_SIZE = 50_000, 10_000
 
 
 def _names(count: int) -> list[str]:

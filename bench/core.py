@@ -58,6 +58,9 @@ class Profile:
     backfill_window: float = 60.0  # backfill: seconds of the paced variant (and of the producer alone)
     side_reps: int | None = None  # rounds of the variants no target reads (None: every round)
     observe_reps: int | None = None  # observe's rounds (None: drain_reps, consume_reps)
+    observe_size: int | None = None  # observe's records, drained and consumed (None: drain_sizes[0], consume_size)
+    scaling_clients: tuple[int, ...] = (1, 8, 32)  # produce_clients: the client counts
+    reference_rates: tuple[int, ...] | None = None  # latency: the rates the reference design runs at (None: all)
     shards_reps: int | None = None  # shards' rounds (None: drain_reps)
     spark_batches: tuple[int, ...] = (20_000, 50_000, 100_000)  # the Spark throughput trials' maxEntriesPerBatch
     spark_latency_rates: tuple[int, ...] | None = None  # the Spark latency trials' rates (None: latency_rates)
@@ -77,41 +80,46 @@ class Profile:
 
 
 # Within about 5 minutes on 2 cores: every workload runs, every target ratio over at least 2 paired rounds; the
-# variants no target reads run one round, Spark only its 100,000-entry batches, the curves table and WAL mode only.
+# variants no target reads run one round, Spark only its 100,000-entry batches, the curves table and WAL mode only,
+# the producers' scaling 1 and 8 clients (the target's), observe over 20,000 records, the reference design's latency
+# at 20/s only (no target reads it); issue 45 halved the sizes and windows (363 s quiet before, 328 s between).
 QUICK = Profile(
     name="quick",
     drain_sizes=(50_000,),
     drain_reps=2,
-    streams_size=50_000,
+    streams_size=25_000,
     streams_reps=1,
     latency_rates=(20, 500),
-    latency_seconds=3.0,
+    latency_seconds=2.0,
     latency_reps=1,
-    produce_seconds=1.5,
+    produce_seconds=1.0,
     produce_reps=2,
-    consume_size=50_000,
+    consume_size=30_000,
     consume_reps=2,
-    memory_size=100_000,
+    memory_size=50_000,
     spark_size=200_000,  # the warm-up batch, then one measured 100,000-entry batch
     spark_reps=1,  # one JVM per variant: Spark's start is most of a quick run's Spark time
     spark_latency_seconds=10.0,
     curve_rates=(100, 1_000, 3_000),
-    curve_seconds=1.5,
+    curve_seconds=1.0,
     slice_seconds=0.2,
     slice_rounds=4,
-    commits_size=20_000,
-    bigtx_size=100_000,
-    backfill_size=20_000,
-    backfill_window=5.0,
+    commits_size=10_000,
+    bigtx_size=50_000,
+    backfill_size=10_000,
+    backfill_window=3.0,
     side_reps=1,
     observe_reps=1,
+    observe_size=20_000,
+    scaling_clients=(1, 8),
+    reference_rates=(20,),
     shards_reps=1,
     spark_batches=(100_000,),
     spark_latency_rates=(),
     curve_variants=("table", "wal"),
-    typed_rounds=4,
+    typed_rounds=3,
     typed_slice_seconds=0.5,
-    typed_size=25_000,
+    typed_size=15_000,
     typed_reps=2,
 )
 

@@ -311,15 +311,14 @@ def _metrics(p: Probes, n: int) -> dict[str, float]:
 
 def run_latency(env: BenchEnv, profile: Profile, results: Results) -> None:
     for rate in profile.latency_rates:
-        log(
-            f"latency: {rate}/s for {profile.latency_seconds:g} s, {profile.latency_reps} rounds of unilog, "
-            "unilog-wal, reference"
-        )
+        variants = ("unilog", "unilog-wal", *(("reference",) if rate in (profile.reference_rates or (rate,)) else ()))
+        rounds = f"{profile.latency_reps} rounds of {', '.join(variants)}"
+        log(f"latency: {rate}/s for {profile.latency_seconds:g} s, {rounds}")
         interleaved(
             results,
             "latency",
             f"{rate}/s x {profile.latency_seconds:g}s",
-            ("unilog", "unilog-wal", "reference"),
+            variants,
             profile.latency_reps,
             lambda v, rate=rate: latency_trial(env, v, rate, profile.latency_seconds),  # type: ignore[misc]
         )

@@ -91,7 +91,7 @@ def _prefill(urls: Urls) -> int:
 
 
 def run_observe(env: BenchEnv, profile: Profile, results: Results) -> None:
-    size = profile.drain_sizes[0]
+    size = profile.observe_size or profile.drain_sizes[0]
     drain_reps, consume_reps = profile.observe_reps or profile.drain_reps, profile.observe_reps or profile.consume_reps
     log(f"observe: drain {size:,} records, {drain_reps} rounds of {', '.join(VARIANTS)}")
     interleaved(
@@ -102,7 +102,7 @@ def run_observe(env: BenchEnv, profile: Profile, results: Results) -> None:
         drain_reps,
         lambda v: drain_trial(env, v, size),
     )
-    size = profile.consume_size
+    size = profile.observe_size or profile.consume_size
     env.reset()
     env.stage(size)
     in_fresh_process(_prefill, env.urls)

@@ -130,7 +130,6 @@ def run_produce(env: BenchEnv, profile: Profile, results: Results) -> None:
     )
 
 
-SCALING_CLIENTS = (1, 8, 32)
 SCALING_VARIANTS = ("plain INSERT", "with emit", "emit, WAL mode", "without emit", "emit, streamer asleep")
 
 
@@ -144,7 +143,7 @@ def run_produce_clients(env: BenchEnv, profile: Profile, results: Results) -> No
     mode``: emit as WAL capture makes it, a transactional logical message rather than a row (the slot's reader is
     not on the producer's path); ``emit, streamer asleep``: a session holds the wake-up lock, so
     every commit notifies (a real streamer wakes at the first one and stays awake while commits keep coming)."""
-    for clients in SCALING_CLIENTS:
+    for clients in profile.scaling_clients:
         log(
             f"produce_clients: {clients} clients, {profile.slice_rounds} rounds of {SCALING_VARIANTS} x "
             f"{profile.slice_seconds:g} s"
