@@ -11,6 +11,7 @@ import redis
 
 from unilog import Settings, Streamer, StreamerConfig, emit, store
 from unilog.harness.pytest_plugin import running
+from unilog.runtime import Hook
 
 
 def notified(listener: psycopg.Connection[Any], timeout: float) -> int:
@@ -108,3 +109,30 @@ def test_two_idle_streamers_both_publish_a_commit_on_their_streams_at_once(setti
                 assert published(rds, stream, n, 10), f"{stream}: a commit waited for the 30-second poll"
     first.close()
     second.close()
+
+
+class Passes(Hook):
+    def __init__(self) -> None:
+        self.count = 0
+
+    def on_pass_end(self, worker: Any, result: Any) -> None:
+        self.count += 1
+
+
+def test_an_idle_streamer_alone_is_not_woken_by_its_own_wake_up(settings: Settings, rds: Any) -> None:
+    """Giving the wake-up lock back notifies every listener, the streamer's own session too. An idle streamer alone
+    on its database took its own ``awake`` for a producer's commit, looked at once, slept, and woke again: about
+    3,600 transactions a second on an idle system, a core's worth of work. Idle, it must look about twice per poll
+    (after each sleep, and once more before the next), also after a commit woke it."""
+    streamer = Streamer(settings, StreamerConfig(poll_interval=0.5))
+    passes = streamer.hooks.add(Passes())
+    with psycopg.connect(settings.conninfo) as producer, running(streamer.run):
+        time.sleep(0.5)
+        emit(producer, action="a", object="o", data={})
+        producer.commit()
+        assert published(rds, settings.stream, 1, 10)
+        before = passes.count
+        time.sleep(2.5)  # five polls
+        idle_passes = passes.count - before
+    streamer.close()
+    assert 2 <= idle_passes <= 30, f"{idle_passes} passes in 2.5 s idle with a 0.5 s poll"
