@@ -30,6 +30,7 @@ from .env import BenchEnv, Urls, payload
 from .reference import PgOnlyDrainer, ReferenceStreamer
 
 DRAIN_VARIANTS = ("unilog", "unilog-wal", "unilog-b1000", "reference", "pg_only", "redis_only", "redis_script")
+SIDE = ("unilog-b1000", "redis_only", "redis_script")  # read by informational ratios only (Profile.side_variants)
 REF_STREAM = "ref-rides"
 REDIS_ONLY_STREAM = "redis-only"
 REDIS_SCRIPT_STREAM = "redis-script"
@@ -146,12 +147,13 @@ def drain_trial(env: BenchEnv, variant: str, size: int) -> tuple[dict[str, float
 
 def run_drain(env: BenchEnv, profile: Profile, results: Results) -> None:
     for size in profile.drain_sizes:
-        log(f"drain: {size:,} records, {profile.drain_reps} rounds of {', '.join(DRAIN_VARIANTS)}")
+        variants = DRAIN_VARIANTS if profile.side_variants else tuple(v for v in DRAIN_VARIANTS if v not in SIDE)
+        log(f"drain: {size:,} records, {profile.drain_reps} rounds of {', '.join(variants)}")
         interleaved(
             results,
             "drain",
             f"{size:,} records",
-            DRAIN_VARIANTS,
+            variants,
             profile.drain_reps,
             lambda v, size=size: drain_trial(env, v, size),  # type: ignore[misc]
             core=("unilog", "reference", "pg_only"),

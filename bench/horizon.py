@@ -56,12 +56,13 @@ def horizon_trial(
 
 def run_horizon(env: BenchEnv, profile: Profile, results: Results) -> None:
     seconds = max(3.0, profile.latency_seconds / 3)  # past HOLD: the producer runs on after the idle session ends
-    log(f"horizon: {RATE}/s for {seconds:g} s, an idle transaction held {HOLD:g} s, {', '.join(VARIANTS)}")
+    variants = VARIANTS if profile.side_variants else tuple(v for v in VARIANTS if v.startswith("wal"))
+    log(f"horizon: {RATE}/s for {seconds:g} s, an idle transaction held {HOLD:g} s, {', '.join(variants)}")
     interleaved(
         results,
         "horizon",
         f"{RATE}/s x {seconds:g}s",
-        VARIANTS,
+        variants,
         profile.latency_reps,
         lambda v: horizon_trial(env, v, seconds),
     )

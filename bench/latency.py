@@ -311,7 +311,8 @@ def _metrics(p: Probes, n: int) -> dict[str, float]:
 
 def run_latency(env: BenchEnv, profile: Profile, results: Results) -> None:
     for rate in profile.latency_rates:
-        variants = ("unilog", "unilog-wal", *(("reference",) if rate in (profile.reference_rates or (rate,)) else ()))
+        reference = profile.reference_rates is None or rate in profile.reference_rates
+        variants = ("unilog", "unilog-wal", *(("reference",) if reference else ()))
         rounds = f"{profile.latency_reps} rounds of {', '.join(variants)}"
         log(f"latency: {rate}/s for {profile.latency_seconds:g} s, {rounds}")
         interleaved(
