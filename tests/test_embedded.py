@@ -184,6 +184,21 @@ def test_postgres_kill_then_start(pg: EmbeddedPostgres) -> None:
     assert _fetch_all(pg.url, "select x from kill_t") == [(2,)]
 
 
+def test_a_killed_throw_away_postgres_leaves_no_shared_memory_outside_its_folder(tmp_path: Path) -> None:
+    """A throw-away server keeps its dynamic shared memory in its data folder (``mmap``), so a SIGKILL, which leaves
+    every segment behind, leaves them where the folder's removal takes them; POSIX segments stayed in /dev/shm."""
+    shm = Path("/dev/shm")
+    with EmbeddedPostgres(tmp_path / "pg") as server:
+        [(kind,)] = _fetch_all(server.url, "select current_setting('dynamic_shared_memory_type')")
+        in_folder = sorted(p.name for p in (server.data_dir / "pg_dynshmem").iterdir())
+        control = [name for name in in_folder if name.startswith("mmap.")]
+        server.kill()
+        assert kind == "mmap" and control, (kind, in_folder)
+        # the control segment named by the folder's file is not a POSIX segment of the same handle
+        handle = control[0].removeprefix("mmap.")
+        assert not (shm / f"PostgreSQL.{handle}").exists()
+
+
 def test_postgres_url_for_other_database(pg: EmbeddedPostgres) -> None:
     with psycopg.connect(pg.url, autocommit=True) as conn:
         conn.execute("create database other_db")
