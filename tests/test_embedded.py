@@ -19,6 +19,7 @@ import redis
 from unilog.harness.embedded import (
     EmbeddedPostgres,
     EmbeddedRedis,
+    EmbeddedRedisCluster,
     EmbeddedServerError,
     PostgresBinaries,
     RedisBinary,
@@ -197,6 +198,17 @@ def test_a_killed_throw_away_postgres_leaves_no_shared_memory_outside_its_folder
         # the control segment named by the folder's file is not a POSIX segment of the same handle
         handle = control[0].removeprefix("mmap.")
         assert not (shm / f"PostgreSQL.{handle}").exists()
+
+
+def test_a_cluster_stopped_with_cleanup_leaves_no_folder_behind() -> None:
+    """Each node's cleanup removes only the files it made; Redis's ``nodes.conf`` kept the cluster's folder."""
+    cluster = EmbeddedRedisCluster(replicas=0).start()
+    try:
+        base = cluster.base_dir
+        assert (base / "node0" / "nodes.conf").is_file()
+    finally:
+        cluster.stop(cleanup=True)
+    assert not base.exists(), sorted(str(p.relative_to(base)) for p in base.rglob("*"))
 
 
 def test_postgres_url_for_other_database(pg: EmbeddedPostgres) -> None:
