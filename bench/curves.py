@@ -22,7 +22,7 @@ from typing import Any
 from unilog import GroupConsumer
 from unilog.consume.group import GroupConfig
 
-from .core import Measurement, Profile, Results, log, worker_init
+from .core import QUICK, Measurement, Profile, Results, log, worker_init
 from .env import BenchEnv, Urls
 from .handlers import count_records
 from .horizon import HOLD, horizon_trial
@@ -74,9 +74,13 @@ def run_curves(env: BenchEnv, profile: Profile, results: Results) -> None:
         found = knee(pts, "p50 ms" if "idle" in variant else "p99 ms")
         log(f"curves: {variant}: knee at {found:,} records/s offered" if found else f"curves: {variant}: no knee")
         results.add(Measurement("curves", "knee", variant, 0, {"records/s": float(found or 0)}, {}))
+    # a quick run's plot (table and WAL mode, three rates) goes beside its JSON: bench/load-curves.png is the full
+    # run's, which the docs show
+    path = PLOT if profile.name != QUICK.name else PLOT.parent / "results" / "load-curves-quick.png"
     try:
-        plot(points, PLOT)
-        log(f"curves: plot written to {PLOT}")
+        path.parent.mkdir(exist_ok=True)
+        plot(points, path)
+        log(f"curves: plot written to {path}")
     except ImportError:
         log("curves: no plot (matplotlib is not installed: pip install -e '.[dev]')")
 
