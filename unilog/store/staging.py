@@ -114,6 +114,13 @@ def listen(conn: psycopg.Connection[Any]) -> None:
     conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
 
 
+def unlisten(conn: psycopg.Connection[Any]) -> None:
+    """End ``conn``'s subscriptions; once this returns, the server sends it no notification (what came before is
+    dropped), so it can be closed without the server writing to a closed socket."""
+    conn.execute("UNLISTEN *")
+    discard_notifies(conn)
+
+
 def discard_notifies(conn: psycopg.Connection[Any]) -> int:
     """Drop every notification ``conn`` has received, and what its socket holds, without waiting; return how many.
     psycopg keeps each notification that arrives while ``conn`` runs a statement until it is read: a ``LISTEN``

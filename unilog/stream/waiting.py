@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from typing import Any
@@ -114,7 +115,14 @@ class CommitListener:
         self._unlocking = False
 
     def close(self) -> None:
-        self.asleep = self._unlocking = False
+        """Close the session once the server sends it nothing more: the reply of an unlock sent without waiting is
+        read, and ``UNLISTEN`` ends the notifications. A session closed while the server still wrote to it (a
+        producer's NOTIFY, that reply) left ``FATAL: connection to client lost`` in the server's log: once in a CI
+        run, from a streamer that turned standby just after a wake-up and closed its listener."""
         if self._conn is not None and not self._conn.closed:
+            with contextlib.suppress(psycopg.Error):  # a broken session is closed all the same
+                self._unlocked()
+                store.unlisten(self._conn)
             self._conn.close()
+        self.asleep = self._unlocking = False
         self._conn = None
