@@ -11,6 +11,7 @@ saying why.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -45,22 +46,43 @@ def _cache() -> Path:
 
 @pytest.fixture(scope="session")
 def parser_dir() -> Path:
-    """The folder where ``@asyncapi/parser`` is installed (installed there on first use)."""
+    """The folder where ``@asyncapi/parser`` is installed (installed there on first use). Each suite worker may ask
+    first on a fresh machine: one installs under a file lock, into a folder of its own that it renames into place,
+    so no worker sees a half-installed parser (two concurrent installs into one folder failed with ENOTEMPTY, and a
+    worker that saw the parser's own package.json ran it without its dependencies)."""
     node, npm = shutil.which("node"), shutil.which("npm")
     if node is None or npm is None:
         pytest.skip("node and npm are needed to run the official AsyncAPI parser (Node 20: apt-get install nodejs npm)")
     folder = _cache()
-    if not (folder / "node_modules" / "@asyncapi" / "parser" / "package.json").is_file():
-        folder.mkdir(parents=True, exist_ok=True)
-        result = subprocess.run(
-            [npm, "install", "--prefix", str(folder), "--no-audit", "--no-fund", "--loglevel=error", PARSER],
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        if result.returncode != 0:
-            pytest.skip(f"npm install {PARSER} failed (offline?): {result.stderr.strip()[-500:]}")
+    if os.environ.get("UNILOG_ASYNCAPI_PARSER_DIR") and (folder / "node_modules" / "@asyncapi" / "parser").is_dir():
+        return folder  # the user's own install: used as it is, never replaced
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with (folder.parent / f".{folder.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folder / INSTALLED).is_file():
+            _install(npm, folder)
     return folder
+
+
+INSTALLED = ".unilog-installed"  # written last: the folder holds the parser and every dependency
+
+
+def _install(npm: str, folder: Path) -> None:
+    fresh = folder.with_name(f"{folder.name}.{os.getpid()}")
+    shutil.rmtree(fresh, ignore_errors=True)
+    fresh.mkdir()
+    result = subprocess.run(
+        [npm, "install", "--prefix", str(fresh), "--no-audit", "--no-fund", "--loglevel=error", PARSER],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if result.returncode != 0:
+        shutil.rmtree(fresh, ignore_errors=True)
+        pytest.skip(f"npm install {PARSER} failed (offline?): {result.stderr.strip()[-500:]}")
+    (fresh / INSTALLED).write_text(PARSER)
+    shutil.rmtree(folder, ignore_errors=True)  # a folder an interrupted install left, or one from before the marker
+    fresh.rename(folder)
 
 
 def validate(parser_dir: Path, document: Path) -> subprocess.CompletedProcess[str]:

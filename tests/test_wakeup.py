@@ -3,15 +3,19 @@ falls asleep while a transaction that staged without notifying is still open (it
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
 import psycopg
+import pytest
 import redis
 
 from unilog import Settings, Streamer, StreamerConfig, emit, store
+from unilog.harness.proxy import FaultProxy
 from unilog.harness.pytest_plugin import running
 from unilog.runtime import Hook
+from unilog.stream.waiting import CommitListener
 
 
 def notified(listener: psycopg.Connection[Any], timeout: float) -> int:
@@ -136,3 +140,32 @@ def test_an_idle_streamer_alone_is_not_woken_by_its_own_wake_up(settings: Settin
         idle_passes = passes.count - before
     streamer.close()
     assert 2 <= idle_passes <= 30, f"{idle_passes} passes in 2.5 s idle with a 0.5 s poll"
+
+
+@pytest.mark.parametrize("unlock_pending", [True, False], ids=["unlock-reply-unread", "asleep"])
+def test_closing_the_listen_session_of_a_silent_server_returns_at_once(
+    settings: Settings, unlock_pending: bool
+) -> None:
+    """Closing reads the reply of an unlock sent without waiting and ends the subscriptions first, so the server
+    writes nothing to a closed socket; but a server that went silent (paused, behind a blackholing proxy) answers
+    neither: a close that waited for it hung a streamer's shutdown, and a CI run with it, for good."""
+    port = int(settings.database_url.rsplit(":", 1)[1].split("/")[0])
+    with FaultProxy("127.0.0.1", port) as proxy:
+        listener = CommitListener(proxy.url_for(settings.conninfo), "test-listener", deadline=1.0)
+        stop = threading.Event()
+        listener.wait(stop, 0.05)  # connects and listens
+        listener.wait(stop, 0.05)  # takes the wake-up lock: asleep
+        assert listener.asleep
+        if unlock_pending:
+            listener.wait(stop, 0.05)  # sleeps, then sends the unlock without reading its reply
+            assert not listener.asleep
+        proxy.blackhole()
+        closing = threading.Thread(target=listener.close, daemon=True)
+        started = time.monotonic()
+        closing.start()
+        closing.join(10)
+        hung = closing.is_alive()
+        proxy.reset()  # lets a hung close end, so the test does not leave it behind
+        closing.join(10)
+    assert not hung, "close() waited for a silent server"
+    assert time.monotonic() - started < 4

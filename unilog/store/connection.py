@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import select
 import socket
 import threading
 import time
@@ -17,6 +18,7 @@ from typing import Any
 
 import psycopg
 import structlog
+from psycopg import pq
 
 from ..errors import PostgresPermissionDenied, ServerUnreachable, UnilogError
 from ._sync.connection import (  # written once for both faces (``_async/connection.py``); this face's names
@@ -154,6 +156,18 @@ def _stuck_call(exc: BaseException) -> str:
     return store or ours
 
 
+def next_result(pgconn: pq.abc.PGconn) -> pq.abc.PGresult | None:
+    """The next result of a query sent with ``send_query`` (None once there is none), waiting for it in Python.
+    libpq's ``PQgetResult`` blocks inside psycopg's C binding while holding the GIL: a silent server then froze the
+    whole process, the deadline watchdog and every other thread included (a streamer closing its listener on a
+    blackholed server hung a CI run until its limit). Waiting here, a deadline breaks the socket and this raises."""
+    while True:
+        pgconn.consume_input()  # raises once the socket is broken or the server hung up
+        if not pgconn.is_busy():
+            return pgconn.get_result()
+        select.select([pgconn.socket], [], [])
+
+
 def _break(conn: psycopg.Connection[Any]) -> None:
     """Shut the connection's socket down (from another thread): the blocked read returns at once. Says nothing
     itself: the blocked call raises :class:`DeadlineExceeded`, whose one line names it."""
@@ -183,6 +197,7 @@ __all__ = [
     "connect_options",
     "deadline",
     "fatal",
+    "next_result",
     "schema_verdict",
     "standby_refusal",
     "take_migration_lock",

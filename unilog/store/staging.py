@@ -8,6 +8,8 @@ from typing import Any
 import psycopg
 from psycopg import pq
 
+from .connection import next_result
+
 NOTIFY_CHANNEL = "unilog_staged"
 
 # Positional parameters (action, object, data, stream, key, traceparent, tracestate, record type): a tuple skips
@@ -170,7 +172,7 @@ def wake_soon(conn: psycopg.Connection[Any]) -> None:
 
 def wake_done(conn: psycopg.Connection[Any]) -> None:
     """Read the reply of the :func:`wake_soon` sent on ``conn``."""
-    while (result := conn.pgconn.get_result()) is not None:
+    while (result := next_result(conn.pgconn)) is not None:
         if result.status == pq.ExecStatus.FATAL_ERROR:
             raise psycopg.OperationalError(result.error_message.decode(errors="replace").strip())
 

@@ -22,7 +22,7 @@ from psycopg import pq, sql
 
 from ..config import redact_url
 from ..errors import CaptureLost, ConfigurationError
-from .connection import connect_options, standby_refusal, unreachable
+from .connection import connect_options, next_result, standby_refusal, unreachable
 from .positions import save_positions
 
 PUBLICATION = "unilog_staged"
@@ -442,7 +442,7 @@ class ReplicationStream:
             sql.Identifier(self.slot.slot), sql.Literal(sql.Identifier(self.slot.publication).as_string(self.conn))
         )
         pgconn.send_query(query.as_bytes(self.conn))
-        result = pgconn.get_result()
+        result = next_result(pgconn)
         if result is None or result.status != pq.ExecStatus.COPY_BOTH:
             self._refused(result)
 
@@ -499,7 +499,7 @@ class ReplicationStream:
         return out
 
     def _ended(self) -> None:
-        result = self.conn.pgconn.get_result()
+        result = next_result(self.conn.pgconn)
         if result is not None and result.status == pq.ExecStatus.FATAL_ERROR:
             self._refused(result)
         raise psycopg.OperationalError("the replication stream ended")

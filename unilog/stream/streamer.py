@@ -122,7 +122,9 @@ class Streamer(Worker):
         self._mode_known = False  # the capture mode is read once per Postgres session
         self._stuck_pid: int | None = None  # the backend of a session whose deadline broke it, ended by the next
         retry = (self.config.wakeup_retry, self.config.wakeup_retry_max)
-        self._listener = CommitListener(settings.conninfo, f"unilog-{name}-listen", *retry)
+        self._listener = CommitListener(
+            settings.conninfo, f"unilog-{name}-listen", *retry, deadline=self.config.pg_timeout or None
+        )
         self._last_retention = 0.0
         self._to_trim: list[str] = []  # the streams of this retention round not trimmed yet
         self._wait_delay = POLL_MIN  # between looks while a WAL-mode pass says records are on their way

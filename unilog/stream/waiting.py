@@ -11,8 +11,11 @@ import psycopg
 import structlog
 
 from .. import store
+from ..errors import ServerUnreachable
 
 log = structlog.get_logger(__name__)
+
+CLOSE_DEADLINE = 5.0  # seconds a close waits for the server's last replies when the caller set no deadline
 
 
 class CommitListener:
@@ -36,21 +39,35 @@ class CommitListener:
     socket, where a full buffer stalls the server's notification queue.
     """
 
-    def __init__(self, conninfo: str, application_name: str, retry: float = 0.005, retry_max: float = 0.1) -> None:
+    def __init__(
+        self,
+        conninfo: str,
+        application_name: str,
+        retry: float = 0.005,
+        retry_max: float = 0.1,
+        *,
+        deadline: float | None = 5.0,
+    ) -> None:
         self.conninfo, self.application_name = conninfo, application_name
+        self.deadline = deadline  # each call to the server (not the sleep) ends within it, answered or not
         self.retry_min, self.retry_max = retry, retry_max
         self._retry = retry
         self._conn: psycopg.Connection[Any] | None = None
         self.asleep = False  # this session holds the wake-up lock: producers notify
         self._unlocking = False  # the unlock was sent (wake_soon) and its reply is unread
 
+    def _bounded(self, conn: psycopg.Connection[Any], closing: bool = False) -> contextlib.AbstractContextManager[None]:
+        """A server that went silent (paused, blackholed) answers nothing: without a deadline the streamer's wait,
+        or its shutdown, would hang on this side session for good. Closing is bounded even without one."""
+        return store.deadline(conn, (self.deadline or CLOSE_DEADLINE) if closing else self.deadline)
+
     def wait(self, stop_event: threading.Event, timeout: float) -> None:
         try:
-            self._unlocked()
             if self._conn is None or self._conn.closed:
-                self.asleep = False
+                self.asleep = self._unlocking = False
                 self._conn = store.connect(self.conninfo, autocommit=True, application_name=self.application_name)
-                store.listen(self._conn)
+                with self._bounded(self._conn):
+                    store.listen(self._conn)
                 return  # notifications sent before LISTEN are lost: check once more before sleeping
             if self.asleep:
                 self._notified(stop_event, timeout)
@@ -58,18 +75,26 @@ class CommitListener:
                 store.wake_soon(self._conn)  # sent, not waited for: the caller's look need not wait for it
                 self._unlocking = True
                 return
-            store.discard_notifies(self._conn)  # sent before the lock: the caller's next look sees those commits
-            if store.try_sleep(self._conn):
-                self.asleep, self._retry = True, self.retry_min
-            elif store.another_sleeps(self._conn):  # producers notify it, and this session hears them too
-                self._notified(stop_event, timeout)
-            else:  # a transaction that staged is open, and its commit sends no NOTIFY: look again, later next time
-                self._notified(stop_event, self._retry)
-                self._retry = min(self._retry * 2, self.retry_max)
-        except psycopg.OperationalError as exc:
+            self._look(stop_event, timeout)
+        except (psycopg.OperationalError, ServerUnreachable) as exc:
             log.warning("listen connection lost; polling", error=str(exc))
             self.close()
             stop_event.wait(timeout)
+
+    def _look(self, stop_event: threading.Event, timeout: float) -> None:
+        assert self._conn is not None
+        with self._bounded(self._conn):
+            self._unlocked()
+            store.discard_notifies(self._conn)  # sent before the lock: the caller's next look sees those commits
+            if store.try_sleep(self._conn):
+                self.asleep, self._retry = True, self.retry_min
+                return
+            another = store.another_sleeps(self._conn)
+        if another:  # producers notify it, and this session hears them too
+            self._notified(stop_event, timeout)
+        else:  # a transaction that staged is open, and its commit sends no NOTIFY: look again, later next time
+            self._notified(stop_event, self._retry)
+            self._retry = min(self._retry * 2, self.retry_max)
 
     def _notified(self, stop_event: threading.Event, timeout: float) -> bool:
         """Block until another session's notification, ``timeout`` or ``stop_event``; drain what arrived.
@@ -98,12 +123,13 @@ class CommitListener:
         if self._conn is None or self._conn.closed:
             return
         try:
-            self._unlocked()
-            if self.asleep:
-                self.asleep = False
-                store.wake(self._conn)
-            store.discard_notifies(self._conn)
-        except psycopg.OperationalError as exc:  # the lock went with the session
+            with self._bounded(self._conn):
+                self._unlocked()
+                if self.asleep:
+                    self.asleep = False
+                    store.wake(self._conn)
+                store.discard_notifies(self._conn)
+        except (psycopg.OperationalError, ServerUnreachable) as exc:  # the lock went with the session
             log.warning("listen connection lost", error=str(exc))
             self.close()
 
@@ -118,9 +144,11 @@ class CommitListener:
         """Close the session once the server sends it nothing more: the reply of an unlock sent without waiting is
         read, and ``UNLISTEN`` ends the notifications. A session closed while the server still wrote to it (a
         producer's NOTIFY, that reply) left ``FATAL: connection to client lost`` in the server's log: once in a CI
-        run, from a streamer that turned standby just after a wake-up and closed its listener."""
+        run, from a streamer that turned standby just after a wake-up and closed its listener. A silent server gets
+        ``deadline`` seconds: a close that waited for it hung a streamer's shutdown (and a CI run) for good."""
         if self._conn is not None and not self._conn.closed:
-            with contextlib.suppress(psycopg.Error):  # a broken session is closed all the same
+            # a broken session is closed all the same
+            with contextlib.suppress(psycopg.Error, ServerUnreachable), self._bounded(self._conn, closing=True):
                 self._unlocked()
                 store.unlisten(self._conn)
             self._conn.close()
