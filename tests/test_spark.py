@@ -29,6 +29,9 @@ from unilog_demo.spark_consumer import start_query, state_effect
 
 from unilog import Faults, RawJSON, Settings, Streamer, emit
 from unilog.spark import TransactionalSink, spark_session
+from unilog.spark.source import SourceOptions
+from unilog.spark.streams import UnilogStreamsReader
+from unilog.wire import registry_key
 
 # Spark starts in about 12 s here and its tests take over a minute more: the whole suite (`pytest -m ""`, .ci/run) runs them
 pytestmark = pytest.mark.slow
@@ -138,20 +141,44 @@ def test_the_reader_gives_typed_records_their_type_and_reads_them_typed(spark: A
 
 
 def test_a_batch_is_cut_into_equal_ranges_a_multiple_of_min_partitions() -> None:
-    from unilog.spark.source import SourceOptions, _split
+    from unilog.spark.source import SourceOptions, split_ranges
 
     ids = [f"1-{i}" for i in range(1, 50_001)]
     options = SourceOptions.parse(
         {"redisUrl": "redis://x", "stream": "s", "minPartitions": "2", "entriesPerPartition": "10000"}
     )
-    ranges = _split(options, "0-0", ids)
+    ranges = split_ranges(options, "0-0", ids)
     assert len(ranges) == 6, "5 ranges of 10,000 would leave one of 2 slots idle through the last wave"
     assert [r.after for r in ranges] == ["0-0"] + [r.until for r in ranges[:-1]] and ranges[-1].until == ids[-1]
     sizes = [int(r.until.split("-")[1]) - int(r.after.split("-")[1]) for r in ranges]
     assert max(sizes) - min(sizes) <= 1 and sum(sizes) == 50_000
-    assert len(_split(options, "0-0", ids[:1])) == 1 and _split(options, "0-0", []) == []
-    assert len(_split(options, "0-0", ids[:50])) == 1, "a small batch is not cut into a task per slot"
-    assert len(_split(options, "0-0", ids[:2000])) == 2
+    assert len(split_ranges(options, "0-0", ids[:1])) == 1 and split_ranges(options, "0-0", []) == []
+    assert len(split_ranges(options, "0-0", ids[:50])) == 1, "a small batch is not cut into a task per slot"
+    assert len(split_ranges(options, "0-0", ids[:2000])) == 2
+
+
+def test_several_streams_small_ones_share_a_task_and_the_options_refuse_a_mix() -> None:
+    """A task per stream of a few entries costs more than it reads (1,000 streams of 10 entries were 1,000 tasks):
+    small streams share tasks of about ``entriesPerPartition`` entries, a large one is cut as one stream is."""
+    from unilog.errors import ConfigurationError
+    from unilog.spark.source import SourceOptions
+    from unilog.spark.streams import Ranges, pack
+
+    options = SourceOptions.parse({"redisUrl": "redis://x", "streamPrefix": "t-", "entriesPerPartition": "2500"})
+    assert options.many and options.stream_prefix == "t-" and options.stream == ""
+    found = {f"t-{n:04}": [f"1-{i}" for i in range(1, 11)] for n in range(1000)}
+    found["t-big"] = [f"2-{i}" for i in range(1, 6001)]
+    tasks = pack(options, dict.fromkeys(found, "0-0"), found)
+    bundles = [t for t in tasks if isinstance(t, Ranges)]
+    assert len(bundles) == 4, "10,000 entries of small streams in tasks of 2,500"
+    assert sorted(r.stream for b in bundles for r in b.ranges) == sorted(s for s in found if s != "t-big")
+    assert all(r.until == "1-10" and r.after == "0-0" for b in bundles for r in b.ranges)
+    big = [t for t in tasks if not isinstance(t, Ranges)]
+    assert len(big) == 3 and {t.stream for t in big} == {"t-big"} and big[-1].until == "2-6000"
+    many = SourceOptions.parse({"redisUrl": "redis://x", "streams": "a, b,,c"})
+    assert many.streams == ("a", "b", "c")
+    with pytest.raises(ConfigurationError, match="stream, or streams"):
+        SourceOptions.parse({"redisUrl": "redis://x", "stream": "a", "streams": "b"})
 
 
 def test_double_sent_batches_are_applied_once(spark: Any, app: Settings, tmp_path: Path) -> None:
@@ -306,6 +333,69 @@ def test_the_sink_gives_up_with_a_clear_error_when_the_checkpoint_keeps_moving(s
     with psycopg.connect(app.conninfo) as conn:
         assert name not in consumer_totals(conn), "no attempt committed its effect"
         assert conn.execute("SELECT last_id FROM unilog_checkpoints WHERE name = %s", (name,)).fetchone() == ("3-0",)
+
+
+def stage_over(settings: Settings, streams: list[str], n: int, start: int = 0) -> None:
+    with psycopg.connect(settings.conninfo) as conn:
+        for i in range(start, start + n):
+            emit(conn, action="add", object="item", data={"n": i}, stream=streams[i % len(streams)])
+        conn.commit()
+    Streamer(settings).drain()
+
+
+def test_a_query_over_several_streams_applies_every_entry_once_in_stream_order(
+    spark: Any, app: Settings, rds: Any, tmp_path: Path
+) -> None:
+    """Issue 46: the source reads every stream of a prefix (one found between runs included) in batches that take a
+    share of each, and the sink keeps a checkpoint row per stream (``<consumer>:<stream>``, a MultiConsumer's),
+    saved in the effect's transaction. A second query with a fresh Spark checkpoint starts each stream after its
+    row: the effect's table has a key per (stream, position), so applying any entry twice fails the batch."""
+    streams, name = ["shop-a", "shop-b", "shop-c"], "spark-many"
+    with psycopg.connect(app.conninfo) as conn:
+        conn.execute("CREATE TABLE spark_seen (stream text, seq bigint, n int, batch int, PRIMARY KEY (stream, seq))")
+        conn.commit()
+    stage_over(app, streams, 90)
+    batches: list[int] = []
+
+    def effect(conn: psycopg.Connection[Any], fresh: Any) -> None:
+        rows = [(r["stream"], r["seq"], json.loads(r["data"])["n"], len(batches)) for r in fresh.collect()]
+        if rows:  # a batch of entries all applied before reaches the effect empty
+            batches.append(len(rows))
+            conn.cursor().executemany("INSERT INTO spark_seen VALUES (%s, %s, %s, %s)", rows)
+
+    def run(checkpoint: Path, resume: bool = True) -> None:
+        options = {"redisUrl": app.redis_url, "streamPrefix": "shop-"}
+        if resume:  # else every entry comes again, and the sink must skip each one by its stream's position
+            options |= {"consumer": name, "databaseUrl": app.database_url}
+        df = spark.readStream.format("unilog").options(**options).load()
+        sink = TransactionalSink(app.database_url, name, None, effect, redis_url=app.redis_url)
+        query = df.writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint))
+        query.trigger(availableNow=True).start().awaitTermination()
+
+    run(tmp_path / "a")
+    stage_over(app, ["shop-a", "shop-d"], 30, start=90)  # shop-d: a stream the prefix finds on the next run
+    options = SourceOptions.parse(
+        {"redisUrl": app.redis_url, "streamPrefix": "shop-", "consumer": name, "databaseUrl": app.database_url}
+    )
+    after_rows = {s: rds.xrange(s, count=30)[-1][0] for s in streams}
+    assert UnilogStreamsReader(options).initialOffset() == {"ids": {**after_rows, "shop-d": "0-0"}}, "after each row"
+    run(tmp_path / "b")
+    applied_batches = len(batches)
+    run(tmp_path / "c", resume=False)
+    assert len(batches) == applied_batches, "nothing applied again: every entry is at or below its stream's row"
+    with psycopg.connect(app.conninfo) as conn:
+        applied = dict(conn.execute("SELECT stream, array_agg(n ORDER BY seq) FROM spark_seen GROUP BY 1").fetchall())
+        rows = dict(
+            conn.execute("SELECT name, last_id FROM unilog_checkpoints WHERE name LIKE 'spark-many%'").fetchall()
+        )
+    expected = {s: [i for i in range(90) if streams[i % 3] == s] for s in streams}
+    expected["shop-a"] += [i for i in range(90, 120) if i % 2 == 0]
+    expected["shop-d"] = [i for i in range(90, 120) if i % 2 == 1]
+    assert applied == expected, "every entry once, in stream order, the late stream from its start"
+    assert rows == {f"{name}:{s}": rds.xrevrange(s, count=1)[0][0] for s in expected}, "each row at its stream's end"
+    assert len(batches) >= 2, "the second run read only what came after each stream's row"
+    held = {s: rds.hget(registry_key(s), f"{name}:{s}") for s in expected}
+    assert all(held.values()), f"retention is held per stream: {held}"
 
 
 def wait_for(predicate: Any, timeout: float, what: str) -> None:

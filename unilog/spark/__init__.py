@@ -20,7 +20,10 @@ Options (Spark lower-cases option keys; they are read case-insensitively here): 
 ``databaseUrl``, ``consumer``, ``startingId`` (``beginning`` or an id, when no checkpoint), ``endingId`` (batch
 reads), ``maxEntriesPerBatch`` (default 10000), ``entriesPerPartition`` (default 25000: a range's fixed cost is a
 task, an Arrow hand-over and a Redis connection), ``minPartitions`` (default 1; set it to the executors' task slots,
-``spark.sparkContext.defaultParallelism``: a batch is cut into a multiple of it, in ranges of equal size).
+``spark.sparkContext.defaultParallelism``: a batch is cut into a multiple of it, in ranges of equal size). Instead
+of ``stream``, ``streams`` (comma-separated) and/or ``streamPrefix`` (with ``maxStreams``, default 1000) read several
+streams, offsets being each stream's last id (:mod:`unilog.spark.streams`); the sink then keeps a checkpoint row per
+stream.
 """
 
 from __future__ import annotations
@@ -33,17 +36,16 @@ from typing import Any, TypeVar, cast
 
 from ..errors import UnreadableRecord
 from .columns import SCHEMA
+from .datasource import UnilogDataSource, register
 from .sink import Effect, TransactionalSink
 from .source import (
     SOURCE_NAME,
     EntryRange,
     SourceOptions,
     UnilogBatchReader,
-    UnilogDataSource,
     UnilogStreamReader,
     checkpoint_id,
     read_range,
-    register,
 )
 
 T = TypeVar("T")

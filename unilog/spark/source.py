@@ -11,7 +11,7 @@ from typing import Any
 from .. import engine, store
 from ..config import postgres_conninfo
 from ..errors import ConfigurationError
-from .columns import SCHEMA, record_batch
+from .columns import record_batch
 
 SOURCE_NAME = "unilog"
 
@@ -37,7 +37,9 @@ def _option(options: Mapping[str, str], name: str, default: str | None = None) -
 
 @dataclass(frozen=True)
 class SourceOptions:
-    """The source's options, validated."""
+    """The source's options, validated. One stream (``stream``), or several: ``streams`` (a comma-separated list)
+    and/or ``streamPrefix`` (every stream whose name starts with it, looked for again at every micro-batch, at most
+    ``maxStreams``), as :class:`unilog.ConsumerConfig` takes them."""
 
     redis_url: str
     stream: str
@@ -48,17 +50,32 @@ class SourceOptions:
     max_entries_per_batch: int
     entries_per_partition: int
     min_partitions: int = 1
+    streams: tuple[str, ...] = ()
+    stream_prefix: str | None = None
+    max_streams: int = 1000
+
+    @property
+    def many(self) -> bool:
+        """Whether the source reads several streams (``streams`` or ``streamPrefix``)."""
+        return bool(self.streams) or self.stream_prefix is not None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
         redis_url = _option(options, "redisUrl") or os.environ.get("REDIS_URL")
-        stream = _option(options, "stream") or os.environ.get("UNILOG_STREAM")
-        if not redis_url or not stream:
-            raise ConfigurationError("the unilog source needs the options redisUrl and stream")
+        streams = tuple(s.strip() for s in (_option(options, "streams") or "").split(",") if s.strip())
+        prefix = _option(options, "streamPrefix") or None
+        if _option(options, "stream") and (streams or prefix):
+            raise ConfigurationError("the unilog source takes the option stream, or streams and/or streamPrefix")
+        stream = "" if streams or prefix else _option(options, "stream") or os.environ.get("UNILOG_STREAM")
+        if not redis_url or stream is None or not (stream or streams or prefix):
+            raise ConfigurationError("the unilog source needs the options redisUrl and stream (or streams)")
         starting = _option(options, "startingId", "beginning") or "beginning"
         return cls(
             redis_url=redis_url,
             stream=stream,
+            streams=streams,
+            stream_prefix=prefix,
+            max_streams=max(1, int(_option(options, "maxStreams", "1000") or 1000)),
             database_url=_option(options, "databaseUrl"),
             consumer=_option(options, "consumer"),
             starting_id="0-0" if starting == "beginning" else starting,
@@ -76,7 +93,7 @@ class EntryRange(InputPartition):
         self.redis_url, self.stream, self.after, self.until = redis_url, stream, after, until
 
 
-def _ids_after(redis_url: str, stream: str, after: str, limit: int | None, until: str = "+") -> list[str]:
+def ids_after(redis_url: str, stream: str, after: str, limit: int | None, until: str = "+") -> list[str]:
     """Ids of up to ``limit`` entries after ``after`` (and at most ``until``), in order. Read from Redis's raw reply
     (no dict per entry): the planner reads a whole batch just to cut it, so this is on every micro-batch's path."""
     ids: list[str] = []
@@ -91,7 +108,7 @@ def _ids_after(redis_url: str, stream: str, after: str, limit: int | None, until
 MIN_RANGE = 1000  # entries: below this a range costs more in its task, hand-over and connection than it reads
 
 
-def _split(options: SourceOptions, after: str, ids: list[str]) -> list[EntryRange]:
+def split_ranges(options: SourceOptions, after: str, ids: list[str], stream: str | None = None) -> list[EntryRange]:
     """Cut the entries (``after``, ids[-1]] into equal ranges of at most ``entries_per_partition`` entries, as many
     as a multiple of ``min_partitions`` (for batches of ``min_partitions * MIN_RANGE`` entries or more): with one
     range per task slot and slots of equal work, no slot idles through the batch's last wave (5 ranges on 2 cores
@@ -104,7 +121,7 @@ def _split(options: SourceOptions, after: str, ids: list[str]) -> list[EntryRang
     ranges, start = [], after
     for k in range(1, count + 1):
         end = ids[len(ids) * k // count - 1]
-        ranges.append(EntryRange(options.redis_url, options.stream, start, end))
+        ranges.append(EntryRange(options.redis_url, stream or options.stream, start, end))
         start = end
     return ranges
 
@@ -165,7 +182,7 @@ class UnilogStreamReader(DataSourceStreamReader):
         cap = getattr(limit, "max_rows", None)
         if limit is None:
             cap = self.options.max_entries_per_batch
-        ids = _ids_after(self.options.redis_url, self.options.stream, after, cap)
+        ids = ids_after(self.options.redis_url, self.options.stream, after, cap)
         if not ids:
             return {"id": after}
         self._planned = {(after, ids[-1]): ids}  # partitions() for this batch needs no second scan
@@ -175,8 +192,8 @@ class UnilogStreamReader(DataSourceStreamReader):
         key = (start["id"], end["id"])
         ids = self._planned.pop(key, None)
         if ids is None:  # a replayed batch (restart): list its ids again
-            ids = _ids_after(self.options.redis_url, self.options.stream, start["id"], None, until=end["id"])
-        return _split(self.options, start["id"], ids)
+            ids = ids_after(self.options.redis_url, self.options.stream, start["id"], None, until=end["id"])
+        return split_ranges(self.options, start["id"], ids)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, EntryRange)
@@ -194,8 +211,8 @@ class UnilogBatchReader(DataSourceReader):
 
     def partitions(self) -> list[EntryRange]:
         options = self.options
-        ids = _ids_after(options.redis_url, options.stream, options.starting_id, None, options.ending_id or "+")
-        return _split(self.options, self.options.starting_id, ids) or [
+        ids = ids_after(options.redis_url, options.stream, options.starting_id, None, options.ending_id or "+")
+        return split_ranges(self.options, self.options.starting_id, ids) or [
             EntryRange(self.options.redis_url, self.options.stream, "0-0", "0-0")
         ]
 
@@ -204,25 +221,3 @@ class UnilogBatchReader(DataSourceReader):
         if partition.until == "0-0":
             return iter(())
         return read_range(partition)
-
-
-class UnilogDataSource(DataSource):
-    """The ``unilog`` data source."""
-
-    @classmethod
-    def name(cls) -> str:
-        return SOURCE_NAME
-
-    def schema(self) -> str:
-        return SCHEMA
-
-    def reader(self, schema: Any) -> UnilogBatchReader:
-        return UnilogBatchReader(SourceOptions.parse(self.options))
-
-    def streamReader(self, schema: Any) -> UnilogStreamReader:
-        return UnilogStreamReader(SourceOptions.parse(self.options))
-
-
-def register(spark: Any) -> None:
-    """Register the ``unilog`` data source with a SparkSession."""
-    spark.dataSource.register(UnilogDataSource)

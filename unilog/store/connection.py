@@ -161,11 +161,13 @@ def next_result(pgconn: pq.abc.PGconn) -> pq.abc.PGresult | None:
     libpq's ``PQgetResult`` blocks inside psycopg's C binding while holding the GIL: a silent server then froze the
     whole process, the deadline watchdog and every other thread included (a streamer closing its listener on a
     blackholed server hung a CI run until its limit). Waiting here, a deadline breaks the socket and this raises."""
+    poller = select.poll()  # not select(): a descriptor above 1024 (a process with many sockets) is refused there
+    poller.register(pgconn.socket, select.POLLIN)
     while True:
         pgconn.consume_input()  # raises once the socket is broken or the server hung up
         if not pgconn.is_busy():
             return pgconn.get_result()
-        select.select([pgconn.socket], [], [])
+        poller.poll()
 
 
 def _break(conn: psycopg.Connection[Any]) -> None:
