@@ -22,7 +22,7 @@ from psycopg import pq, sql
 
 from ..config import redact_url
 from ..errors import CaptureLost, ConfigurationError
-from .connection import connect_options, next_result, standby_refusal, unreachable
+from .connection import connect_options, deadline, next_result, standby_refusal, unreachable
 from .positions import save_positions
 
 PUBLICATION = "unilog_staged"
@@ -408,8 +408,13 @@ class ReplicationStream:
         self.flushed = 0  # the last LSN confirmed to the server
         self._received_end = 0  # the server's WAL end as last reported
         self._last_status = 0.0
-        self._claim()
-        self._start()
+        try:  # a server gone silent (paused, blackholed) is given the session's timeout, not forever
+            with deadline(self.conn, timeout):
+                self._claim()
+                self._start()
+        except BaseException:
+            self.close()
+            raise
 
     def _claim(self) -> None:
         """Take the slot's advisory lock on this connection (it lives as long as the stream does), and check that
