@@ -252,7 +252,8 @@ class TransactionalSink:
     def _marked(self, batch: Any, positions: Positions) -> Any:
         """The batch with a column ``_above``: the entry has a position, above the checkpoint's for its producer on
         its stream. One stream's few producers are a condition; many streams' positions a broadcast join (a
-        condition per stream and producer, thousands over a prefix, grew Spark's plan past what it analyses)."""
+        condition per stream and producer would grow the plan Spark analyses with the streams, thousands over a
+        prefix)."""
         from pyspark.sql import functions as f
 
         if not self.many:
