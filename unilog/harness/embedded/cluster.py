@@ -192,13 +192,20 @@ class EmbeddedRedisCluster:
 
     def wait_failover(self, replicas: list[EmbeddedRedis], timeout: float = 30.0) -> EmbeddedRedis:
         """Wait until one of ``replicas`` (of a master that died) is promoted and every running node reports the
-        cluster ok; return the new master."""
+        cluster ok and names no stopped node as a range's master in ``CLUSTER SLOTS``: a node can say ok before the
+        news reached it, and a client that learnt the slots from it connected to the dead master (a CI run's
+        ``Error 111 connecting to`` it, right after this returned); return the new master."""
         running = [n for n in self.nodes if n.pid is not None]
+        stopped = {n.port for n in self.nodes if n.pid is None}
+
+        def settled(node: EmbeddedRedis) -> bool:
+            client = self._client(node)
+            if "cluster_state:ok" not in client.execute_command("CLUSTER", "INFO"):
+                return False
+            return not any(int(master[1]) in stopped for _, _, master, *_ in client.execute_command("CLUSTER", "SLOTS"))
 
         def promoted() -> bool:
-            return any(self._role(n) == "master" for n in replicas) and all(
-                "cluster_state:ok" in self._client(n).execute_command("CLUSTER", "INFO") for n in running
-            )
+            return any(self._role(n) == "master" for n in replicas) and all(settled(n) for n in running)
 
         self._wait(promoted, timeout, "a replica to be promoted")
         return next(n for n in replicas if self._role(n) == "master")
