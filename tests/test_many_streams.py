@@ -282,12 +282,14 @@ def test_a_crash_after_a_batch_across_streams_was_sent_re_sends_it_once(settings
     names = [f"s-{k:04d}" for k in range(400)]
     total = _stage(settings, names, per_stream=3)
     faults = Faults(script={"streamer.crash_after_publish": [True]})
-    crashing = Streamer(settings, StreamerConfig(batch_size=1000 // DEPTH), faults=faults, name="crashing")
+    batch_size = 1000 // DEPTH
+    crashing = Streamer(settings, StreamerConfig(batch_size=batch_size), faults=faults, name="crashing")
     with crashing, pytest.raises(InjectedCrash):
         crashing.run_once()
     claims = pg.execute("SELECT count(*), sum(records) FROM unilog_claims").fetchone()
-    assert tuple(claims) == (400, 1000), claims  # the oldest 1,000 records, over all 400 streams
-    assert sum(rds.xlen(n) for n in names) == 1000  # sent, not deleted
+    sent = batch_size * DEPTH  # the oldest of the 1,200 records, over all 400 streams
+    assert tuple(claims) == (400, sent), claims
+    assert sum(rds.xlen(n) for n in names) == sent  # sent, not deleted
     with Streamer(settings, name="successor") as streamer:
         assert streamer.drain(timeout=120) == total
     assert pg.execute("SELECT count(*) FROM unilog_claims").fetchone()[0] == 0
@@ -369,13 +371,36 @@ def test_a_batch_refused_in_its_last_script_call_is_re_sent_once(settings: Setti
 def test_a_batch_across_streams_claims_at_most_a_batch_of_each(settings: Settings, pg: Any, rds: Any) -> None:
     """A batch across streams claims among the lowest DEPTH batches' worth of ids at most ``batch_size`` records of each
     stream (its lowest: its part goes in one script call, which this bounds); the rest of it follows in order."""
-    _stage(settings, ["big"], per_stream=30)  # the lowest ids: a claim by ids alone would take 30 of it
-    total = 30 + _stage(settings, [f"s-{k}" for k in range(10)], per_stream=3)
+    big = DEPTH * 5 - 10  # the lowest ids: a claim by ids alone would take all of it
+    _stage(settings, ["big"], per_stream=big)
+    total = big + _stage(settings, [f"s-{k}" for k in range(10)], per_stream=3)
     faults = Faults(script={"streamer.crash_after_claim": [True]})
     with Streamer(settings, StreamerConfig(batch_size=5), faults=faults) as crashing, pytest.raises(InjectedCrash):
         crashing.run_once()
     claimed = dict(pg.execute("SELECT source, records FROM unilog_claims").fetchall())
-    assert claimed == {"big": 5} | {f"s-{k}": 1 for k in range(10)}, claimed  # the lowest 40 ids: 30 + 10 x 1
+    assert claimed == {"big": 5} | {f"s-{k}": 1 for k in range(10)}, claimed  # the lowest DEPTH x 5 ids
     with Streamer(settings, StreamerConfig(batch_size=5), name="successor") as streamer:
         assert streamer.drain(timeout=60) == total
-    assert [json.loads(f["data"])["i"] for _id, f in rds.xrange("big")] == list(range(30))
+    assert [json.loads(f["data"])["i"] for _id, f in rds.xrange("big")] == list(range(big))
+
+
+def test_saved_claims_of_one_stream_re_sent_in_a_batch_across_streams_keep_their_order(
+    settings: Settings, pg: Any, rds: Any
+) -> None:
+    """A streamer over one stream pipelines its batches: a crash after a send can leave two claims of the stream
+    saved. A successor that finds other streams staged too re-sends them in a batch across streams, each claim its
+    own part of the batch, in claim order: every record once, in order, under the positions it was first sent with."""
+    _stage(settings, ["big"], per_stream=40)
+    faults = Faults(script={"streamer.crash_after_publish": [False, True]})
+    config = StreamerConfig(batch_size=5, pipeline_batches=4)
+    with Streamer(settings, config, faults=faults, name="crashing") as crashing, pytest.raises(InjectedCrash):
+        crashing.run_once()
+    saved = pg.execute("SELECT count(*) FROM unilog_claims WHERE source = 'big'").fetchone()[0]
+    assert saved >= 2, saved  # the case this test is about: several saved claims of one source
+    names = [f"s-{k}" for k in range(10)]
+    _stage(settings, names, per_stream=3)
+    with Streamer(settings, StreamerConfig(batch_size=5), name="successor") as streamer:
+        streamer.drain(timeout=60)
+    assert pg.execute("SELECT count(*) FROM staged_log_records").fetchone()[0] == 0
+    _assert_each_once_in_order(rds, ["big"], 40)
+    _assert_each_once_in_order(rds, names, 3)

@@ -153,9 +153,9 @@ from .spread import (
     claim_across,
     delete_across,
     lock_across,
-    no_jit,
     pending_across,
     reclaim_across,
+    tune_streamer_session,
 )
 from .staging import (
     INSERT_STAGED,
@@ -299,7 +299,6 @@ __all__ = [
     "mark_dropped",
     "match_published",
     "message_mark",
-    "no_jit",
     "oldest_stager",
     "other_capture_databases",
     "packed_fetch_supported",
@@ -365,6 +364,7 @@ __all__ = [
     "try_sleep",
     "try_slot_lock",
     "try_stream_lock",
+    "tune_streamer_session",
     "unlisten",
     "unreachable",
     "wake",

@@ -31,58 +31,69 @@ _NEW = f"""
           AND (%(before)s::xid8 IS NULL OR xid < %(before)s::xid8)
         ORDER BY id LIMIT %(limit)s
     ),
-    ranked AS MATERIALIZED (SELECT s.*, row_number() OVER (PARTITION BY source ORDER BY id) AS rn FROM scanned s),
-    rows AS MATERIALIZED (SELECT * FROM ranked WHERE rn <= %(per_source)s),
-    runs AS (
-        SELECT source, min(id) AS lo, max(id) AS hi FROM (SELECT source, id, id - rn AS g FROM rows) t
-        GROUP BY source, g
+    batch AS MATERIALIZED (
+        SELECT t.*, t.source AS part
+        FROM (SELECT s.*, row_number() OVER (PARTITION BY source ORDER BY id) AS rn FROM scanned s) t
+        WHERE rn <= %(per_source)s
     ),
     claimed AS (
         INSERT INTO unilog_claims (source, lo, hi, records)
-        SELECT source, array_agg(lo ORDER BY lo), array_agg(hi ORDER BY lo), sum(hi - lo + 1) FROM runs
+        SELECT source, array_agg(lo ORDER BY lo), array_agg(hi ORDER BY lo), sum(hi - lo + 1)
+        FROM (SELECT source, min(id) AS lo, max(id) AS hi FROM batch GROUP BY source, id - rn) runs
         GROUP BY source
-        RETURNING claim, source, records
-    ),
-    batch AS MATERIALIZED (SELECT r.*, c.claim, c.records FROM rows r JOIN claimed c USING (source))
-"""
+        RETURNING claim, records, source AS part
+    )"""
 
 # Saved claims' rows again, by their ids (claims not deleted yet: re-sent after a crash).
-_AGAIN = f"""
-    WITH claimed AS (SELECT claim, source, lo, hi, records FROM unilog_claims WHERE claim = ANY(%(claims)s::bigint[])),
+_AGAIN = """
+    WITH claimed AS (SELECT claim, records, claim AS part FROM unilog_claims WHERE claim = ANY(%(claims)s::bigint[])),
     ids AS (
-        SELECT c.claim, c.source, c.records, g AS id FROM claimed c
+        SELECT c.source, c.claim AS part, g AS id FROM unilog_claims c
         CROSS JOIN LATERAL unnest(c.lo, c.hi) AS r(lo, hi) CROSS JOIN LATERAL generate_series(r.lo, r.hi) AS g
+        WHERE c.claim = ANY(%(claims)s::bigint[])
     ),
     batch AS MATERIALIZED (
-        SELECT {_COLUMNS.replace("id,", "s.id,", 1)}, ids.source, ids.claim, ids.records FROM ids
+        SELECT {columns}, ids.source, ids.part FROM ids
         JOIN staged_log_records s ON s.stream = ids.source AND s.id = ids.id
+    )""".format(columns=_COLUMNS.replace("id,", "s.id,", 1))
+
+# ONE row for the whole batch: its publish arguments encoded as RESP bulk strings (as claims._PACKED does for one
+# source: five arguments a record, seven when any record of the batch is traced, eight when any is typed; a field left
+# empty is not written to the entry, so the stride changes no entry), part by part (a new batch's part is a source, a
+# re-read one's a claim: a source may have several saved claims), each in id order; then per part, in the same order,
+# its claim, source, the records the claim was saved with, its records, its bytes of the body and its oldest record's
+# created time; then up to 128 traceparents a part (they only link the publish span), as "part traceparent".
+# Postgres encodes every record in C and sorts the batch once (not a sort per claim: ten thousand of them at ten
+# thousand streams); the streamer cuts the body at the parts' sizes (:func:`_claims`).
+_ENCODED = f"""
+    , shape AS (
+        SELECT CASE WHEN bool_or(coalesce(ty, '') <> '') THEN 8 WHEN bool_or(coalesce(tp, '') <> '') THEN 7 ELSE 5
+               END AS stride FROM batch
+    ), packed AS MATERIALIZED (
+        SELECT source, part, id, created_ms, tp,
+{RESP_FIELDS.rstrip().rstrip(",")} AS resp
+        FROM (SELECT data, action, object, created_ms, created_ms::text AS created, coalesce(key, '') AS key,
+                     coalesce(tp, '') AS tp, coalesce(ts, '') AS ts, coalesce(ty, '') AS ty, source, part, id
+              FROM batch) b,
+             shape
+    ), per AS (
+        SELECT part, min(source) AS source, count(*) AS n, sum(octet_length(resp)) AS size,
+               min(created_ms) AS created
+        FROM packed GROUP BY part
     )
+    SELECT (SELECT stride FROM shape),
+           (SELECT convert_to(string_agg(resp, '' ORDER BY part, id), 'UTF8') FROM packed),
+           array_agg(c.claim ORDER BY p.part), array_agg(p.source ORDER BY p.part),
+           array_agg(c.records ORDER BY p.part), array_agg(p.n ORDER BY p.part),
+           array_agg(p.size ORDER BY p.part), array_agg(p.created ORDER BY p.part),
+           (SELECT array_agg(part::text || ' ' || tp) FROM (
+                SELECT part, tp, row_number() OVER (PARTITION BY part ORDER BY id) AS k FROM packed WHERE tp <> ''
+            ) t WHERE k <= 128)
+    FROM per p JOIN claimed c USING (part)
 """
 
-# One row per claim: its publish arguments encoded as RESP bulk strings in id order (as claims._PACKED does for one
-# source: five arguments a record, seven when any record of the claim is traced, eight when any is typed), in claim
-# order, with its oldest record's created time and up to 128 traceparents (any: they only link the publish span).
-# Postgres encodes every record in C; the streamer touches none in Python. One ordered aggregate: each is a sort.
-_PER_CLAIM = f"""
-    , packed AS (
-        SELECT claim, source, records, data, action, object, created_ms, created_ms::text AS created,
-               coalesce(key, '') AS key, coalesce(tp, '') AS tp, coalesce(ts, '') AS ts, coalesce(ty, '') AS ty, id
-        FROM batch
-    ), shape AS (
-        SELECT claim, CASE WHEN bool_or(ty <> '') THEN 8 WHEN bool_or(tp <> '') THEN 7 ELSE 5 END AS stride
-        FROM packed GROUP BY claim
-    )
-    SELECT p.claim, min(p.source), min(p.records), count(*), min(shape.stride),
-           convert_to(string_agg(
-{RESP_FIELDS}               '' ORDER BY p.id), 'UTF8'),
-           min(p.created_ms),
-           (array_agg(p.tp) FILTER (WHERE p.tp <> ''))[1:128]
-    FROM packed p JOIN shape USING (claim)
-    GROUP BY p.claim ORDER BY p.claim
-"""
-
-CLAIM_ACROSS = _NEW + _PER_CLAIM
-AGAIN_ACROSS = _AGAIN + _PER_CLAIM
+CLAIM_ACROSS = _NEW + _ENCODED
+AGAIN_ACROSS = _AGAIN + _ENCODED
 
 
 @dataclass(slots=True)  # not frozen: a batch makes one per stream, and a frozen one's __init__ costs six times more
@@ -128,7 +139,7 @@ def claim_across(
         "before": before,
         "per_source": per_source or limit,
     }
-    return _claims(conn.execute(CLAIM_ACROSS, params, binary=True, prepare=False).fetchall())
+    return _claims(conn.execute(CLAIM_ACROSS, params, binary=True, prepare=False).fetchone())
 
 
 def reclaim_across(conn: psycopg.Connection[Any], claims: list[int]) -> list[SourceClaim]:
@@ -136,15 +147,29 @@ def reclaim_across(conn: psycopg.Connection[Any], claims: list[int]) -> list[Sou
     whose rows are all gone is missing from the result."""
     if not claims:
         return []
-    return _claims(conn.execute(AGAIN_ACROSS, {"claims": claims}, binary=True, prepare=False).fetchall())
+    row = conn.execute(AGAIN_ACROSS, {"claims": claims}, binary=True, prepare=False).fetchone()
+    return _claims(row, by_claim=True)
 
 
-def _claims(rows: list[Any]) -> list[SourceClaim]:
+def _claims(row: Any, *, by_claim: bool = False) -> list[SourceClaim]:
+    """The batch's row (see ``_ENCODED``) as one claim per part, in claim order (the order they were made, and so
+    sent and re-sent in), each with its slice of the body."""
     # read in binary: the integers are ints and the body bytes already (converting them again cost as much as the rest)
-    return [
-        SourceClaim(claim, source, count, saved or 0, stride, body, created, tuple(parents) if parents else ())
-        for claim, source, saved, count, stride, body, created, parents in rows
-    ]
+    stride, body, claims, sources, saved, counts, sizes, created, traced = row
+    if not claims:
+        return []
+    parents: dict[str, list[str]] = {}
+    for item in traced or ():
+        part, _, parent = item.partition(" ")
+        parents.setdefault(part, []).append(parent)
+    out, at = [], 0
+    for claim, source, was, count, size, first in zip(claims, sources, saved, counts, sizes, created, strict=True):
+        linked = parents.get(str(claim) if by_claim else source) if parents else None
+        piece = body[at : at + size]
+        out.append(SourceClaim(claim, source, count, was or 0, stride, piece, first, tuple(linked or ())))
+        at += size
+    out.sort(key=lambda c: c.claim)
+    return out
 
 
 def pending_across(conn: psycopg.Connection[Any], sources: list[str]) -> list[tuple[int, str, int]]:
@@ -175,11 +200,22 @@ _LOCK_ACROSS = f"""
 """
 
 
-def no_jit(conn: psycopg.Connection[Any]) -> None:
-    """Turn JIT compilation off for the session (committed here): the streamer's statements touch a batch of rows,
-    and the planner's guess for a claim's runs (``generate_series``: a thousand rows a run) priced them high enough to
-    compile, which cost more than the statements themselves. Commits."""
+# The memory a streamer's sort may take before it spills to disk (kB): a batch across ten thousand streams sorts its
+# rows by stream (its claims' runs) and its body (80,000 records of some 200 bytes); at the default 4 MB both spilled,
+# a merge on disk each batch. A session setting, one per streamer: raised, never lowered below the server's.
+SORT_MEMORY_KB = 64 * 1024
+
+
+def tune_streamer_session(conn: psycopg.Connection[Any]) -> None:
+    """Set the streamer's session up for its batch statements (committed here). JIT compilation off: the statements
+    touch a batch of rows, and the planner's guess for a claim's runs (``generate_series``: a thousand rows a run)
+    priced them high enough to compile, which cost more than the statements themselves. ``work_mem`` raised to
+    :data:`SORT_MEMORY_KB` where the server's is lower. Commits."""
     conn.execute("SET jit = off")
+    conn.execute(
+        "SELECT set_config('work_mem', %s, false) FROM pg_settings WHERE name = 'work_mem' AND setting::bigint < %s",
+        (f"{SORT_MEMORY_KB}kB", SORT_MEMORY_KB),
+    )
     conn.commit()
 
 

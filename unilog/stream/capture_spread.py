@@ -37,7 +37,7 @@ log = structlog.get_logger(__name__)
 # as much as its records (a claim row, a position and a script's checks per stream): over ten thousand streams a batch
 # of 5,000 records spans 5,000 streams, one record each; eight times deeper, the same streams carry eight times the
 # records for about the same cost (bench/RESULTS.md, issue 46). Redis still serves other clients between calls.
-DEPTH = 8
+DEPTH = 16
 
 # Seconds a batch's delete waits for a row another session holds locked before it looks for whose rows they are and
 # publishes the other streams (their claims are deleted; the held streams' wait for a later pass)

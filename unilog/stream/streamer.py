@@ -185,7 +185,7 @@ class Streamer(Worker):
         if self._stuck_pid is not None:
             store.end_stuck_session(conn, self._stuck_pid)
             self._stuck_pid = None
-        store.no_jit(conn)
+        store.tune_streamer_session(conn)
         self._table.session_opened(conn)
         self._mode_known = False
         self.publisher.session_opened(conn)
