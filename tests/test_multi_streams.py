@@ -108,6 +108,40 @@ def test_one_batch_spans_streams_and_a_crash_before_its_commit_applies_nothing_t
     assert all(top != "0-0" for top in tops.values())
 
 
+def test_a_consumer_moved_from_one_stream_to_several_refuses_until_its_checkpoint_is_carried_over(
+    ddl: Settings, pg: Any
+) -> None:
+    """A consumer that ran over one stream keeps its checkpoint in the row named after it; over several streams it
+    keeps ``<name>:<stream>``. Started over several, it refuses in one line that names the command carrying the
+    checkpoint over (a new row would start at the stream's beginning and apply again what the consumer applied),
+    and creates no row; once carried over, it applies only what is new."""
+    stage(ddl, ["orders"], 3)
+    publish(ddl)
+    with Consumer(ddl, ConsumerConfig(name="billing", stream="orders"), multi_applied) as consumer:
+        assert consumer.drain() == 3
+    stage(ddl, ["orders", "payments"], 2, start=3)
+    publish(ddl)
+    config = ConsumerConfig(name="billing", streams=("orders", "payments"))
+    with MultiConsumer(ddl, config, multi_applied) as consumer, pytest.raises(ConfigurationError) as refused:
+        consumer.drain()
+    last_id = pg.execute("SELECT last_id FROM unilog_checkpoints WHERE name = 'billing'").fetchone()[0]
+    command = f"unilog consumer reset billing:orders --stream orders --to {last_id}"
+    assert command in str(refused.value) and "\n" not in str(refused.value), str(refused.value)
+    argv = ["consume", "handlers:multi_applied", "--name", "billing", "--streams", "orders,payments", "--once"]
+    refused_cli = unilog(ddl, *argv)
+    assert refused_cli.returncode == ExitCode.CONFIG and command in one_line(refused_cli), refused_cli.stderr
+    assert pg.execute("SELECT count(*) FROM unilog_checkpoints WHERE name LIKE 'billing:%'").fetchone()[0] == 0
+    assert len(rows(pg)) == 3, "nothing applied again"
+    result = unilog(ddl, *command.split()[1:])
+    assert result.returncode == 0, result.stderr
+    with MultiConsumer(ddl, config, multi_applied) as consumer:
+        assert consumer.drain() == 4
+    applied: dict[str, list[int]] = defaultdict(list)
+    for stream, _seq, i, _batch in rows(pg):
+        applied[stream].append(i)
+    assert applied == {"orders": [0, 1, 2, 3, 4], "payments": [3, 4]}
+
+
 @pytest.mark.asyncio
 async def test_the_async_face_and_a_prefix_picks_up_a_stream_created_later(ddl: Settings, pg: Any) -> None:
     stage(ddl, ["t.a", "t.b", "other"], 3)

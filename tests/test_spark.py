@@ -27,7 +27,7 @@ from unilog_demo.records import RideCreated
 from unilog_demo.rides import STREAM, canonical_totals, consumer_totals
 from unilog_demo.spark_consumer import start_query, state_effect
 
-from unilog import Faults, RawJSON, Settings, Streamer, emit
+from unilog import Faults, RawJSON, Settings, Streamer, emit, store
 from unilog.spark import TransactionalSink, spark_session
 from unilog.spark.source import SourceOptions
 from unilog.spark.streams import UnilogStreamsReader
@@ -394,6 +394,18 @@ def test_a_query_over_several_streams_applies_every_entry_once_in_stream_order(
     assert applied == expected, "every entry once, in stream order, the late stream from its start"
     assert rows == {f"{name}:{s}": rds.xrevrange(s, count=1)[0][0] for s in expected}, "each row at its stream's end"
     assert len(batches) >= 2, "the second run read only what came after each stream's row"
+    # a consumer that ran over shop-a alone (its row named after it) is refused over the prefix until carried over
+    with psycopg.connect(app.conninfo) as conn:
+        store.ensure_checkpoint(conn, "spark-moved", "shop-a")
+        conn.commit()
+    df = spark.readStream.format("unilog").options(redisUrl=app.redis_url, streamPrefix="shop-").load()
+    sink = TransactionalSink(app.database_url, "spark-moved", None, effect, redis_url=app.redis_url)
+    query = df.writeStream.foreachBatch(sink).option("checkpointLocation", str(tmp_path / "d"))
+    with pytest.raises(Exception, match="unilog consumer reset spark-moved:shop-a --stream shop-a --to 0-0"):
+        query.trigger(availableNow=True).start().awaitTermination()
+    with psycopg.connect(app.conninfo) as conn:
+        moved = conn.execute("SELECT count(*) FROM unilog_checkpoints WHERE name LIKE 'spark-moved:%'").fetchone()[0]
+    assert moved == 0 and len(batches) == applied_batches, "no row created, nothing applied"
     held = {s: rds.hget(registry_key(s), f"{name}:{s}") for s in expected}
     assert all(held.values()), f"retention is held per stream: {held}"
 

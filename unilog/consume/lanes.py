@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .. import engine
+from ..errors import ConfigurationError
 from ..store import Checkpoint
 from .base import ConsumerConfig
 from .progress import RewindWatch, Rules
@@ -32,6 +33,17 @@ def split_checkpoint_name(name: str) -> tuple[str, str] | None:
     """(consumer, stream) of a row :func:`checkpoint_name` named, or None for a single-stream consumer's row."""
     consumer, sep, stream = name.partition(SEPARATOR)
     return (consumer, stream) if sep and consumer and stream else None
+
+
+def moved_refusal(kind: str, single: Checkpoint, row: str) -> ConfigurationError:
+    """The one-line refusal of a consumer that ran over ``single.stream`` alone and now runs over several streams
+    before its checkpoint was carried over to ``row`` (its row for that stream): the command that carries it over."""
+    return ConfigurationError(
+        f"{kind} {single.name!r} ran over stream {single.stream!r} alone (checkpoint at {single.last_id}); over "
+        f"several streams its checkpoint there is {row!r}, which does not exist yet and would start at the stream's "
+        f"beginning, applying those entries again. Stop the single-stream consumer, then carry it over: unilog "
+        f"consumer reset {row} --stream {single.stream} --to {single.last_id}"
+    )
 
 
 @dataclass

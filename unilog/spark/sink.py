@@ -14,7 +14,7 @@ import structlog
 
 from .. import engine, metrics, store, tracing
 from ..config import postgres_conninfo
-from ..consume.lanes import checkpoint_name, label_of
+from ..consume.lanes import checkpoint_name, label_of, moved_refusal
 from ..errors import ConcurrentConsumer, ConfigurationError, StreamGap
 from .source import hold_retention
 from .streams import hold_retention_many
@@ -173,7 +173,11 @@ class TransactionalSink:
             return None
         with conn.transaction():
             if self.many:
-                rows = store.ensure_checkpoints(conn, {self._row(s): s for s in streams})
+                wanted = {self._row(s): s for s in streams}
+                moved = store.single_row_moved(conn, self.consumer, wanted)
+                if moved is not None:
+                    raise moved_refusal("spark consumer", *moved)
+                rows = store.ensure_checkpoints(conn, wanted)
                 seen = {s: rows[self._row(s)].positions for s in streams}
             else:
                 seen = {self.stream: store.ensure_checkpoint(conn, self.consumer, self.stream).positions}

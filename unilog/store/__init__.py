@@ -37,6 +37,7 @@ from .checkpoints import (
     save_checkpoint,
     save_checkpoints,
     sessions_of,
+    single_row_moved,
     take_held,
 )
 from .claims import (
@@ -338,6 +339,7 @@ __all__ = [
     "set_producer_id",
     "set_read_index",
     "set_stream_mode",
+    "single_row_moved",
     "slot_safety",
     "slot_state",
     "sources_before",

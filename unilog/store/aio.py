@@ -24,6 +24,7 @@ from ._async.checkpoints import (
     read_checkpoints,
     save_checkpoint,
     save_checkpoints,
+    single_row_moved,
     take_held,
 )
 from ._async.connection import check_schema, connect_async
@@ -67,6 +68,7 @@ __all__ = [
     "release_partition_lock",
     "save_checkpoint",
     "save_checkpoints",
+    "single_row_moved",
     "take_held",
     "try_partition_lock",
     "try_prune_lock",

@@ -26,6 +26,7 @@ from ._sync.checkpoints import (  # written once for both faces; this face's nam
     read_checkpoints,
     save_checkpoint,
     save_checkpoints,
+    single_row_moved,
     take_held,
 )
 from .rows import Checkpoint, checkpoint_from_row, save_params
@@ -115,5 +116,6 @@ __all__ = [
     "save_checkpoints",
     "save_params",
     "sessions_of",
+    "single_row_moved",
     "take_held",
 ]

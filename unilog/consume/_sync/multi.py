@@ -41,7 +41,16 @@ from ...runtime.policy import account_batch
 from ...store.checkpoints import Checkpoint
 from ...wire import to_str
 from ..base import ConsumerConfig, ConsumeResult, describe, is_handler_failure, poison_stop
-from ..lanes import MIN_PER_STREAM, Lane, fair_cut, label_of, make_lane, per_stream_count, rewind_interval
+from ..lanes import (
+    MIN_PER_STREAM,
+    Lane,
+    fair_cut,
+    label_of,
+    make_lane,
+    moved_refusal,
+    per_stream_count,
+    rewind_interval,
+)
 from ..progress import keep_held, sort_batch
 from ..records import Batch, Handler, Record
 from ..typed import typed_handler
@@ -161,6 +170,9 @@ class MultiConsumer(Worker):
             return
         conn = self.links.pg()
         with conn.transaction():
+            moved = store.single_row_moved(conn, self.config.name, rows)
+            if moved is not None:
+                raise moved_refusal("consumer", *moved)
             found = store.ensure_checkpoints(conn, rows)
         for row, stream in rows.items():
             checkpoint = found[row]

@@ -94,6 +94,24 @@ async def ensure_checkpoints(conn: psycopg.AsyncConnection[Any], rows: dict[str,
     return await read_checkpoints(conn, names)
 
 
+async def single_row_moved(
+    conn: psycopg.AsyncConnection[Any], consumer: str, rows: dict[str, str]
+) -> tuple[Checkpoint, str] | None:
+    """Whether consumer ``consumer`` ran over one stream alone and now runs over several: its single-stream
+    checkpoint (the row named ``consumer``) is on the stream of one of ``rows`` (name -> stream, the rows it keeps per
+    stream now) whose row does not exist yet. Returns that checkpoint and the row's name, else None. Such a row,
+    created, would start at the stream's beginning: what the consumer applied would be applied again."""
+    single = await read_checkpoint(conn, consumer)
+    if single is None:
+        return None
+    wanted = sorted(name for name, stream in rows.items() if stream == single.stream and name != consumer)
+    if not wanted:
+        return None
+    found = await read_checkpoints(conn, wanted)
+    missing = [name for name in wanted if name not in found]
+    return (single, missing[0]) if missing else None
+
+
 async def save_checkpoints(conn: psycopg.AsyncConnection[Any], checkpoints: list[Checkpoint]) -> None:
     """Write ``checkpoints`` in the caller's transaction, in one statement (see :func:`save_checkpoint`)."""
     params = [save_params(c) for c in sorted(checkpoints, key=lambda c: c.name)]

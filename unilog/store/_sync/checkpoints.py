@@ -93,6 +93,24 @@ def ensure_checkpoints(conn: psycopg.Connection[Any], rows: dict[str, str]) -> d
     return read_checkpoints(conn, names)
 
 
+def single_row_moved(
+    conn: psycopg.Connection[Any], consumer: str, rows: dict[str, str]
+) -> tuple[Checkpoint, str] | None:
+    """Whether consumer ``consumer`` ran over one stream alone and now runs over several: its single-stream
+    checkpoint (the row named ``consumer``) is on the stream of one of ``rows`` (name -> stream, the rows it keeps per
+    stream now) whose row does not exist yet. Returns that checkpoint and the row's name, else None. Such a row,
+    created, would start at the stream's beginning: what the consumer applied would be applied again."""
+    single = read_checkpoint(conn, consumer)
+    if single is None:
+        return None
+    wanted = sorted(name for name, stream in rows.items() if stream == single.stream and name != consumer)
+    if not wanted:
+        return None
+    found = read_checkpoints(conn, wanted)
+    missing = [name for name in wanted if name not in found]
+    return (single, missing[0]) if missing else None
+
+
 def save_checkpoints(conn: psycopg.Connection[Any], checkpoints: list[Checkpoint]) -> None:
     """Write ``checkpoints`` in the caller's transaction, in one statement (see :func:`save_checkpoint`)."""
     params = [save_params(c) for c in sorted(checkpoints, key=lambda c: c.name)]
