@@ -24,7 +24,7 @@ from acl_users import acl_users
 
 from unilog import Settings, Streamer, StreamerConfig, emit
 from unilog.cli import main
-from unilog.engine import RedisStreams, connect, ping, raw_pages
+from unilog.engine import RedisStreams, connect, ids_many, ping, raw_pages
 from unilog.engine.aio import AsyncRedisStreams, connect_async
 from unilog.engine.commands import commands_of, declared, issues, methods_of
 from unilog.errors import WrongKeyType
@@ -121,7 +121,10 @@ def declared_by(label: str) -> frozenset[str]:
     name = label.removeprefix("aio:").partition("#")[0]
     if label.startswith("aio:"):
         return allowed(getattr(AsyncRedisStreams, name), AsyncRedisStreams)
-    return allowed({"connect": connect, "ping": ping, "raw_pages": raw_pages}.get(name) or getattr(RedisStreams, name))
+    return allowed(
+        {"connect": connect, "ping": ping, "raw_pages": raw_pages, "ids_many": ids_many}.get(name)
+        or getattr(RedisStreams, name)
+    )
 
 
 # -- every method issues only what it declares ---------------------------------------------------------------------
@@ -159,6 +162,7 @@ def _publish_and_read(api: RedisStreams, mon: Monitor, rds: Any, s: str) -> None
         "missing_streams": lambda: api.missing_streams([s, "no-such-stream"]),
         "last_generated_ids": lambda: api.last_generated_ids([s, "no-such-stream"]),
         "raw_pages": lambda: list(raw_pages(mon.url, s, "0-0", "+", 10)),
+        "ids_many": lambda: ids_many(mon.url, {s: ("0-0", "+"), "no-such-stream": ("0-0", "+")}, 10),
     }.items():
         with mon.window(name):
             call()
@@ -502,7 +506,7 @@ def test_every_method_of_the_adapter_declares_its_commands() -> None:
     ]
     assert silent == []
     assert "unilog.engine._sync.groups" in {c.__module__ for c in RedisStreams.__mro__}
-    assert all(declared(f) is not None for f in (connect, ping, raw_pages))
+    assert all(declared(f) is not None for f in (connect, ping, raw_pages, ids_many))
     with pytest.raises(ValueError, match="lower case"):
         issues("XADD")
     # the declaration marks a coroutine function (and an asyncio context manager) without changing what it is

@@ -394,6 +394,8 @@ def test_a_query_over_several_streams_applies_every_entry_once_in_stream_order(
     assert applied == expected, "every entry once, in stream order, the late stream from its start"
     assert rows == {f"{name}:{s}": rds.xrevrange(s, count=1)[0][0] for s in expected}, "each row at its stream's end"
     assert len(batches) >= 2, "the second run read only what came after each stream's row"
+    whole = spark.read.format("unilog").options(redisUrl=app.redis_url, streamPrefix="shop-").load()
+    assert whole.count() == sum(len(v) for v in expected.values()), "a batch read lists every stream's ids"
     # a consumer that ran over shop-a alone (its row named after it) is refused over the prefix until carried over
     with psycopg.connect(app.conninfo) as conn:
         store.ensure_checkpoint(conn, "spark-moved", "shop-a")

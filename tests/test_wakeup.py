@@ -15,6 +15,7 @@ from unilog import Settings, Streamer, StreamerConfig, emit, store
 from unilog.harness.proxy import FaultProxy
 from unilog.harness.pytest_plugin import running
 from unilog.runtime import Hook
+from unilog.store.connection import next_result
 from unilog.stream.waiting import CommitListener
 
 
@@ -169,3 +170,18 @@ def test_closing_the_listen_session_of_a_silent_server_returns_at_once(
         closing.join(10)
     assert not hung, "close() waited for a silent server"
     assert time.monotonic() - started < 4
+
+
+def test_a_reply_awaited_in_python_waits_for_its_query_to_be_sent_whole(settings: Settings) -> None:
+    """``store.next_result`` waits for a reply without holding the GIL. A query larger than the socket takes at once
+    stays partly in libpq's buffer on a nonblocking connection; waiting for the reply alone would wait for good (the
+    server waits for the rest of the query), so the rest is sent while waiting."""
+    size = 16 << 20
+    with psycopg.connect(settings.conninfo) as conn:
+        conn.pgconn.nonblocking = 1  # as psycopg's own connection waits do: the send returns with output left
+        conn.pgconn.send_query(b"SELECT length('" + b"x" * size + b"')")
+        assert conn.pgconn.flush() == 1, "part of the query is still to send (else this test proves nothing)"
+        with store.deadline(conn, 30):
+            result = next_result(conn.pgconn)
+        assert result is not None and result.get_value(0, 0) == str(size).encode()
+        assert next_result(conn.pgconn) is None

@@ -52,7 +52,7 @@ from ..wire import (  # noqa: F401 - the adapter's names, used as engine.X acros
 from ._sync.base import Adapter  # noqa: F401 - the adapter's names, used as engine.X across the library
 from ._sync.server import ping  # noqa: F401 - the adapter's names, used as engine.X across the library
 from .base import Entry, Fields  # noqa: F401 - the adapter's names, used as engine.X across the library
-from .bulk import no_gc, raw_pages  # noqa: F401 - the adapter's names, used as engine.X across the library
+from .bulk import ids_many, no_gc, raw_pages  # noqa: F401 - the adapter's names, used as engine.X across the library
 from .connection import connect  # noqa: F401 - every Redis client the library opens
 from .groups import Groups
 from .layout import Layout

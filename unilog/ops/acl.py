@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..engine import RedisStreams as R
-from ..engine import connect, ping, raw_pages
+from ..engine import connect, ids_many, ping, raw_pages
 from ..engine.commands import commands_of
 from ..wire import attempts_key, dlq_key, hwm_key, meta_key, registry_key, workers_key
 
@@ -69,6 +69,7 @@ USES: dict[str, tuple[Callable[..., Any], ...]] = {
         R.wait_for_entries,
         R.entries,
         raw_pages,
+        ids_many,
     ),
     # group workers (both faces): deliveries, claims, acknowledgements, attempt counts, dead letters; `unilog consume`
     # before a new group starts: whether it exists, the stream's length or last id, the entries after --from ID

@@ -32,7 +32,6 @@ from .source import (
     EntryRange,
     InputPartition,
     SourceOptions,
-    ids_after,
     read_range,
     split_ranges,
 )
@@ -174,7 +173,7 @@ class UnilogStreamsReader(DataSourceStreamReader):
         """The ids of each stream's share of ``cap`` entries after ``after`` (one ``XREAD``); every id, paged per
         stream, without a cap."""
         if cap is None:
-            every = {s: ids_after(self.options.redis_url, s, last, None) for s, last in after.items()}
+            every = engine.ids_many(self.options.redis_url, {s: (last, "+") for s, last in after.items()}, engine.PAGE)
             return {s: ids for s, ids in sorted(every.items()) if ids}
         api = _api(self.options.redis_url)
         try:
@@ -188,11 +187,8 @@ class UnilogStreamsReader(DataSourceStreamReader):
         if planned is not None:
             return planned
         after = {stream: start["ids"].get(stream, "0-0") for stream in end["ids"]}  # a replayed batch (restart)
-        found = {
-            stream: ids_after(self.options.redis_url, stream, after[stream], None, until=until)
-            for stream, until in sorted(end["ids"].items())
-            if until != after[stream]
-        }
+        ranges = {s: (after[s], until) for s, until in sorted(end["ids"].items()) if until != after[s]}
+        found = engine.ids_many(self.options.redis_url, ranges, engine.PAGE)
         return pack(self.options, after, found)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
@@ -211,9 +207,8 @@ class UnilogStreamsBatchReader(DataSourceReader):
     def partitions(self) -> list[InputPartition]:
         options = self.options
         streams = stream_list(options)
-        found = {
-            s: ids_after(options.redis_url, s, options.starting_id, None, options.ending_id or "+") for s in streams
-        }
+        until = options.ending_id or "+"
+        found = engine.ids_many(options.redis_url, dict.fromkeys(streams, (options.starting_id, until)), engine.PAGE)
         after = dict.fromkeys(streams, options.starting_id)
         return pack(options, after, {s: ids for s, ids in found.items() if ids}) or [Ranges([])]
 

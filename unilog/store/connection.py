@@ -162,11 +162,14 @@ def next_result(pgconn: pq.abc.PGconn) -> pq.abc.PGresult | None:
     whole process, the deadline watchdog and every other thread included (a streamer closing its listener on a
     blackholed server hung a CI run until its limit). Waiting here, a deadline breaks the socket and this raises."""
     poller = select.poll()  # not select(): a descriptor above 1024 (a process with many sockets) is refused there
-    poller.register(pgconn.socket, select.POLLIN)
     while True:
+        # a query larger than the socket takes at once is left partly in libpq's buffer on a nonblocking connection:
+        # the server waits for the rest, so waiting for its reply alone would wait for good
+        unsent = pgconn.flush()
         pgconn.consume_input()  # raises once the socket is broken or the server hung up
         if not pgconn.is_busy():
             return pgconn.get_result()
+        poller.register(pgconn.socket, select.POLLIN | (select.POLLOUT if unsent else 0))
         poller.poll()
 
 
