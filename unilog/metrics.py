@@ -208,8 +208,18 @@ def locks_held(streams: Iterable[str], held: bool) -> None:
 def spread_published(records: dict[str, int], seconds: float, first_created_ms: int | None) -> None:
     """The streamer committed the delete of a batch across streams, ``records`` per stream: each stream's records
     counted, the batch observed once (under its stream's name if it had one, else :data:`SEVERAL`)."""
+    # streams past the bound share one child: one increment of their sum (an increment takes a lock; one per stream
+    # was 0.28 s of a WAL-mode drain of 50,000 records over 10,000 streams)
+    counts: dict[int, list[Any]] = {}
     for stream, count in records.items():
-        _published(stream).inc(count)
+        child = _published(stream)
+        entry = counts.get(id(child))
+        if entry is None:
+            counts[id(child)] = [child, count]
+        else:
+            entry[1] += count
+    for child, total in counts.values():
+        child.inc(total)
     label = next(iter(records)) if len(records) == 1 else SEVERAL
     _batch_records(label).observe(sum(records.values()))
     _batch_seconds(label).observe(seconds)
