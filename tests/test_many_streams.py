@@ -18,7 +18,7 @@ import psycopg
 import pytest
 import redis
 
-from unilog import Settings, Streamer, StreamerConfig, emit_many
+from unilog import Settings, Streamer, StreamerConfig, emit_many, store
 from unilog.cli.common import ExitCode
 from unilog.errors import InjectedCrash, PublishError
 from unilog.faults import Faults
@@ -404,3 +404,53 @@ def test_saved_claims_of_one_stream_re_sent_in_a_batch_across_streams_keep_their
     assert pg.execute("SELECT count(*) FROM staged_log_records").fetchone()[0] == 0
     _assert_each_once_in_order(rds, ["big"], 40)
     _assert_each_once_in_order(rds, names, 3)
+
+
+def test_a_batch_across_streams_stops_at_its_byte_budget_and_the_rest_follows(
+    settings: Settings, pg: Any, rds: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch's body is one Postgres value (capped at 1 GB): a batch across streams claims the lowest ids up to a
+    byte budget of data (the first record always), says more is ready, and the next batches take the rest, each
+    stream in order. The budget is lowered here so that a few records of a kilobyte cross it."""
+    from unilog.store import spread
+
+    names = [f"b-{k}" for k in range(4)]
+    records = [
+        {"action": "a", "object": "o", "data": {"i": i, "pad": "x" * 1000}, "stream": name}
+        for i in range(10)
+        for name in names
+    ]
+    with psycopg.connect(settings.conninfo) as conn:
+        emit_many(conn, records)
+        conn.commit()
+    monkeypatch.setattr(spread, "BATCH_BYTES", 5000)
+    with psycopg.connect(settings.conninfo) as conn:
+        got = store.claim_across(conn, names, 1000)
+        assert got.cut and sum(c.count for c in got.claims) == 5, [c.count for c in got.claims]  # 4 x 1 KB, then one
+        conn.rollback()
+    with Streamer(settings, StreamerConfig(pipeline_batches=1), name="budget") as streamer:
+        first = streamer.run_once()  # one batch a pass here
+        assert first.waiting and first.published == 5, first  # more is ready: the next pass goes on at once
+        assert first.published + streamer.drain(timeout=60) == len(records)
+    _assert_each_once_in_order(rds, names, 10)
+
+
+def test_the_ids_of_many_streams_are_listed_on_one_client_in_bounded_pipelines(
+    settings: Settings, rds: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``engine.ids_many`` (the Spark source's listing over several streams): a first page of every stream, then
+    deeper pages of the streams that had a full one, never more entries asked for at once than its bound (lowered
+    here so that the listing takes several pipelines); each stream's ids in order, within its range."""
+    from unilog.engine import bulk
+
+    monkeypatch.setattr(bulk, "IDS_IN_FLIGHT", 150)
+    monkeypatch.setattr(bulk, "FIRST_PAGE", 50)
+    sizes = {"ids-big": 260, "ids-small": 3, "ids-empty": 0, **{f"ids-{k}": 60 for k in range(5)}}
+    for stream, n in sizes.items():
+        for i in range(n):
+            rds.xadd(stream, {"i": i})
+    every = {s: [entry_id for entry_id, _ in rds.xrange(s)] for s in sizes}
+    after = every["ids-big"][9]
+    ranges = {s: ("0-0", "+") for s in sizes} | {"ids-big": (after, every["ids-big"][199])}
+    found = bulk.ids_many(settings.redis_url, ranges, 100)
+    assert found == {s: ids for s, ids in every.items() if s != "ids-big"} | {"ids-big": every["ids-big"][10:200]}

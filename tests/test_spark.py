@@ -399,11 +399,14 @@ def test_a_query_over_several_streams_applies_every_entry_once_in_stream_order(
     # a consumer that ran over shop-a alone (its row named after it) is refused over the prefix until carried over
     with psycopg.connect(app.conninfo) as conn:
         store.ensure_checkpoint(conn, "spark-moved", "shop-a")
+        store.save_checkpoint(conn, store.Checkpoint("spark-moved", "shop-a", after_rows["shop-a"], {}))
         conn.commit()
     df = spark.readStream.format("unilog").options(redisUrl=app.redis_url, streamPrefix="shop-").load()
     sink = TransactionalSink(app.database_url, "spark-moved", None, effect, redis_url=app.redis_url)
     query = df.writeStream.foreachBatch(sink).option("checkpointLocation", str(tmp_path / "d"))
-    with pytest.raises(Exception, match="unilog consumer reset spark-moved:shop-a --stream shop-a --to 0-0"):
+    with pytest.raises(
+        Exception, match=f"unilog consumer reset spark-moved:shop-a --stream shop-a --to {after_rows['shop-a']}"
+    ):
         query.trigger(availableNow=True).start().awaitTermination()
     with psycopg.connect(app.conninfo) as conn:
         moved = conn.execute("SELECT count(*) FROM unilog_checkpoints WHERE name LIKE 'spark-moved:%'").fetchone()[0]

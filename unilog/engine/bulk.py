@@ -48,38 +48,45 @@ def raw_pages(url: str, stream: str, after: str, until: str, page: int) -> Itera
         client.close()
 
 
-# Streams whose pages one pipeline asks for at most: their replies are held together
-IDS_PIPELINE = 500
+# Entries one pipeline of ``ids_many`` asks for at most (XRANGE returns whole entries, held together in Redis's output
+# buffer for the client and in the reader's memory), and the first page each stream is asked for: most streams of a
+# query over many have a few entries each, so their first pages share a pipeline; the rest is paged deeper
+IDS_IN_FLIGHT = 50_000
+FIRST_PAGE = 100
 
 
 @issues("xrange")
 def ids_many(url: str, ranges: Mapping[str, tuple[str, str]], page: int) -> dict[str, list[str]]:
     """The ids of each stream's entries in (``after``, ``until``] (``ranges``: stream -> (after, until)), in order,
-    on one client of their own: the first page of every stream in a pipeline (of :data:`IDS_PIPELINE` streams at a
-    time), then further pages of those that had a full one. A client per stream cost a connection per stream: a
-    thousand at a thousand streams, on every micro-batch of a query over all they hold."""
+    on one client of their own: a first page of every stream (:data:`FIRST_PAGE` entries) in pipelines, then pages of
+    ``page`` entries for those that had a full one, never more than :data:`IDS_IN_FLIGHT` entries asked for at once.
+    A client per stream cost a connection per stream: a thousand at a thousand streams, on every micro-batch of a
+    query over all they hold."""
+    found: dict[str, list[str]] = {stream: [] for stream in ranges}
+    if not ranges:
+        return found
     client = connect(url)
     client.set_response_callback("XRANGE", lambda reply, **_: reply)  # this client only
-    found: dict[str, list[str]] = {stream: [] for stream in ranges}
     cursors = {stream: "(" + after for stream, (after, _until) in ranges.items()}
-    todo = sorted(ranges)
+    todo, count = sorted(ranges), min(FIRST_PAGE, page)
     try:
         while todo:
             more: list[str] = []
-            for lo in range(0, len(todo), IDS_PIPELINE):
-                part = todo[lo : lo + IDS_PIPELINE]
+            step = max(1, IDS_IN_FLIGHT // count)
+            for lo in range(0, len(todo), step):
+                part = todo[lo : lo + step]
                 pipe = client.pipeline(transaction=False)
                 for stream in part:
-                    pipe.execute_command("XRANGE", stream, cursors[stream], ranges[stream][1], "COUNT", page)
+                    pipe.execute_command("XRANGE", stream, cursors[stream], ranges[stream][1], "COUNT", count)
                 with no_gc():
                     replies = pipe.execute()
                 for stream, chunk in zip(part, replies, strict=True):
                     ids = [to_str(entry[0]) for entry in chunk or ()]
                     found[stream] += ids
-                    if len(ids) >= page:
+                    if len(ids) >= count:
                         cursors[stream] = "(" + ids[-1]
                         more.append(stream)
-            todo = more
+            todo, count = more, page
     finally:
         client.close()
     return found

@@ -150,6 +150,7 @@ from .snapshots import (
     staged_records,
 )
 from .spread import (
+    Across,
     SourceClaim,
     claim_across,
     delete_across,
@@ -222,6 +223,7 @@ __all__ = [
     "SCHEMA_MODES",
     "STREAM_BUCKETS",
     "VERSION_TABLE",
+    "Across",
     "CaptureSlot",
     "Checkpoint",
     "Claim",

@@ -21,16 +21,20 @@ import psycopg
 from .claims import _COLUMNS, RESP_FIELDS
 
 # The rows of a new claim: the lowest ids of the sources' committed rows (``before``: WAL mode's table passes publish
-# only the rows that may predate the slot), at most ``per_source`` of each source: its lowest, so still a prefix of
-# its rows in id order (a source's part is sent in one script call, which this bounds). Scanned in id order by the
-# primary key, the sources hashed.
+# only the rows that may predate the slot), as many as fit in ``budget`` bytes of data (the first always: a batch's
+# body is one value, which Postgres caps at 1 GB), at most ``per_source`` of each source: its lowest, so still a
+# prefix of its rows in id order (a source's part is sent in one script call, which this bounds). Scanned in id order
+# by the primary key, the sources hashed; ``cut`` says the budget left rows of the scan out.
 _NEW = f"""
-    WITH scanned AS MATERIALIZED (
-        SELECT {_COLUMNS}, stream AS source FROM staged_log_records
+    WITH looked AS MATERIALIZED (
+        SELECT {_COLUMNS}, stream AS source, sum(octet_length(data::text)) OVER (ORDER BY id) AS upto
+        FROM staged_log_records
         WHERE (stream = ANY(string_to_array(%(names)s, ' ')) OR (%(blank)s AND stream = ''))
           AND (%(before)s::xid8 IS NULL OR xid < %(before)s::xid8)
         ORDER BY id LIMIT %(limit)s
     ),
+    scanned AS MATERIALIZED (SELECT * FROM looked WHERE upto - octet_length(data) < %(budget)s),
+    cut AS (SELECT EXISTS (SELECT 1 FROM looked WHERE upto - octet_length(data) >= %(budget)s) AS c),
     batch AS MATERIALIZED (
         SELECT t.*, t.source AS part
         FROM (SELECT s.*, row_number() OVER (PARTITION BY source ORDER BY id) AS rn FROM scanned s) t
@@ -52,6 +56,7 @@ _AGAIN = """
         CROSS JOIN LATERAL unnest(c.lo, c.hi) AS r(lo, hi) CROSS JOIN LATERAL generate_series(r.lo, r.hi) AS g
         WHERE c.claim = ANY(%(claims)s::bigint[])
     ),
+    cut AS (SELECT false AS c),
     batch AS MATERIALIZED (
         SELECT {columns}, ids.source, ids.part FROM ids
         JOIN staged_log_records s ON s.stream = ids.source AND s.id = ids.id
@@ -62,9 +67,10 @@ _AGAIN = """
 # empty is not written to the entry, so the stride changes no entry), part by part (a new batch's part is a source, a
 # re-read one's a claim: a source may have several saved claims), each in id order; then per part, in the same order,
 # its claim, source, the records the claim was saved with, its records, its bytes of the body and its oldest record's
-# created time; then up to 128 traceparents a part (they only link the publish span), as "part traceparent".
-# Postgres encodes every record in C and sorts the batch once (not a sort per claim: ten thousand of them at ten
-# thousand streams); the streamer cuts the body at the parts' sizes (:func:`_claims`).
+# created time; then whether a byte budget left rows out (a new batch's ``cut``); then up to 128 traceparents a part
+# (they only link the publish span), as "part traceparent". Postgres encodes every record in C and sorts the batch
+# once (not a sort per claim: ten thousand of them at ten thousand streams); the streamer cuts the body at the parts'
+# sizes (:func:`_claims`).
 _ENCODED = f"""
     , shape AS (
         SELECT CASE WHEN bool_or(coalesce(ty, '') <> '') THEN 8 WHEN bool_or(coalesce(tp, '') <> '') THEN 7 ELSE 5
@@ -86,6 +92,7 @@ _ENCODED = f"""
            array_agg(c.claim ORDER BY p.part), array_agg(p.source ORDER BY p.part),
            array_agg(c.records ORDER BY p.part), array_agg(p.n ORDER BY p.part),
            array_agg(p.size ORDER BY p.part), array_agg(p.created ORDER BY p.part),
+           (SELECT c FROM cut),
            (SELECT array_agg(part::text || ' ' || tp) FROM (
                 SELECT part, tp, row_number() OVER (PARTITION BY part ORDER BY id) AS k FROM packed WHERE tp <> ''
             ) t WHERE k <= 128)
@@ -115,20 +122,36 @@ class SourceClaim:
 # array is no constant there), and compares each row with every element: rows x streams.
 
 
+# Bytes of records' data a batch across streams claims at most: its body is one value in Postgres (capped at 1 GB,
+# and held a few times over while it is built) and one piece of the streamer's memory. 80,000 records of 200 bytes
+# are 16 MB.
+BATCH_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class Across:
+    """A claim across sources: its parts in claim order (empty: nothing committed to claim), and whether the byte
+    budget left committed rows out (more is ready)."""
+
+    claims: list[SourceClaim]
+    cut: bool = False
+
+
 def claim_across(
     conn: psycopg.Connection[Any],
     sources: list[str],
     limit: int,
     before: str | None = None,
     per_source: int | None = None,
-) -> list[SourceClaim]:
-    """Claim among the ``limit`` lowest-id committed rows of ``sources`` the lowest ``per_source`` of each source (None:
-    all) in one statement, saving one claim per source, and return them in claim order (empty: nothing committed to
-    claim). Every row of ``sources`` must be out of any saved claim (re-sent and deleted first): a saved claim's rows
-    would be claimed again. The claims are saved in the caller's transaction: it must commit before any of them is
-    sent."""
+    budget: int | None = None,
+) -> Across:
+    """Claim among the ``limit`` lowest-id committed rows of ``sources`` (as many as fit in ``budget`` bytes of data,
+    :data:`BATCH_BYTES` by default, one at least) the lowest ``per_source`` of each source (None: all) in one
+    statement, saving one claim per source. Every row of ``sources`` must be out of any saved claim (re-sent and
+    deleted first): a saved claim's rows would be claimed again. The claims are saved in the caller's transaction: it
+    must commit before any of them is sent."""
     if not sources:
-        return []
+        return Across([])
     # one string, not a text[] of ten thousand elements (adapting those dominated the call): a stream name holds no
     # space (unilog.config.validate_stream_name); a row staged with no stream has '' (``blank``)
     names = " ".join(s for s in sources if s)
@@ -138,8 +161,11 @@ def claim_across(
         "limit": limit,
         "before": before,
         "per_source": per_source or limit,
+        "budget": budget or BATCH_BYTES,
     }
-    return _claims(conn.execute(CLAIM_ACROSS, params, binary=True, prepare=False).fetchone())
+    row = conn.execute(CLAIM_ACROSS, params, binary=True, prepare=False).fetchone()
+    assert row is not None  # an aggregate without GROUP BY: always one row
+    return Across(_claims(row), bool(row[8]))
 
 
 def reclaim_across(conn: psycopg.Connection[Any], claims: list[int]) -> list[SourceClaim]:
@@ -155,7 +181,7 @@ def _claims(row: Any, *, by_claim: bool = False) -> list[SourceClaim]:
     """The batch's row (see ``_ENCODED``) as one claim per part, in claim order (the order they were made, and so
     sent and re-sent in), each with its slice of the body."""
     # read in binary: the integers are ints and the body bytes already (converting them again cost as much as the rest)
-    stride, body, claims, sources, saved, counts, sizes, created, traced = row
+    stride, body, claims, sources, saved, counts, sizes, created, _cut, traced = row
     if not claims:
         return []
     parents: dict[str, list[str]] = {}

@@ -101,8 +101,8 @@ def single_row_moved(
     stream now) whose row does not exist yet. Returns that checkpoint and the row's name, else None. Such a row,
     created, would start at the stream's beginning: what the consumer applied would be applied again."""
     single = read_checkpoint(conn, consumer)
-    if single is None:
-        return None
+    if single is None or (single.last_id == "0-0" and not single.positions):
+        return None  # nothing applied from it: the new row starting at the beginning is right
     wanted = sorted(name for name, stream in rows.items() if stream == single.stream and name != consumer)
     if not wanted:
         return None
