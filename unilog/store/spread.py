@@ -27,11 +27,12 @@ from .claims import _COLUMNS, RESP_FIELDS
 # by the primary key, the sources hashed; ``cut`` says the budget left rows of the scan out.
 _NEW = f"""
     WITH looked AS MATERIALIZED (
-        SELECT {_COLUMNS}, stream AS source, sum(octet_length(data::text)) OVER (ORDER BY id) AS upto
-        FROM staged_log_records
-        WHERE (stream = ANY(string_to_array(%(names)s, ' ')) OR (%(blank)s AND stream = ''))
-          AND (%(before)s::xid8 IS NULL OR xid < %(before)s::xid8)
-        ORDER BY id LIMIT %(limit)s
+        SELECT t.*, sum(octet_length(t.data)) OVER (ORDER BY t.id) AS upto FROM (
+            SELECT {_COLUMNS}, stream AS source FROM staged_log_records
+            WHERE (stream = ANY(string_to_array(%(names)s, ' ')) OR (%(blank)s AND stream = ''))
+              AND (%(before)s::xid8 IS NULL OR xid < %(before)s::xid8)
+            ORDER BY id LIMIT %(limit)s
+        ) t
     ),
     scanned AS MATERIALIZED (SELECT * FROM looked WHERE upto - octet_length(data) < %(budget)s),
     cut AS (SELECT EXISTS (SELECT 1 FROM looked WHERE upto - octet_length(data) >= %(budget)s) AS c),
@@ -50,11 +51,12 @@ _NEW = f"""
 
 # Saved claims' rows again, by their ids (claims not deleted yet: re-sent after a crash).
 _AGAIN = """
-    WITH claimed AS (SELECT claim, records, claim AS part FROM unilog_claims WHERE claim = ANY(%(claims)s::bigint[])),
+    WITH claimed AS MATERIALIZED (
+        SELECT claim, records, claim AS part, source, lo, hi FROM unilog_claims WHERE claim = ANY(%(claims)s::bigint[])
+    ),
     ids AS (
-        SELECT c.source, c.claim AS part, g AS id FROM unilog_claims c
+        SELECT c.source, c.part, g AS id FROM claimed c
         CROSS JOIN LATERAL unnest(c.lo, c.hi) AS r(lo, hi) CROSS JOIN LATERAL generate_series(r.lo, r.hi) AS g
-        WHERE c.claim = ANY(%(claims)s::bigint[])
     ),
     cut AS (SELECT false AS c),
     batch AS MATERIALIZED (

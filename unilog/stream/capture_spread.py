@@ -75,7 +75,6 @@ class SpreadPasses:
         self.limit = DEPTH * batch_size  # records a batch claims at most
         self.before, self.pass_seconds = before, pass_seconds
         self._held: set[str] = set()  # streams whose rows another session held locked at the last delete
-        self._cut = False  # the last claim's byte budget left committed rows out
 
     def run(self, conn: psycopg.Connection[Any], sources: list[str], saved: set[str], *, packed: bool) -> Spread:
         """One pass over ``sources`` (owned: their streams' buckets held), ``saved`` those with saved claims. One batch
@@ -88,21 +87,22 @@ class SpreadPasses:
             published, kept, more_saved = self._resend(conn, sources, packed=packed)
         waiting = {self.publisher.stream_of(s) for s in kept}
         fresh = [s for s in sources if self.publisher.stream_of(s) not in waiting]
-        claims = self._claim(conn, fresh)
+        batch = self._claim(conn, fresh)
         conn.commit()  # the claims are saved before anything of them reaches Redis
         full = False
         for i in range(self.pipeline_batches):
+            claims = batch.claims
             if not claims:
                 break
             self.publisher.faults.crash("streamer.crash_after_claim")
             # full: the claim took all it could (records or bytes), or a source its most (more may be waiting)
             full = (
-                self._cut
+                batch.cut
                 or sum(c.count for c in claims) >= self.limit
                 or any(c.count >= self.batch_size for c in claims)
             )
             more = full and i + 1 < self.pipeline_batches and not self._late(started)
-            done, stuck, claims = self._publish(conn, claims, packed=packed, then=fresh if more else None)
+            done, stuck, batch = self._publish(conn, claims, packed=packed, then=fresh if more else None)
             published += done
             kept |= stuck
             waiting |= {self.publisher.stream_of(s) for s in stuck}
@@ -111,12 +111,9 @@ class SpreadPasses:
         # by another session's row locks wait for the next pass, after a poll interval)
         return Spread(published, full or more_saved, kept)
 
-    def _claim(self, conn: psycopg.Connection[Any], fresh: list[str]) -> list[store.SourceClaim]:
-        """A new batch across ``fresh`` (in the caller's transaction); whether its byte budget left rows out is kept
-        for the pass's "more is ready"."""
-        got = store.claim_across(conn, fresh, self.limit, self.before, self.batch_size) if fresh else store.Across([])
-        self._cut = got.cut
-        return got.claims
+    def _claim(self, conn: psycopg.Connection[Any], fresh: list[str]) -> store.Across:
+        """A new batch across ``fresh``, in the caller's transaction (none without sources)."""
+        return store.claim_across(conn, fresh, self.limit, self.before, self.batch_size) if fresh else store.Across([])
 
     def _late(self, started: float) -> bool:
         """Whether the pass used its share of the deadline: it claims no more (the next pass goes on at once)."""
@@ -185,7 +182,7 @@ class SpreadPasses:
         *,
         packed: bool,
         then: list[str] | None,
-    ) -> tuple[int, set[str], list[store.SourceClaim]]:
+    ) -> tuple[int, set[str], store.Across]:
         """Send ``claims`` (saved and committed) in one pipelined round trip per Redis node, from the last committed
         positions; then, in one transaction, delete them with their rows, save the positions and, with ``then``, claim
         the next batch of those sources. A stream with rows another session holds locked keeps its claims of the
