@@ -179,6 +179,8 @@ def _groups_and_letters(api: RedisStreams, mon: Monitor, rds: Any, s: str) -> No
     eid, fields = claimed[0]
     for name, call in {
         "read_group": lambda: api.read_group(s, "g", "w", 10, None, "0"),
+        "read_group_many": lambda: api.read_group_many("g", "w", {s: "0"}, 10, None),
+        "ensure_groups": lambda: api.ensure_groups([s, s + "g"], "g"),
         "attempt": lambda: api.attempt(s, "g", eid),
         "pending_summary": lambda: api.pending_summary(s, "g"),
         "groups": lambda: api.groups(s),
@@ -187,6 +189,7 @@ def _groups_and_letters(api: RedisStreams, mon: Monitor, rds: Any, s: str) -> No
         "dead_letter": lambda: api.dead_letter(s, "g", eid, fields, error="e", consumer="w", attempts=1),
         "ack": lambda: api.ack(s, "g", [eid]),
         "settle": lambda: api.settle(s, "g", [eid]),
+        "settle_many": lambda: api.settle_many("g", {s: [eid], s + "g": []}),
         "dead_letter_entry": lambda: api.dead_letter_entry(s, eid, fields, error="e", consumer="c"),
         "dead_letters": lambda: (api.dead_letters(s), api.dead_letters(s, "0-1")),
     }.items():
@@ -251,10 +254,13 @@ def _async_twins(url: str, mon: Monitor, rds: Any, s: str) -> set[str]:
             "dead_letter_entry": lambda: api.dead_letter_entry(s, eid, fields, error="e", consumer="c"),
             "ensure_group": lambda: api.ensure_group(s, "ag"),
             "read_group": lambda: api.read_group(s, "ag", "w", 10, None),
+            "ensure_groups": lambda: api.ensure_groups([s, s + "ag"], "ag"),
+            "read_group_many": lambda: api.read_group_many("ag", "w", {s: "0", s + "ag": ">"}, 10, None),
             "autoclaim": lambda: api.autoclaim(s, "ag", "w2", 0),
             "attempt": lambda: api.attempt(s, "ag", eid),
             "ack": lambda: api.ack(s, "ag", [eid]),
             "settle": lambda: api.settle(s, "ag", [eid]),
+            "settle_many": lambda: api.settle_many("ag", {s: [eid]}),
             "dead_letter": lambda: api.dead_letter(s, "ag", eid, fields, error="e", consumer="w", attempts=1),
             "aclose": api.aclose,
         }

@@ -243,7 +243,8 @@ def test_a_consumer_over_several_streams_reads_streams_of_every_master(
     cluster: EmbeddedRedisCluster, settings: Settings, pg: Any
 ) -> None:
     """Streams of different slots share no ``XREAD``: a ``MultiConsumer`` pipelines one per stream (redis-py sends
-    each master its own), finds a prefix's streams on every master, and applies each once, in stream order."""
+    each master its own), finds a prefix's streams on every master, and applies each once, in stream order; a group
+    over them reads and acknowledges on every master."""
     from handlers import MULTI_DDL, multi_applied
 
     from unilog import ConsumerConfig, MultiConsumer, Streamer, emit_many
@@ -270,3 +271,18 @@ def test_a_consumer_over_several_streams_reads_streams_of_every_master(
     for stream, i in pg.execute("SELECT stream, i FROM multi_applied ORDER BY id").fetchall():
         seen.setdefault(stream, []).append(i)
     assert seen == {name: [0, 1, 2] for name in names}
+    # a group over the same streams: one XREADGROUP per stream in a pipeline, acknowledged on every master
+    from unilog import GroupConfig, GroupConsumer
+
+    group = GroupConfig(group="gc", stream_prefix=f"mc{tag}-", block_ms=100, batch_size=20)
+    with GroupConsumer(here, group, multi_applied) as worker:
+        assert worker.drain() == 36
+        started = time.monotonic()
+        assert worker.run_once().read == 0, "nothing more"
+        assert time.monotonic() - started >= 0.09, "an idle read waits its block_ms, polling"
+    client = redis.RedisCluster.from_url(cluster.url)
+    try:
+        assert [client.xpending(name, "gc")["pending"] for name in names] == [0] * 12
+    finally:
+        client.close()
+    assert pg.execute("SELECT count(DISTINCT (stream, i)), count(*) FROM multi_applied").fetchone() == (36, 72)

@@ -67,6 +67,16 @@ class GroupResult:
     dead: int = 0
     claimed: int = 0
 
+    @staticmethod
+    def total(results: list[GroupResult]) -> GroupResult:
+        """The sum of ``results`` (their reads, applies, skips and dead letters; claims are the pass's own)."""
+        return GroupResult(
+            sum(r.read for r in results),
+            sum(r.handled for r in results),
+            sum(r.skipped for r in results),
+            sum(r.dead for r in results),
+        )
+
 
 def candidates(records: list[Record], marks: dict[tuple[str, int], int]) -> dict[Identity, Record]:
     """The records a group may not have applied yet, by identity: none at or below its watermark, and a double-sent

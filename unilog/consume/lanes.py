@@ -10,7 +10,7 @@ already understands.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from .. import engine
@@ -111,6 +111,14 @@ def fair_cut(read: Mapping[str, list[engine.Entry]], limit: int, turn: int = 0) 
         kept[stream] = read[stream][:room]
         room -= len(kept[stream])
     return kept
+
+
+def admit(names: list[str], known: Collection[str], max_streams: int) -> tuple[list[str], int]:
+    """The streams of ``names`` (found by a prefix, in name order) not in ``known`` that fit under ``max_streams``,
+    and how many more were left out."""
+    new = [stream for stream in names if stream not in known]
+    room = max(0, max_streams - len(known))
+    return new[:room], max(0, len(new) - room)
 
 
 def label_of(streams: tuple[str, ...], prefix: str | None) -> str:

@@ -182,54 +182,42 @@ class CheckpointSettings(ConsumeSettings):
         _at_least("rewind_grace", self.rewind_grace, 0)
 
 
-MULTI = "checkpoint"  # the kind that reads several streams: --streams, --stream-prefix
+MULTI = "checkpoint, group"  # the kinds that read several streams: --streams, --stream-prefix
 
 
-@dataclass(frozen=True)
-class ConsumerConfig(CheckpointSettings):
-    """A checkpoint consumer: ``name`` keys its checkpoint; every other setting is :class:`CheckpointSettings`'s.
+@dataclass(frozen=True, kw_only=True)
+class SeveralStreams:
+    """What a consumer over several streams adds (a checkpoint consumer, :class:`~unilog.MultiConsumer`, or a group
+    worker): ``streams``, a tuple of stream names (a comma-separated string is split), and/or ``stream_prefix``, every
+    stream whose name starts with it, looked for again every ``discover_interval`` seconds so streams created later
+    are read too, up to ``max_streams`` streams in all. ``stream`` and ``streams`` cannot both be given."""
 
-    Several streams (:class:`~unilog.MultiConsumer`): ``streams``, a tuple of stream names (a comma-separated
-    string is split), and/or ``stream_prefix``, every stream whose name starts with it, looked for again every
-    ``discover_interval`` seconds so streams created later are read too, up to ``max_streams`` streams in all.
-    Each stream keeps a checkpoint row of its own, named ``<name>:<stream>`` (see
-    :func:`~unilog.consume.lanes.checkpoint_name`). ``stream`` and ``streams`` cannot both be given."""
-
-    name: str
     streams: tuple[str, ...] = field(
         default=(),
-        kw_only=True,
         metadata=_opt("several streams to read, comma-separated (one consumer, one checkpoint each)", kinds=MULTI),
     )
     stream_prefix: str | None = field(
         default=None,
-        kw_only=True,
         metadata=_opt("read every stream whose name starts with this, new ones included", kinds=MULTI),
     )
     discover_interval: float = field(
-        default=5.0,
-        kw_only=True,
-        metadata=_opt("seconds between looks for new streams of --stream-prefix", kinds=MULTI),
+        default=5.0, metadata=_opt("seconds between looks for new streams of --stream-prefix", kinds=MULTI)
     )
-    max_streams: int = field(
-        default=10_000, kw_only=True, metadata=_opt("most streams one consumer reads", kinds=MULTI)
-    )
+    max_streams: int = field(default=10_000, metadata=_opt("most streams one consumer reads", kinds=MULTI))
 
-    def __post_init__(self) -> None:
-        validate_name("consumer", self.name)
-        super().__post_init__()
+    def _check_streams(self, stream: str | None) -> None:
         streams = self.streams
         if isinstance(streams, str):  # the command line's --streams a,b
             streams = tuple(part.strip() for part in streams.split(","))
         streams = tuple(streams)
         object.__setattr__(self, "streams", streams)
-        for stream in streams:
-            if not stream:
+        for name in streams:
+            if not name:
                 raise InvalidSetting("streams: an empty stream name (give names separated by commas)")
-            validate_stream_name(stream)
+            validate_stream_name(name)
         if len(set(streams)) != len(streams):
             raise InvalidSetting(f"streams: a stream is named twice in {','.join(streams)!r}")
-        if streams and self.stream is not None:
+        if streams and stream is not None:
             raise InvalidSetting("give stream (one stream) or streams (several), not both")
         if self.stream_prefix is not None and not STREAM_PREFIX_RE.fullmatch(self.stream_prefix):
             raise InvalidSetting(
@@ -243,9 +231,23 @@ class ConsumerConfig(CheckpointSettings):
 
     @property
     def several(self) -> bool:
-        """Whether this consumer reads several streams (``streams`` or ``stream_prefix``): a
-        :class:`~unilog.MultiConsumer`'s config."""
+        """Whether this consumer reads several streams (``streams`` or ``stream_prefix``)."""
         return bool(self.streams) or self.stream_prefix is not None
+
+
+@dataclass(frozen=True)
+class ConsumerConfig(CheckpointSettings, SeveralStreams):
+    """A checkpoint consumer: ``name`` keys its checkpoint; every other setting is :class:`CheckpointSettings`'s.
+
+    Several streams (:class:`~unilog.MultiConsumer`, see :class:`SeveralStreams`): each stream keeps a checkpoint row
+    of its own, named ``<name>:<stream>`` (see :func:`~unilog.consume.lanes.checkpoint_name`)."""
+
+    name: str
+
+    def __post_init__(self) -> None:
+        validate_name("consumer", self.name)
+        super().__post_init__()
+        self._check_streams(self.stream)
 
 
 @dataclass(frozen=True)
@@ -279,12 +281,13 @@ class PartitionConfig(CheckpointSettings):
 
 
 @dataclass(frozen=True)
-class GroupConfig(ConsumeSettings):
+class GroupConfig(ConsumeSettings, SeveralStreams):
     """A group worker: ``group`` names the group (and its state in ``unilog_processed``), ``worker`` this worker in
-    Redis. ``claim_idle_ms`` is how long an entry must sit unacknowledged before another worker claims it (and the
-    back-off between attempts at a failing record), looked for every ``claim_interval`` seconds;
-    ``max_deliveries`` failed attempts send a record to the dead letters; processed identities are pruned behind
-    the watermark every ``prune_interval`` seconds."""
+    Redis; over several streams (:class:`SeveralStreams`) the group is created on each, at its beginning.
+    ``claim_idle_ms`` is how long an entry must sit unacknowledged before another worker claims it (and the back-off
+    between attempts at a failing record), looked for every ``claim_interval`` seconds; ``max_deliveries`` failed
+    attempts send a record to the dead letters; processed identities are pruned behind the watermark every
+    ``prune_interval`` seconds."""
 
     group: str
     worker: str = field(default="", kw_only=True)
@@ -305,6 +308,7 @@ class GroupConfig(ConsumeSettings):
     def __post_init__(self) -> None:
         validate_name("group", self.group)
         super().__post_init__()
+        self._check_streams(self.stream)
         _at_least("claim_idle_ms", self.claim_idle_ms, 0)
         _at_least("claim_interval", self.claim_interval, 0)
         _at_least("max_deliveries", self.max_deliveries, 1)

@@ -35,6 +35,16 @@ def delivered(reply: Any) -> list[Entry]:
     return [(eid, fields) for eid, fields in reply[0][1] if fields is not None]
 
 
+def delivered_many(reply: Any) -> dict[str, list[Entry]]:
+    """The entries of an ``XREADGROUP`` reply on several streams, by stream (as :func:`delivered`); streams without
+    entries are left out."""
+    kept = {
+        stream: [(eid, fields) for eid, fields in entries if fields is not None]
+        for stream, entries in read_many_reply(reply).items()
+    }
+    return {stream: entries for stream, entries in kept.items() if entries}
+
+
 def last_generated(info: Any) -> str:
     """The last id ever added, from an ``XINFO STREAM`` reply."""
     return to_str(info["last-generated-id"])

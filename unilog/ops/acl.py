@@ -75,11 +75,15 @@ USES: dict[str, tuple[Callable[..., Any], ...]] = {
     # before a new group starts: whether it exists, the stream's length or last id, the entries after --from ID
     "group": (
         R.ensure_group,
+        R.ensure_groups,
         R.read_group,
+        R.read_group_many,
         R.ack,
         R.autoclaim,
         R.attempt,
         R.settle,
+        R.settle_many,
+        R.stream_names,
         R.dead_letter,
         R.groups,
         R.info,

@@ -14,6 +14,12 @@ worker and the attempt count, then acknowledged. It never stalls the group and i
 lists, shows, replays (after a fix) or drops it. An entry that is not a unilog record is dead-lettered at once, with
 the reason it could not be decoded.
 
+Over several streams (``GroupConfig.streams`` or ``stream_prefix``, see
+:class:`~unilog.consume.settings.SeveralStreams`) the group is created on each stream, at its beginning (a stream
+a prefix finds later included); one ``XREADGROUP`` reads them all (a pipeline on a Redis Cluster), and one batch,
+one handler call and one transaction hold records of several streams, each record naming its stream. Identities,
+watermarks, attempt counts and dead letters stay per stream, so every guarantee above holds per stream.
+
 Groups do not keep order between records; use partitions (:mod:`unilog.consume.partitions`) when records with the same
 key must be handled in order.
 
@@ -39,10 +45,26 @@ from ...runtime.policy import FATAL, TRANSIENT, account_batch
 from ...store import aio as store
 from ...wire import to_str
 from ..base import GroupConfig, GroupResult, below_none, candidates, default_worker_name
+from ..lanes import admit, label_of, per_stream_count
 from ..records import REPLAY_FOR, AsyncHandler, Batch, Record, replay_owner
 from ..typed import typed_handler
 
 log = structlog.get_logger("unilog.group")
+
+Tagged = tuple[str, Entry]  # an entry and the stream it was read from
+
+
+def tagged(read: dict[str, list[Entry]]) -> list[Tagged]:
+    """The entries of a read over several streams (stream -> entries), each with its stream."""
+    return [(stream, entry) for stream, entries in read.items() for entry in entries]
+
+
+def by_stream(entries: list[Tagged]) -> dict[str, list[bytes]]:
+    """The ids of ``entries``, by stream."""
+    ids: dict[str, list[bytes]] = {}
+    for stream, (eid, _) in entries:
+        ids.setdefault(stream, []).append(eid)
+    return ids
 
 
 class AsyncGroupConsumer(AsyncWorker):
@@ -55,7 +77,9 @@ class AsyncGroupConsumer(AsyncWorker):
     ) -> None:
         self.settings, self.config, self.faults = settings, config, faults
         self.handler = typed_handler(handler)  # a handler annotated with record types is handed instances
-        self.stream = config.stream or settings.stream
+        self.streams: list[str] = list(config.streams) if config.several else [config.stream or settings.stream]
+        # one label for metrics, logs and spans, whatever the number of streams (see lanes.label_of)
+        self.stream = label_of(config.streams, config.stream_prefix) if config.several else self.streams[0]
         self.worker = config.worker or default_worker_name()
         self._owner = replay_owner("group", config.group).encode()
         self.restart_after_crash = config.restart_after_crash
@@ -68,7 +92,9 @@ class AsyncGroupConsumer(AsyncWorker):
         )
         self._last_claim = 0.0
         self._last_prune = time.monotonic()
-        self._pending_cursor: str | None = "0"
+        self._pending: dict[str, str] = dict.fromkeys(self.streams, "0")  # stream -> own pending entries after
+        self._discovered_at = 0.0
+        self._touched: set[str] = set()  # streams applied to since the last prune
         self.handled_total = self.skipped_total = self.dead_total = 0
 
     @property
@@ -76,19 +102,52 @@ class AsyncGroupConsumer(AsyncWorker):
         return {"group": self.config.group, "worker": self.worker}
 
     def describe(self) -> dict[str, Any]:
-        return {**self.settings.describe(), "stream": self.stream}
+        several = {"streams": len(self.streams)} if self.config.several else {}
+        return {**self.settings.describe(), "stream": self.stream, **several}
 
     def totals(self) -> dict[str, Any]:
         return {"handled": self.handled_total, "dead": self.dead_total}
 
     def forget(self) -> None:
-        self._pending_cursor = "0"  # after a reconnect, this worker's own pending entries come first
+        self._pending = dict.fromkeys(self.streams, "0")  # after a reconnect, own pending entries come first
 
     async def connect(self) -> None:
-        """Connect to both servers and create the group (at the stream's beginning) if it does not exist."""
+        """Connect to both servers, find the streams (with a prefix) and create the group on each (at the stream's
+        beginning) where it does not exist."""
         await self.links.pg()
-        if await (await self.links.redis()).ensure_group(self.stream, self.config.group):
-            log.info("consumer group created", group=self.config.group, stream=self.stream)
+        await self._discover(force=True)
+        await self._ensure_groups(self.streams)
+
+    async def _ensure_groups(self, streams: list[str]) -> None:
+        created = await (await self.links.redis()).ensure_groups(streams, self.config.group)
+        if len(created) == 1:
+            log.info("consumer group created", group=self.config.group, stream=created[0])
+        elif created:
+            log.info("consumer group created", group=self.config.group, streams=len(created), first=created[:10])
+
+    async def _discover(self, *, force: bool = False) -> None:
+        """With a prefix, read every stream of it not known yet (its group created at its beginning), every
+        ``discover_interval`` seconds."""
+        prefix = self.config.stream_prefix
+        now = time.monotonic()
+        if prefix is None or (not force and now - self._discovered_at < self.config.discover_interval):
+            return
+        self._discovered_at = now
+        names = await (await self.links.redis()).stream_names(prefix, self.config.max_streams)
+        new, left_out = admit(names, set(self.streams), self.config.max_streams)
+        if left_out:
+            log.warning(
+                "more streams than max_streams; reading the first of them",
+                group=self.config.group,
+                max_streams=self.config.max_streams,
+                left_out=left_out,
+            )
+        if new and not force:  # at connect the caller creates the groups of every stream at once
+            await self._ensure_groups(new)
+        self.streams += new
+        self._pending.update(dict.fromkeys(new, "0"))
+        if new:
+            log.info("streams found", group=self.config.group, new=len(new), streams=len(self.streams))
 
     async def close(self) -> None:
         """Close connections; entries this worker read but did not acknowledge stay pending for others to claim."""
@@ -101,22 +160,27 @@ class AsyncGroupConsumer(AsyncWorker):
         """One pass: this worker's own unacknowledged entries first (after a (re)connect), else entries claimed from
         idle workers (at most every ``claim_interval``) and new ones; apply them; return what was done."""
         api = await self.links.redis()
-        if self._pending_cursor is not None:
+        group, count = self.config.group, per_stream_count(self.config.batch_size, len(self.streams))
+        if self._pending:
             # each own pending entry once; one that fails again waits for a claim, its back-off
-            own = await api.read_group(
-                self.stream, self.config.group, self.worker, self.config.batch_size, None, self._pending_cursor
-            )
-            self._pending_cursor = to_str(own[-1][0]) if own else None
+            own = await api.read_group_many(group, self.worker, self._pending, count, None)
+            self._pending = {stream: to_str(entries[-1][0]) for stream, entries in own.items()}
             if own:
-                return await self._apply(own)
+                return await self._apply_all(tagged(own))
+        await self._discover()
         claimed = await self._claim_due()
         wait = self.config.block_ms if not block_ms else (None if block_ms < 0 else block_ms)
-        fresh = await api.read_group(
-            self.stream, self.config.group, self.worker, self.config.batch_size, None if claimed else wait
-        )
-        result = await self._apply(claimed + fresh)
+        after = dict.fromkeys(self.streams, ">")
+        fresh = await api.read_group_many(group, self.worker, after, count, None if claimed else wait)
+        result = await self._apply_all(claimed + tagged(fresh))
         await self._prune_due()
         return GroupResult(result.read, result.handled, result.skipped, result.dead, len(claimed))
+
+    async def _apply_all(self, entries: list[Tagged]) -> GroupResult:
+        """Apply everything one read delivered (it is this worker's now), ``batch_size`` entries a transaction: a
+        read over many streams may deliver more than a batch."""
+        size = self.config.batch_size
+        return GroupResult.total([await self._apply(entries[lo : lo + size]) for lo in range(0, len(entries), size)])
 
     async def drain_pass(self) -> tuple[int, bool]:
         """One pass of :meth:`drain` (burst mode: until the group has nothing new and nothing claimable)."""
@@ -124,37 +188,44 @@ class AsyncGroupConsumer(AsyncWorker):
         result = await self.run_once(block_ms=-1)
         return result.handled, result.read == 0
 
-    async def _claim_due(self) -> list[Entry]:
+    async def _claim_due(self) -> list[Tagged]:
         now = time.monotonic()
         if now - self._last_claim < self.config.claim_interval:
             return []
         self._last_claim = now
         return await self.claim()
 
-    async def claim(self) -> list[Entry]:
-        """Take over entries idle for ``claim_idle_ms`` (a dead or stuck worker's); acknowledge deleted ones."""
+    async def claim(self) -> list[Tagged]:
+        """Take over entries idle for ``claim_idle_ms`` (a dead or stuck worker's) on every stream (one
+        ``XAUTOCLAIM`` loop each); acknowledge deleted ones."""
+        claimed: list[Tagged] = []
+        for stream in list(self.streams):
+            claimed += [(stream, entry) for entry in await self._claim_on(stream)]
+        if claimed:
+            log.info("claimed idle entries", group=self.config.group, worker=self.worker, count=len(claimed))
+        return claimed
+
+    async def _claim_on(self, stream: str) -> list[Entry]:
         api = await self.links.redis()
         start, claimed = "0-0", []
         while True:
             start, entries, deleted = await api.autoclaim(
-                self.stream, self.config.group, self.worker, self.config.claim_idle_ms, start=start
+                stream, self.config.group, self.worker, self.config.claim_idle_ms, start=start
             )
             claimed += entries
             if deleted:
                 log.error(
                     "pending entries were deleted from the stream before anyone applied them",
                     group=self.config.group,
+                    stream=stream,
                     ids=[to_str(d) for d in deleted][:20],
                     count=len(deleted),
                 )
-                await api.ack(self.stream, self.config.group, deleted)
+                await api.ack(stream, self.config.group, deleted)
             if start == "0-0":
-                break
-        if claimed:
-            log.info("claimed idle entries", group=self.config.group, worker=self.worker, count=len(claimed))
-        return claimed
+                return claimed
 
-    async def _apply(self, entries: list[Entry]) -> GroupResult:
+    async def _apply(self, entries: list[Tagged]) -> GroupResult:
         if not entries:
             return GroupResult()
         try:
@@ -166,22 +237,22 @@ class AsyncGroupConsumer(AsyncWorker):
                 raise
             if len(entries) > 1:
                 return await self._one_by_one(entries)
-            return await self._dead_malformed(entries[0], exc.reason)
+            return await self._dead_malformed(*entries[0], exc.reason)
         except Exception as exc:
             if len(entries) == 1:
-                return GroupResult(1, 0, 0, await self._failed(entries[0], exc))
+                return GroupResult(1, 0, 0, await self._failed(*entries[0], exc))
             log.warning("batch failed; retrying its records one by one", group=self.config.group, error=str(exc))
             return await self._one_by_one(entries)
         return GroupResult(len(entries), handled, skipped)
 
-    async def _apply_batch(self, entries: list[Entry]) -> tuple[int, int]:
+    async def _apply_batch(self, entries: list[Tagged]) -> tuple[int, int]:
         """Apply ``entries`` in one transaction (skipping ones applied before), then acknowledge them all."""
         started = time.perf_counter()
         # another consumer's (or group's) replayed dead letter: this group applied the original, or will
         mine = self._owner
         records = [
-            Record(self.stream, eid, fields, self.config.numbers)
-            for eid, fields in entries
+            Record(stream, eid, fields, self.config.numbers)
+            for stream, (eid, fields) in entries
             if fields.get(REPLAY_FOR, mine) == mine
         ]
         conn = await self.links.pg()
@@ -195,55 +266,62 @@ class AsyncGroupConsumer(AsyncWorker):
                     await self.handler(conn, Batch(fresh, crash_at, group))
             self.faults.crash("consumer.crash_before_commit")
         self.faults.crash("group.crash_before_ack")
-        await (await self.links.redis()).settle(self.stream, group, [eid for eid, _ in entries])
-        skipped = account_batch(self, "group", group, entries, len(fresh), started, group=group, worker=self.worker)
+        await (await self.links.redis()).settle_many(group, by_stream(entries))
+        self._touched.update(stream for stream, _ in entries)
+        plain = [entry for _, entry in entries]
+        skipped = account_batch(self, "group", group, plain, len(fresh), started, group=group, worker=self.worker)
         return len(fresh), skipped
 
     async def _fresh(self, conn: psycopg.AsyncConnection[Any], records: list[Record]) -> list[Record]:
-        """The records this group has not applied yet, their identities now claimed in this transaction.
+        """The records this group has not applied yet, their identities now claimed in this transaction (stream by
+        stream, in name order, so two workers claiming on the same streams wait for each other, not deadlock).
 
         Another worker may prune between the read of the watermarks and the claim: it moves a watermark past records
         applied before and deletes their rows, and the claim then finds no conflict for a redelivered one. Its claim
         waited for that prune to commit (the rows' locks), so the watermarks read again after it cover every such
         record: those are dropped (their rows, below the watermark, go at the next prune)."""
-        group, stream = self.config.group, self.stream
-        found = candidates(records, await store.group_watermarks(conn, group, stream))
-        new = await store.claim_identities(conn, group, stream, list(found))
-        if new:
-            new = below_none(new, await store.group_watermarks(conn, group, stream))
-        return [record for identity, record in found.items() if identity in new]
+        group = self.config.group
+        streams: dict[str, list[Record]] = {}
+        for record in records:
+            streams.setdefault(record.stream, []).append(record)
+        kept: set[int] = set()
+        for stream in sorted(streams):
+            found = candidates(streams[stream], await store.group_watermarks(conn, group, stream))
+            new = await store.claim_identities(conn, group, stream, list(found))
+            if new:
+                new = below_none(new, await store.group_watermarks(conn, group, stream))
+            kept.update(id(record) for identity, record in found.items() if identity in new)
+        return [record for record in records if id(record) in kept]
 
-    async def _one_by_one(self, entries: list[Entry]) -> GroupResult:
-        results = [await self._apply([entry]) for entry in entries]
-        return GroupResult(
-            len(entries), sum(r.handled for r in results), sum(r.skipped for r in results), sum(r.dead for r in results)
-        )
+    async def _one_by_one(self, entries: list[Tagged]) -> GroupResult:
+        return GroupResult.total([await self._apply([entry]) for entry in entries])
 
-    async def _dead_malformed(self, entry: Entry, reason: str) -> GroupResult:
+    async def _dead_malformed(self, stream: str, entry: Entry, reason: str) -> GroupResult:
         """An entry that is not a unilog record, or that a handler could not read as its type: dead-letter it at
         once (retrying cannot help), with the reason the handler's error gave."""
         await self.links.discard_failed_transaction()
-        await self._dead_letter(entry, f"malformed: {reason}", attempts=1)
+        await self._dead_letter(stream, entry, f"malformed: {reason}", attempts=1)
         return GroupResult(1, 0, 0, 1)
 
-    async def _failed(self, entry: Entry, exc: Exception) -> int:
+    async def _failed(self, stream: str, entry: Entry, exc: Exception) -> int:
         """Count a failed attempt at ``entry``; dead-letter it after ``max_deliveries``. Returns 1 if dead-lettered."""
         await self.links.discard_failed_transaction()
-        attempts = await (await self.links.redis()).attempt(self.stream, self.config.group, entry[0])
+        attempts = await (await self.links.redis()).attempt(stream, self.config.group, entry[0])
         if attempts < self.config.max_deliveries:
             log.warning(
                 "record failed; it stays pending and is retried after claim_idle_ms",
                 group=self.config.group,
+                stream=stream,
                 entry=to_str(entry[0]),
                 attempt=attempts,
                 max_deliveries=self.config.max_deliveries,
                 error=repr(exc),
             )
             return 0
-        await self._dead_letter(entry, repr(exc), attempts=attempts)
+        await self._dead_letter(stream, entry, repr(exc), attempts=attempts)
         return 1
 
-    async def _dead_letter(self, entry: Entry, error: str, *, attempts: int) -> None:
+    async def _dead_letter(self, stream: str, entry: Entry, error: str, *, attempts: int) -> None:
         """Move ``entry`` to the dead letters with ``error`` and acknowledge it (one MULTI); log and count it.
 
         Too few replicas acknowledging it (``wait_replicas``) is logged and counted, not retried: the letter and its
@@ -251,7 +329,7 @@ class AsyncGroupConsumer(AsyncWorker):
         again."""
         entry_id, fields = entry
         written = await (await self.links.redis()).dead_letter(
-            self.stream,
+            stream,
             self.config.group,
             entry_id,
             fields,
@@ -277,6 +355,7 @@ class AsyncGroupConsumer(AsyncWorker):
         log.error(
             "record dead-lettered",
             group=self.config.group,
+            stream=stream,
             entry=to_str(entry_id),
             dead_letter=letter,
             attempts=attempts,
@@ -291,12 +370,16 @@ class AsyncGroupConsumer(AsyncWorker):
         await self.prune()
 
     async def prune(self) -> int:
-        """Advance this group's watermarks and delete the processed rows at or below them; return rows deleted."""
+        """Advance this group's watermarks and delete the processed rows at or below them, on every stream this
+        worker applied records of since its last prune (each in its own short transaction); return rows deleted."""
         conn = await self.links.pg()
-        async with conn.transaction():
-            if not await store.try_prune_lock(conn, self.config.group, self.stream):
-                return 0  # another worker is pruning
-            pruned = await store.advance_watermarks(conn, self.config.group, self.stream)
+        streams = sorted(self._touched) if self.config.several else self.streams
+        self._touched = set()
+        pruned = 0
+        for stream in streams:
+            async with conn.transaction():
+                if await store.try_prune_lock(conn, self.config.group, stream):  # else another worker is pruning
+                    pruned += await store.advance_watermarks(conn, self.config.group, stream)
         if pruned:
             log.info("processed records pruned", group=self.config.group, rows=pruned)
         return pruned

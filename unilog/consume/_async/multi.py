@@ -44,6 +44,7 @@ from ..base import ConsumerConfig, ConsumeResult, describe, is_handler_failure, 
 from ..lanes import (
     MIN_PER_STREAM,
     Lane,
+    admit,
     fair_cut,
     label_of,
     make_lane,
@@ -147,16 +148,14 @@ class AsyncMultiConsumer(AsyncWorker):
             return
         self._discovered_at = now
         names = await (await self.links.redis()).stream_names(prefix, self.config.max_streams)
-        new = [s for s in names if s not in self.lanes]
-        room = self.config.max_streams - len(self.lanes)
-        if len(new) > room:
+        new, left_out = admit(names, self.lanes, self.config.max_streams)
+        if left_out:
             log.warning(
                 "more streams than max_streams; reading the first of them",
                 consumer=self.config.name,
                 max_streams=self.config.max_streams,
-                left_out=len(new) - room,
+                left_out=left_out,
             )
-            new = new[: max(0, room)]
         for stream in new:
             self.lanes[stream] = make_lane(self.config, stream)
         if new:

@@ -3,15 +3,18 @@ summaries, ``XINFO GROUPS``) is threaded only: :class:`~unilog.engine.groups.Gro
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import redis
 
+from ..._acompat import asleep
 from ...wire import attempts_key, parse_autoclaim, to_str
 from ..base import Entry
 from ..commands import issues
-from ..replies import delivered, group_exists
+from ..nodes import clustered
+from ..replies import delivered, delivered_many, group_exists
 from .base import AsyncAdapter
 
 
@@ -39,6 +42,51 @@ class AsyncGroupsCore(AsyncAdapter):
         async with self.explained(stream):
             reply: Any = await self.client.xreadgroup(group, consumer, {stream: after}, count=count, block=block_ms)
         return delivered(reply)
+
+    @issues("xgroup|create", via=("explained",))
+    async def ensure_groups(self, streams: Sequence[str], group: str) -> list[str]:
+        """:meth:`ensure_group` on each of ``streams`` (at its beginning), in one pipeline; return the streams whose
+        group was created."""
+        pipe = self.client.pipeline(transaction=False)
+        for stream in streams:
+            pipe.xgroup_create(stream, group, id="0", mkstream=True)
+        created = []
+        for stream, reply in zip(streams, await pipe.execute(raise_on_error=False), strict=True):
+            if isinstance(reply, redis.ResponseError):
+                if not group_exists(reply):
+                    async with self.explained(stream):
+                        raise reply
+                continue
+            created.append(stream)
+        return created
+
+    @issues("xreadgroup")
+    async def read_group_many(
+        self, group: str, consumer: str, after: Mapping[str, str], count: int, block_ms: int | None
+    ) -> dict[str, list[Entry]]:
+        """:meth:`read_group` over every stream of ``after`` (stream -> ``>`` for new entries, or an id: this
+        consumer's own pending entries after it), up to ``count`` entries of each; the streams that had entries.
+
+        A single Redis answers one ``XREADGROUP`` over all of them. On a Redis Cluster streams of different slots
+        cannot share one: one is sent per stream, in one pipeline, without blocking, again every 50 ms until
+        ``block_ms`` passed."""
+        if not after:
+            return {}
+        if not clustered(self.client):
+            streams: dict[Any, Any] = dict(after)
+            reply: Any = await self.client.xreadgroup(group, consumer, streams, count=count, block=block_ms)
+            return delivered_many(reply)
+        deadline = time.monotonic() + (block_ms or 0) / 1000
+        while True:
+            pipe = self.client.pipeline(transaction=False)
+            for stream, last in after.items():
+                pipe.xreadgroup(group, consumer, {stream: last}, count=count)
+            found: dict[str, list[Entry]] = {}
+            for reply in await pipe.execute():
+                found.update(delivered_many(reply))
+            if found or block_ms is None or time.monotonic() >= deadline:
+                return found
+            await asleep(min(0.05, max(0.0, deadline - time.monotonic())))
 
     @issues("xack")
     async def ack(self, stream: str, group: str, ids: Sequence[bytes | str]) -> int:
@@ -98,3 +146,14 @@ class AsyncGroupsCore(AsyncAdapter):
         pipe.hdel(attempts_key(stream, group), *ids)
         acked, _ = await pipe.execute()
         return int(acked)
+
+    @issues("xack", "hdel")
+    async def settle_many(self, group: str, ids: Mapping[str, Sequence[bytes | str]]) -> int:
+        """:meth:`settle` the ids of each stream of ``ids`` (stream -> ids), all in one pipeline; return acked."""
+        pipe = self.client.pipeline(transaction=False)
+        for stream, stream_ids in ids.items():
+            if stream_ids:
+                pipe.xack(stream, group, *stream_ids)
+                pipe.hdel(attempts_key(stream, group), *stream_ids)
+        replies = await pipe.execute()
+        return sum(int(acked) for acked in replies[::2])

@@ -1,0 +1,136 @@
+"""Issue 46, item 3, for groups: one group worker over several streams (``GroupConfig(streams=...)`` or
+``stream_prefix``, both faces, ``unilog consume --group G --streams/--stream-prefix``). A batch and one handler call
+hold records of several streams, each naming its stream; identities, acknowledgements, claims, attempt counts and
+dead letters stay per stream; a crash between the commit and the acknowledgements applies nothing twice, whether
+the worker's own pending entries or another worker's claims bring the records back."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+import pytest
+from cli import unilog
+from handlers import MULTI_DDL, multi_applied
+from test_multi_streams import publish, rows, stage
+
+from unilog import AsyncGroupConsumer, Faults, GroupConfig, GroupConsumer, InjectedCrash, Record, Settings
+
+
+@pytest.fixture
+def ddl(settings: Settings, pg: Any) -> Settings:
+    pg.execute(MULTI_DDL)
+    return settings
+
+
+def applied(pg: Any) -> dict[str, list[int]]:
+    """Each stream's applied records (their ``i``), sorted: a group keeps no order, but each record once."""
+    seen: dict[str, list[int]] = defaultdict(list)
+    for stream, _seq, i, _batch in rows(pg):
+        seen[stream].append(i)
+    return {stream: sorted(found) for stream, found in seen.items()}
+
+
+def pending(rds: Any, streams: Sequence[str], group: str) -> dict[str, int]:
+    return {s: rds.xpending(s, group)["pending"] for s in streams}
+
+
+def test_a_group_over_several_streams_applies_each_record_once_through_a_crash_before_its_acks(
+    ddl: Settings, pg: Any, rds: Any
+) -> None:
+    streams = ["orders", "payments", "refunds"]
+    stage(ddl, streams, 5)
+    publish(ddl)
+    faults = Faults.scripted(group__crash_before_ack=[True, True])
+    config = GroupConfig(group="g", streams=tuple(streams), batch_size=30, worker="a")
+    with GroupConsumer(ddl, config, multi_applied, faults=faults) as worker:
+        worker.connect()
+        with pytest.raises(InjectedCrash):
+            worker.run_once(block_ms=-1)
+        assert len(rows(pg)) == 15, "the batch committed; its acknowledgements never went"
+        assert pending(rds, streams, "g") == dict.fromkeys(streams, 5)
+        batches: dict[str, set[str]] = defaultdict(set)
+        for stream, _seq, _i, batch in rows(pg):
+            batches[batch].add(stream)
+        assert [len(s) for s in batches.values()] == [3], "one handler call saw every stream"
+        worker.close()  # as a restart: its own pending entries come first, each found applied
+        worker.connect()
+        with pytest.raises(InjectedCrash):
+            worker.run_once(block_ms=-1)
+        assert len(rows(pg)) == 15, "its own pending entries redelivered, every one skipped by identity"
+        assert pending(rds, streams, "g") == dict.fromkeys(streams, 5), "and again left unacknowledged (crashed)"
+    # another worker claims what "a" left pending on every stream, and applies none of it again
+    claimer = GroupConfig(group="g", streams=tuple(streams), worker="b", claim_idle_ms=0, claim_interval=0)
+    with GroupConsumer(ddl, claimer, multi_applied) as worker:
+        worker.connect()
+        result = worker.run_once(block_ms=-1)
+        assert (result.claimed, result.handled, result.skipped) == (15, 0, 15)
+    assert pending(rds, streams, "g") == dict.fromkeys(streams, 0)
+    assert applied(pg) == {s: list(range(5)) for s in streams}
+
+
+def test_a_poison_record_is_dead_lettered_on_its_own_stream_and_the_others_go_on(
+    ddl: Settings, pg: Any, rds: Any
+) -> None:
+    stage(ddl, ["s1", "s2"], 4)
+    publish(ddl)
+    rds.xadd("s2", {"data": "not json"})  # another writer's entry: dead-lettered at once, on s2
+
+    def handler(conn: psycopg.Connection[Any], records: Sequence[Record]) -> None:
+        multi_applied(conn, records)
+        if any(r.stream == "s1" and r.data["i"] == 2 for r in records):
+            raise ValueError("cannot apply s1's 2")
+
+    config = GroupConfig(
+        group="d", streams=("s1", "s2"), max_deliveries=2, claim_idle_ms=0, claim_interval=0, max_backoff=0.01
+    )
+    with GroupConsumer(ddl, config, handler) as worker:
+        worker.connect()
+        for _ in range(6):
+            worker.run_once(block_ms=-1)
+        assert worker.dead_total == 2
+    assert applied(pg) == {"s1": [0, 1, 3], "s2": [0, 1, 2, 3]}
+    letters = {s: [f["dlq_error"] for _, f in rds.xrange(f"unilog:dlq:{{{s}}}")] for s in ("s1", "s2")}
+    assert len(letters["s1"]) == 1 and "cannot apply s1's 2" in letters["s1"][0], letters
+    assert len(letters["s2"]) == 1 and letters["s2"][0].startswith("malformed"), letters
+    assert pending(rds, ["s1", "s2"], "d") == {"s1": 0, "s2": 0}
+
+
+@pytest.mark.asyncio
+async def test_the_async_face_over_a_prefix_picks_up_a_stream_created_later(ddl: Settings, pg: Any) -> None:
+    stage(ddl, ["t.a", "t.b", "other"], 3)
+    publish(ddl)
+
+    async def handler(conn: psycopg.AsyncConnection[Any], records: Sequence[Record]) -> None:
+        async with conn.cursor() as cur:
+            await cur.executemany(
+                "INSERT INTO multi_applied (stream, seq, i, batch) VALUES (%s, %s, %s, 'x')",
+                [(r.stream, r.seq, r.data["i"]) for r in records],
+            )
+
+    config = GroupConfig(group="p", stream_prefix="t.", discover_interval=0.2, block_ms=50)
+    async with AsyncGroupConsumer(ddl, config, handler) as worker:
+        assert await worker.drain() == 6
+        stage(ddl, ["t.c"], 4)  # a stream created after the worker started: its group starts at its beginning
+        publish(ddl)
+        deadline = time.monotonic() + 20
+        while len(rows(pg)) < 10 and time.monotonic() < deadline:
+            await worker.run_once()
+    assert applied(pg) == {"t.a": [0, 1, 2], "t.b": [0, 1, 2], "t.c": [0, 1, 2, 3]}
+
+
+def test_the_command_line_runs_a_group_over_several_streams(ddl: Settings, pg: Any, rds: Any) -> None:
+    stage(ddl, ["x1", "x2", "y1"], 3)
+    publish(ddl)
+    result = unilog(ddl, "consume", "handlers:multi_applied", "--group", "cg", "--streams", "x1,y1", "--once")
+    assert result.returncode == 0, result.stderr
+    assert "handled 6 records" in result.stdout
+    argv = ["consume", "handlers:async_multi_applied", "--group", "ag", "--stream-prefix", "x", "--once"]
+    result = unilog(ddl, *argv)
+    assert result.returncode == 0 and "handled 6 records" in result.stdout, result.stderr
+    counts = dict(pg.execute("SELECT stream, count(*) FROM multi_applied GROUP BY stream").fetchall())
+    assert counts == {"x1": 6, "x2": 3, "y1": 3}, "x1 by both groups, x2 by the prefix's, y1 by the list's"
+    assert {g["name"] for g in rds.xinfo_groups("x1")} == {"cg", "ag"}
