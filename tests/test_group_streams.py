@@ -134,3 +134,39 @@ def test_the_command_line_runs_a_group_over_several_streams(ddl: Settings, pg: A
     counts = dict(pg.execute("SELECT stream, count(*) FROM multi_applied GROUP BY stream").fetchall())
     assert counts == {"x1": 6, "x2": 3, "y1": 3}, "x1 by both groups, x2 by the prefix's, y1 by the list's"
     assert {g["name"] for g in rds.xinfo_groups("x1")} == {"cg", "ag"}
+
+
+def test_a_read_over_more_streams_than_a_batch_is_applied_in_batches_and_a_later_one_crashing_loses_nothing(
+    ddl: Settings, pg: Any, rds: Any
+) -> None:
+    """A read asks each stream for max(1, batch_size / streams) entries, and what it delivers is the worker's: over
+    more streams than ``batch_size`` it is more than a batch, applied ``batch_size`` a transaction. A crash in the
+    second leaves its entries pending on the worker, read again first after it reconnects: each applied once."""
+    streams = [f"c{k}" for k in range(5)]
+    stage(ddl, streams, 2)
+    publish(ddl)
+    faults = Faults.scripted(consumer__crash_before_commit=[False, True])
+    config = GroupConfig(group="k", streams=tuple(streams), batch_size=2, worker="a")
+    with GroupConsumer(ddl, config, multi_applied, faults=faults) as worker:
+        worker.connect()
+        with pytest.raises(InjectedCrash):
+            worker.run_once(block_ms=-1)  # 5 entries delivered (one a stream): 2 applied, the next 2 crashed
+        assert len(rows(pg)) == 2
+        assert sum(pending(rds, streams, "k").values()) == 3, "the crashed batch's and the third's, all pending"
+        worker.close()
+        assert worker.drain() == 8
+    batches: dict[str, int] = defaultdict(int)
+    for _stream, _seq, _i, batch in rows(pg):
+        batches[batch] += 1
+    assert max(batches.values()) <= 2, "never more than batch_size records a transaction"
+    assert applied(pg) == {s: [0, 1] for s in streams}
+    assert pending(rds, streams, "k") == dict.fromkeys(streams, 0)
+
+
+def test_a_prefix_that_matches_no_stream_yet_waits_instead_of_spinning(ddl: Settings) -> None:
+    config = GroupConfig(group="idle", stream_prefix="nothing-yet.", block_ms=200)
+    with GroupConsumer(ddl, config, multi_applied) as worker:
+        worker.connect()
+        started = time.monotonic()
+        assert worker.run_once().read == 0
+        assert time.monotonic() - started >= 0.19, "an idle pass waits its block_ms"

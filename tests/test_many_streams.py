@@ -454,3 +454,38 @@ def test_the_ids_of_many_streams_are_listed_on_one_client_in_bounded_pipelines(
     ranges = {s: ("0-0", "+") for s in sizes} | {"ids-big": (after, every["ids-big"][199])}
     found = bulk.ids_many(settings.redis_url, ranges, 100)
     assert found == {s: ids for s, ids in every.items() if s != "ids-big"} | {"ids-big": every["ids-big"][10:200]}
+
+
+def test_wal_batches_spread_over_many_streams_grow_deeper_yet_hold_at_most_a_batch_of_a_stream(
+    wal: Settings, pg: Any, rds: Any
+) -> None:
+    """A WAL batch over many streams with few records each costs a position, a script section and a metric child
+    per stream: the batches after it hold up to WAL_DEPTH batches' worth (fewer of those costs), never more than
+    ``batch_size`` records of one stream (its part is one script call), and the rows held stay bounded."""
+    from unilog.stream.capture_wal import WAL_DEPTH, WalCapture
+
+    batch = 100
+    names = [f"w-{k:03d}" for k in range(300)]
+    total = _stage(wal, names, per_stream=3) + _stage(wal, ["hot"], per_stream=250)
+    total += _stage(wal, names[:50], per_stream=1)  # after the hot stream's records: a batch goes past them
+    sent: list[dict[str, int]] = []
+    with Streamer(wal, StreamerConfig(batch_size=batch, restart_after_crash=False)) as streamer:
+        send_all = streamer.publisher.send_all
+
+        def observed(targets: dict[str, Any], *args: Any, **kw: Any) -> Any:
+            sent.append({stream: payload.count for stream, payload in targets.items()})
+            return send_all(targets, *args, **kw)
+
+        streamer.publisher.send_all = observed  # type: ignore[method-assign]
+        assert streamer.drain(timeout=60) == total
+        capture = streamer.capture
+        assert isinstance(capture, WalCapture)
+        assert batch < capture.held_peak <= 2 * WAL_DEPTH * batch
+    assert sum(sum(s.values()) for s in sent) == total
+    assert max(sum(s.values()) for s in sent) > batch, "a batch after a spread one held more than batch_size records"
+    assert max(max(s.values()) for s in sent) <= batch, "never more than batch_size records of one stream"
+    assert [int(f["seq"]) for _id, f in rds.xrange("hot")] == list(range(1, 251))
+    _assert_each_once_in_order(rds, names[50:], 3)
+    for name in names[:50]:
+        entries = [(int(f["seq"]), json.loads(f["data"])["i"]) for _id, f in rds.xrange(name)]
+        assert entries == [(1, 0), (2, 1), (3, 2), (4, 0)], name

@@ -265,6 +265,7 @@ def test_the_single_stream_consumer_refuses_a_config_of_several(settings: Settin
         (["--streams", "a,b c"], "invalid stream name"),
         (["--stream-prefix", "t*"], "stream_prefix"),
         (["--stream", "a", "--streams", "b,c"], "not both"),
+        (["--group", "g", "--stream", "a", "--stream-prefix", "t"], "stream_prefix (several), not both"),
         (["--group", "g", "--streams", "a,b", "--from", "end"], "--from applies to a consumer of one stream"),
         (["--name", "c", "--partitioned", "--stream-prefix", "t"], "--stream-prefix: not a setting of a partitioned"),
         (["--name", "c", "--streams", "a,b", "--from", "end"], "--from applies to a consumer of one stream"),

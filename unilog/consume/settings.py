@@ -194,7 +194,9 @@ class SeveralStreams:
 
     streams: tuple[str, ...] = field(
         default=(),
-        metadata=_opt("several streams to read, comma-separated (one consumer, one checkpoint each)", kinds=MULTI),
+        metadata=_opt(
+            "several streams to read, comma-separated (a checkpoint consumer keeps a checkpoint each)", kinds=MULTI
+        ),
     )
     stream_prefix: str | None = field(
         default=None,
@@ -219,6 +221,8 @@ class SeveralStreams:
             raise InvalidSetting(f"streams: a stream is named twice in {','.join(streams)!r}")
         if streams and stream is not None:
             raise InvalidSetting("give stream (one stream) or streams (several), not both")
+        if self.stream_prefix is not None and stream is not None:
+            raise InvalidSetting("give stream (one stream) or stream_prefix (several), not both")
         if self.stream_prefix is not None and not STREAM_PREFIX_RE.fullmatch(self.stream_prefix):
             raise InvalidSetting(
                 f"stream_prefix {self.stream_prefix!r}: use 1-200 characters from [A-Za-z0-9_.:-], starting with a "

@@ -17,7 +17,8 @@ switches are :mod:`unilog.stream.modes`'s):
 * **Memory does not grow with a transaction.** The slot's stream sends a transaction only once it has committed, so a
   large one is decoded, published and saved a batch at a time as it arrives; the slot is confirmed past it once
   its last part is saved. At most two batches of decoded rows are held besides the one being sent
-  (:attr:`WalCapture.held_peak`).
+  (:attr:`WalCapture.held_peak`): ``batch_size`` rows each, or up to :data:`WAL_DEPTH` times that while batches are
+  spread over many streams with few records each.
 * **Rows that may predate the slot go first**, by table-mode passes, while any row below the slot's ``from_xid``
   is staged.
 * **A lost slot is never skipped silently**: :class:`~unilog.errors.CaptureLost` (raised by the replication stream)
@@ -50,6 +51,17 @@ log = structlog.get_logger(__name__)
 
 NOTHING_LOST = "nothing is lost"  # how a lost slot's line begins when the loss cost nothing
 MAX_MESSAGES = 50_000  # messages taken from the socket per read (fewer when decoded rows would pass two batches)
+# A batch spread over many streams (few records each) costs a position, a script section and a metric child per
+# stream, not per record: the next batch may then hold up to this many times ``batch_size`` records (at most
+# ``batch_size`` of any one stream, as a stream's part is one script call), so those costs are paid once for a
+# stream's records of several batches' worth. It multiplies the rows held then (see the module's docstring).
+WAL_DEPTH = 8
+SPREAD = 8  # a batch is spread when it has fewer than this many records per stream, on 100 streams or more
+
+
+def spread(streams: int, records: int) -> bool:
+    """Whether a batch of ``records`` over ``streams`` streams is spread (see :data:`WAL_DEPTH`)."""
+    return streams >= 100 and streams * SPREAD > records
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +123,7 @@ class WalCapture:
         self._pending: deque[WalTransaction] = deque()  # transactions and parts of one received, not yet published
         self._pending_rows = 0
         self._head_offset = 0  # rows of the first pending part already published (split across batches)
+        self._room = batch_size  # rows the next batch may hold (more after a spread batch: WAL_DEPTH)
         self._predrained = False
         self._helper: concurrent.futures.ThreadPoolExecutor | None = None  # Redis, while the next batch decodes
         self._mark = (0, -1)  # the last record message published: (commit LSN, ordinal); ones at or before it skip
@@ -255,8 +268,8 @@ class WalCapture:
         """Decode what arrived into transactions and parts of a large one, until a batch's worth is pending. A read
         takes no more messages than there is room for rows within two batches (less than one is pending, the
         decoder's open part is at most one), so that bounds the rows held, whatever a transaction's size."""
-        while self._pending_rows < self.batch_size:
-            messages = reader.read(min(MAX_MESSAGES, 2 * self.batch_size - self.held_rows), wait)
+        while self._pending_rows < self._room:
+            messages = reader.read(min(MAX_MESSAGES, 2 * self._room - self.held_rows), wait)
             if not messages:
                 return
             wait = 0
@@ -272,7 +285,8 @@ class WalCapture:
             reader.confirm(reader.received_end)
 
     def _take_batch(self) -> tuple[list[WalRow], int | None, int, list[int], str | None, list[str]]:
-        """Up to ``batch_size`` rows in commit order, a large transaction split across batches; returns (rows, the
+        """Up to ``batch_size`` rows in commit order (more, at most ``batch_size`` of a stream, after a spread batch:
+        :data:`WAL_DEPTH`), a large transaction split across batches; returns (rows, the
         end LSN of the last transaction finished by them or None, transactions finished, their transactions' xids,
         the one stream of them all when each is an untraced message, else None: see WalTransaction.plain, and the
         switch markers of the transactions they finish)."""
@@ -280,13 +294,19 @@ class WalCapture:
         xids: list[int] = []
         markers: list[str] = []
         confirm, finished = None, 0
-        room = self.batch_size
+        room = self._room
+        counts: dict[str, int] | None = {} if room > self.batch_size else None
         plains: set[str | None] = set()
         while self._pending and room > 0:
             head = self._pending[0]
+            part = head.rows[self._head_offset : self._head_offset + room]
+            whole = len(part)
+            if counts is not None and whole:
+                part = self._capped(part, counts)
+                if not part:
+                    break  # its first row's stream has batch_size records in the batch already
             if not xids or xids[-1] != head.xid:
                 xids.append(head.xid)
-            part = head.rows[self._head_offset : self._head_offset + room]
             if part:
                 plains.add(head.plain)
             rows.extend(part)
@@ -299,8 +319,21 @@ class WalCapture:
                     confirm, finished = head.end_lsn, finished + 1
                     if head.marker is not None:
                         markers.append(head.marker)
+            if len(part) < whole:
+                break  # a stream reached batch_size records
         self._pending_rows -= len(rows)
         return rows, confirm, finished, xids, (plains.pop() if len(plains) == 1 else None), markers
+
+    def _capped(self, part: tuple[WalRow, ...], counts: dict[str, int]) -> tuple[WalRow, ...]:
+        """The rows of ``part`` before the first that would give its stream more than ``batch_size`` records in
+        the batch (``counts``: the batch's records per source so far, updated)."""
+        cap = self.batch_size
+        for i, row in enumerate(part):
+            n = counts.get(row[0], 0) + 1
+            if n > cap:
+                return part[:i]
+            counts[row[0]] = n
+        return part
 
     def _publish(self, conn: psycopg.Connection[Any], reader: ReplicationStream) -> BatchResult:
         """Publish up to ``pipeline_batches`` batches of whole committed transactions' records not published yet.
@@ -339,6 +372,7 @@ class WalCapture:
         rows, confirm, finished, xids, plain, markers = self._take_batch()
         fresh, mark = self._fresh(conn, rows, xids, plain)
         by_stream = {publisher.stream_of(plain): fresh} if plain is not None and fresh else _by_stream(publisher, fresh)
+        self._room = self.batch_size * (WAL_DEPTH if spread(len(by_stream), len(fresh)) else 1)
         if publisher.owns_all(conn, by_stream) != set(by_stream):  # one statement for the batch's new buckets
             return None
         identity = publisher.identity()
@@ -467,6 +501,7 @@ class WalCapture:
         self._decoder = Decoder(part_rows=self.batch_size)
         self._pending.clear()
         self._pending_rows = self._head_offset = 0
+        self._room = self.batch_size
 
     def close(self) -> None:
         """Close the slot's replication session, the helper thread, and the table-mode capture that publishes the

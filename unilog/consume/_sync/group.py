@@ -45,7 +45,7 @@ from ...runtime._sync.loop import Links, Worker
 from ...runtime.policy import FATAL, TRANSIENT, account_batch
 from ...wire import to_str
 from ..base import GroupConfig, GroupResult, below_none, candidates, default_worker_name
-from ..lanes import admit, label_of, per_stream_count
+from ..lanes import admit, label_of
 from ..records import REPLAY_FOR, Batch, Handler, Record, replay_owner
 from ..typed import typed_handler
 
@@ -160,7 +160,8 @@ class GroupConsumer(Worker):
         """One pass: this worker's own unacknowledged entries first (after a (re)connect), else entries claimed from
         idle workers (at most every ``claim_interval``) and new ones; apply them; return what was done."""
         api = self.links.redis()
-        group, count = self.config.group, per_stream_count(self.config.batch_size, len(self.streams))
+        # XREADGROUP delivers what it reads: one read takes at most max(batch_size, streams) entries
+        group, count = self.config.group, max(1, self.config.batch_size // max(1, len(self.streams)))
         if self._pending:
             # each own pending entry once; one that fails again waits for a claim, its back-off
             own = api.read_group_many(group, self.worker, self._pending, count, None)
@@ -371,15 +372,16 @@ class GroupConsumer(Worker):
 
     def prune(self) -> int:
         """Advance this group's watermarks and delete the processed rows at or below them, on every stream this
-        worker applied records of since its last prune (each in its own short transaction); return rows deleted."""
+        worker applied records of since its last prune (each in its own short transaction; over several streams,
+        one that no worker touched since a restart is pruned at its next record); return rows deleted."""
         conn = self.links.pg()
         streams = sorted(self._touched) if self.config.several else self.streams
-        self._touched = set()
         pruned = 0
         for stream in streams:
             with conn.transaction():
                 if store.try_prune_lock(conn, self.config.group, stream):  # else another worker is pruning
                     pruned += store.advance_watermarks(conn, self.config.group, stream)
+            self._touched.discard(stream)  # kept until pruned: a failed prune is tried again next time
         if pruned:
             log.info("processed records pruned", group=self.config.group, rows=pruned)
         return pruned

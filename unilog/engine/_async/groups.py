@@ -60,7 +60,7 @@ class AsyncGroupsCore(AsyncAdapter):
             created.append(stream)
         return created
 
-    @issues("xreadgroup")
+    @issues("xreadgroup", via=("read_group",))
     async def read_group_many(
         self, group: str, consumer: str, after: Mapping[str, str], count: int, block_ms: int | None
     ) -> dict[str, list[Entry]]:
@@ -69,9 +69,19 @@ class AsyncGroupsCore(AsyncAdapter):
 
         A single Redis answers one ``XREADGROUP`` over all of them. On a Redis Cluster streams of different slots
         cannot share one: one is sent per stream, in one pipeline, without blocking, again every 50 ms until
-        ``block_ms`` passed."""
+        ``block_ms`` passed. No streams (a prefix none matches yet): ``block_ms`` is waited out all the same, so an
+        idle worker does not spin. Over one stream, a refusal no retry can fix is one line naming it, as
+        :meth:`read_group`'s."""
         if not after:
+            await asleep((block_ms or 0) / 1000)
             return {}
+        if len(after) == 1:
+            [(stream, last)] = after.items()
+            return (
+                {stream: entries}
+                if (entries := await self.read_group(stream, group, consumer, count, block_ms, last))
+                else {}
+            )
         if not clustered(self.client):
             streams: dict[Any, Any] = dict(after)
             reply: Any = await self.client.xreadgroup(group, consumer, streams, count=count, block=block_ms)

@@ -79,8 +79,10 @@ class ReadingCore(Adapter):
 
         A single Redis answers one ``XREAD`` over every stream. On a Redis Cluster streams of different slots cannot
         share an ``XREAD``: one is sent per stream, all in one pipeline (redis-py sends each node its own in one
-        round trip), without blocking, again every 50 ms until ``block_ms`` passed."""
+        round trip), without blocking, again every 50 ms until ``block_ms`` passed. No streams (a prefix none
+        matches yet): ``block_ms`` is waited out all the same, so an idle consumer does not spin."""
         if not after:
+            sleep((block_ms or 0) / 1000)
             return {}
         if not clustered(self.client):
             reply: Any = self.client.xread(dict(after), count=count, block=block_ms)  # type: ignore[arg-type]
