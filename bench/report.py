@@ -245,10 +245,13 @@ TYPED_RATIOS = (  # issue 37: typed records against the same data untyped (bench
 
 
 # many_streams: each count of streams against one stream, in the same mode and run (issue 46)
-MANY_STREAMS_RATIOS = tuple(
-    ("many_streams", "records/s", f"{mode} {count:,} streams", f"{mode} 1 stream", " (the records over more streams)")
-    for mode in ("table", "wal")
-    for count in (100, 1_000, 10_000)
+MANY_STREAMS_RATIOS = (
+    *(
+        ("many_streams", "records/s", f"{mode} {count:,} streams", f"{mode} 1 stream", " (the records over streams)")
+        for mode in ("table", "wal")
+        for count in (100, 1_000, 10_000)
+    ),
+    ("many_streams", "records/s", "cluster 1,000 streams", "cluster 1 stream", " (a Redis Cluster of 3 shards)"),
 )
 
 

@@ -489,3 +489,23 @@ def test_wal_batches_spread_over_many_streams_grow_deeper_yet_hold_at_most_a_bat
     for name in names[:50]:
         entries = [(int(f["seq"]), json.loads(f["data"])["i"]) for _id, f in rds.xrange(name)]
         assert entries == [(1, 0), (2, 1), (3, 2), (4, 0)], name
+
+
+def test_a_claim_across_streams_saves_each_streams_runs_of_consecutive_ids(settings: Settings, pg: Any) -> None:
+    """A claim keeps its rows as runs of consecutive ids (a re-send reads them back by these): a run breaks where
+    another stream's row sits between, and the last row a source may take ends one."""
+    order = ["a", "a", "a", "b", "a", "a", "c", "c", "c", "c", "c"]
+    with psycopg.connect(settings.conninfo) as conn:
+        emit_many(conn, [{"action": "x", "object": "o", "data": {}, "stream": s} for s in order])
+        conn.commit()
+    ids = [r[0] for r in pg.execute("SELECT id FROM staged_log_records ORDER BY id").fetchall()]
+    with psycopg.connect(settings.conninfo) as conn:
+        across = store.claim_across(conn, ["a", "b", "c"], 100, per_source=4)
+        conn.commit()
+    assert sorted((c.source, c.count) for c in across.claims) == [("a", 4), ("b", 1), ("c", 4)]
+    saved = {r[0]: (r[1], r[2]) for r in pg.execute("SELECT source, lo, hi FROM unilog_claims").fetchall()}
+    assert saved == {
+        "a": ([ids[0], ids[4]], [ids[2], ids[4]]),  # 1-3, then 5: its fourth row, though 6 follows it
+        "b": ([ids[3]], [ids[3]]),
+        "c": ([ids[6]], [ids[9]]),  # its first four of five
+    }

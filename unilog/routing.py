@@ -36,7 +36,8 @@ def split_wal(stream: str, count: int, records: Sequence[WalRow], plain: bool = 
     """:func:`split` for a WAL batch: record messages arrive already encoded, and are only concatenated (their
     key read back from the encoding when the stream is partitioned; one without a key is spread by its mark); staged
     rows among them are encoded alike. ``plain``: every record is an untraced message (the decoder knows)."""
-    if plain and count <= 1:  # the usual batch: its messages concatenated
+    if count <= 1 and (plain or all(row is None and not tail for _s, row, _m, _b, tail in records)):
+        # untraced messages (the usual batch, or a stream's part of one over many streams): concatenated
         return {stream: Packed(len(records), b"".join([body for *_, body, _t in records]), 5)}
     stride = _wal_stride(records)
     targets: dict[str, list[bytes]] = {}

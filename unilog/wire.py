@@ -11,11 +11,12 @@ from typing import Any
 PublishRow = tuple[Any, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: a batch over many streams makes one per stream, and frozen costs more each
 class Packed:
     """A batch ready to publish: ``count`` records' arguments to PUBLISH_LUA (data, action, object, created ms, key
     or ''; five per record, in position order), already encoded as RESP bulk strings. The streamer gets these
-    bytes straight from Postgres (:func:`unilog.store.fetch_packed`), so no record passes through Python objects."""
+    bytes straight from Postgres (:func:`unilog.store.fetch_packed`), so no record passes through Python objects.
+    Read-only by contract."""
 
     count: int
     body: bytes

@@ -24,7 +24,9 @@ from .claims import _COLUMNS, RESP_FIELDS
 # only the rows that may predate the slot), as many as fit in ``budget`` bytes of data (the first always: a batch's
 # body is one value, which Postgres caps at 1 GB), at most ``per_source`` of each source: its lowest, so still a
 # prefix of its rows in id order (a source's part is sent in one script call, which this bounds). Scanned in id order
-# by the primary key, the sources hashed; ``cut`` says the budget left rows of the scan out.
+# by the primary key, the sources hashed; ``cut`` says the budget left rows of the scan out. A claim's runs of
+# consecutive ids are found in the same window that numbers a source's rows (a run starts where the id before is
+# not one less, ends where the next is not one more, or at the source's last row taken).
 _NEW = f"""
     WITH looked AS MATERIALIZED (
         SELECT t.*, sum(octet_length(t.data)) OVER (ORDER BY t.id) AS upto FROM (
@@ -34,18 +36,21 @@ _NEW = f"""
             ORDER BY id LIMIT %(limit)s
         ) t
     ),
-    scanned AS MATERIALIZED (SELECT * FROM looked WHERE upto - octet_length(data) < %(budget)s),
     cut AS (SELECT EXISTS (SELECT 1 FROM looked WHERE upto - octet_length(data) >= %(budget)s) AS c),
     batch AS MATERIALIZED (
-        SELECT t.*, t.source AS part
-        FROM (SELECT s.*, row_number() OVER (PARTITION BY source ORDER BY id) AS rn FROM scanned s) t
-        WHERE rn <= %(per_source)s
+        SELECT t.*, t.source AS part FROM (
+            SELECT s.*, row_number() OVER w AS rn,
+                   coalesce(s.id - lag(s.id) OVER w <> 1, true) AS starts,
+                   coalesce(lead(s.id) OVER w - s.id <> 1, true) AS ends
+            FROM looked s WHERE upto - octet_length(data) < %(budget)s
+            WINDOW w AS (PARTITION BY source ORDER BY id)
+        ) t WHERE rn <= %(per_source)s
     ),
     claimed AS (
         INSERT INTO unilog_claims (source, lo, hi, records)
-        SELECT source, array_agg(lo ORDER BY lo), array_agg(hi ORDER BY lo), sum(hi - lo + 1)
-        FROM (SELECT source, min(id) AS lo, max(id) AS hi FROM batch GROUP BY source, id - rn) runs
-        GROUP BY source
+        SELECT source, array_agg(id ORDER BY id) FILTER (WHERE starts),
+               array_agg(id ORDER BY id) FILTER (WHERE ends OR rn = %(per_source)s), count(*)
+        FROM batch GROUP BY source
         RETURNING claim, records, source AS part
     )"""
 

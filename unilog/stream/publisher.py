@@ -140,15 +140,16 @@ class Publisher:
         new = wanted - self.owned
         if not new:
             return wanted
-        buckets = {store.stream_bucket(s) for s in new} - self.buckets - self.shared
+        bucket_of = {s: store.stream_bucket(s) for s in new}
+        buckets = set(bucket_of.values()) - self.buckets - self.shared
         taken = set() if self.listed else store.try_bucket_locks(conn, buckets)
         shared = store.try_bucket_locks(conn, buckets - taken, shared=True)
         self.buckets |= taken
         self.shared |= shared
-        whole = {s for s in new if store.stream_bucket(s) in self.buckets}
+        whole = {s for s, bucket in bucket_of.items() if bucket in self.buckets}
         # a streamer of a version before buckets, or one limited to listed streams, may hold some of them
         got = whole - store.stream_locks_held_elsewhere(conn, whole)
-        own = {s for s in new - whole if store.stream_bucket(s) in self.shared and store.try_stream_lock(conn, s)}
+        own = {s for s in new - whole if bucket_of[s] in self.shared and store.try_stream_lock(conn, s)}
         conn.commit()
         self.locked |= own
         got |= own
