@@ -5,15 +5,17 @@ stream a batch touches, so its cost grows with the streams a batch spans, not wi
 The backlog of each count is staged (round-robin over its streams) and published by unilog's streamer once; every
 trial starts with no checkpoint and drains it from the beginning, in a fresh process, connections opened before the
 clock, with a trivial handler (counts the records). ``Consumer`` over the one stream runs beside, as the baseline
-of the single-stream consumer.
+of the single-stream consumer. A group worker (``GroupConsumer``, a new group each trial) over the same streams
+runs beside: one ``XREADGROUP`` over them all, identities claimed stream by stream in each batch's transaction.
 """
 
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Any
 
-from unilog import Consumer, ConsumerConfig, MultiConsumer, Streamer
+from unilog import Consumer, ConsumerConfig, GroupConfig, GroupConsumer, MultiConsumer, Streamer
 
 from .core import QUICK, Profile, Results, in_fresh_process, interleaved, log
 from .env import BenchEnv, Urls
@@ -37,6 +39,9 @@ def _drain(urls: Urls, variant: str) -> tuple[int, float]:
     names = _names(count)
     if variant.startswith("Consumer"):
         worker: Any = Consumer(urls.settings(), ConsumerConfig(name="bench-cs", stream=names[0]), count_records)
+    elif variant.startswith("GroupConsumer"):  # a new group: it starts at the streams' beginning
+        group = GroupConfig(group=f"bench-g{uuid.uuid4().hex[:8]}", streams=tuple(names), batch_size=1000)
+        worker = GroupConsumer(urls.settings(), group, count_records)
     else:
         worker = MultiConsumer(urls.settings(), ConsumerConfig(name="bench-cs", streams=tuple(names)), count_records)
     with worker:
@@ -47,7 +52,7 @@ def _drain(urls: Urls, variant: str) -> tuple[int, float]:
 
 
 def trial(env: BenchEnv, variant: str, size: int) -> tuple[dict[str, float], dict[str, Any]]:
-    env.admin.execute("TRUNCATE unilog_checkpoints, unilog_held_letters")
+    env.admin.execute("TRUNCATE unilog_checkpoints, unilog_held_letters, unilog_processed, unilog_group_watermarks")
     handled, elapsed = in_fresh_process(_drain, env.urls, variant)
     if handled != size:
         log(f"  WARNING consume_streams {variant}: handled {handled} of {size}")
@@ -55,7 +60,8 @@ def trial(env: BenchEnv, variant: str, size: int) -> tuple[dict[str, float], dic
 
 
 def variants() -> tuple[str, ...]:
-    return ("Consumer 1 stream", *(f"MultiConsumer {c:,} stream{'s' if c > 1 else ''}" for c in COUNTS))
+    counts = [f"{c:,} stream{'s' if c > 1 else ''}" for c in COUNTS]
+    return ("Consumer 1 stream", *(f"MultiConsumer {c}" for c in counts), *(f"GroupConsumer {c}" for c in counts))
 
 
 def run_consume_streams(env: BenchEnv, profile: Profile, results: Results) -> None:

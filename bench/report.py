@@ -252,6 +252,11 @@ MANY_STREAMS_RATIOS = (
         for count in (100, 1_000, 10_000)
     ),
     ("many_streams", "records/s", "cluster 1,000 streams", "cluster 1 stream", " (a Redis Cluster of 3 shards)"),
+    *(
+        ("consume_streams", "records/s", f"{kind} {count:,} streams", f"{kind} 1 stream", " (one worker)")
+        for kind in ("MultiConsumer", "GroupConsumer")
+        for count in (10, 1_000)
+    ),
 )
 
 

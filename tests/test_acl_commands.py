@@ -176,6 +176,8 @@ def _groups_and_letters(api: RedisStreams, mon: Monitor, rds: Any, s: str) -> No
     rds.xdel(s, pending[-1])  # pending and deleted: Redis 6.2 claims it as a nil, Redis 7 names it deleted
     with mon.window("autoclaim"):
         _, claimed, _deleted = api.autoclaim(s, "g", "w", 0)
+    with mon.window("autoclaim_many"):
+        api.autoclaim_many([s], "g", "w", 60_000)
     eid, fields = claimed[0]
     for name, call in {
         "read_group": lambda: api.read_group(s, "g", "w", 10, None, "0"),
@@ -257,6 +259,7 @@ def _async_twins(url: str, mon: Monitor, rds: Any, s: str) -> set[str]:
             "ensure_groups": lambda: api.ensure_groups([s, s + "ag"], "ag"),
             "read_group_many": lambda: api.read_group_many("ag", "w", {s: "0", s + "ag": ">"}, 10, None),
             "autoclaim": lambda: api.autoclaim(s, "ag", "w2", 0),
+            "autoclaim_many": lambda: api.autoclaim_many([s], "ag", "w3", 60_000),
             "attempt": lambda: api.attempt(s, "ag", eid),
             "ack": lambda: api.ack(s, "ag", [eid]),
             "settle": lambda: api.settle(s, "ag", [eid]),

@@ -170,3 +170,28 @@ def test_a_prefix_that_matches_no_stream_yet_waits_instead_of_spinning(ddl: Sett
         started = time.monotonic()
         assert worker.run_once().read == 0
         assert time.monotonic() - started >= 0.19, "an idle pass waits its block_ms"
+
+
+def test_prune_over_several_streams_advances_each_watermark_and_leaves_a_locked_stream_for_later(
+    ddl: Settings, pg: Any
+) -> None:
+    streams = ["p1", "p2", "p3"]
+    stage(ddl, streams, 4)
+    publish(ddl)
+    config = GroupConfig(group="pr", streams=tuple(streams), prune_interval=3600)
+    holder = psycopg.connect(ddl.conninfo)  # another worker pruning p2: its transaction-level prune lock
+    try:
+        holder.execute("SELECT pg_advisory_xact_lock(hashtextextended('unilog.group:pr:p2', 0))")
+        with GroupConsumer(ddl, config, multi_applied) as worker:
+            assert worker.drain() == 12
+            assert worker.prune() == 8, "p1's and p3's identities pruned; p2's left to the worker holding its lock"
+            marks = dict(
+                pg.execute("SELECT stream, seq FROM unilog_group_watermarks WHERE group_name = 'pr'").fetchall()
+            )
+            assert marks == {"p1": 4, "p3": 4}
+            holder.rollback()
+            assert worker.prune() == 4, "p2 stayed to prune, and is pruned once free"
+        left = pg.execute("SELECT count(*) FROM unilog_processed WHERE group_name = 'pr'").fetchone()[0]
+        assert left == 0
+    finally:
+        holder.close()

@@ -80,6 +80,7 @@ USES: dict[str, tuple[Callable[..., Any], ...]] = {
         R.read_group_many,
         R.ack,
         R.autoclaim,
+        R.autoclaim_many,
         R.attempt,
         R.settle,
         R.settle_many,

@@ -35,32 +35,19 @@ def staged_columns(records: list[tuple[Any, ...]]) -> tuple[list[Any], ...]:
     return tuple(list(column) for column in zip(*records, strict=True))
 
 
-# Steps of the loose index scan before :func:`staged_sources` counts the sources by a scan of the rows instead: each
-# step is an index descent (about 6 us), which beats reading the rows only while they are many per source.
-LOOSE_STEPS = 1000
-
-
 def staged_sources(conn: psycopg.Connection[Any]) -> list[str]:
-    """Distinct values of ``staged_log_records.stream``, in order: found with a loose index scan (fast on a big
-    backlog of few sources), or past :data:`LOOSE_STEPS` sources by one scan of the rows (thousands of sources
-    with few rows each: one descent a source cost more than the scan)."""
+    """Distinct values of ``staged_log_records.stream``, found with a loose index scan (fast on big backlogs)."""
     rows = conn.execute(
         """
         WITH RECURSIVE s AS (
-            (SELECT stream, 1 AS n FROM staged_log_records ORDER BY stream LIMIT 1)
+            (SELECT stream FROM staged_log_records ORDER BY stream LIMIT 1)
             UNION ALL
-            SELECT (SELECT r.stream FROM staged_log_records r WHERE r.stream > s.stream ORDER BY r.stream LIMIT 1),
-                   s.n + 1
-            FROM s WHERE s.stream IS NOT NULL AND s.n < %s
+            SELECT (SELECT r.stream FROM staged_log_records r WHERE r.stream > s.stream ORDER BY r.stream LIMIT 1)
+            FROM s WHERE s.stream IS NOT NULL
         )
         SELECT stream FROM s WHERE stream IS NOT NULL
-        """,
-        (LOOSE_STEPS,),
+        """
     ).fetchall()
-    if len(rows) >= LOOSE_STEPS:
-        rows = conn.execute(
-            "SELECT DISTINCT stream FROM staged_log_records WHERE stream IS NOT NULL ORDER BY stream"
-        ).fetchall()
     return [r[0] for r in rows]
 
 

@@ -53,8 +53,9 @@ NOTHING_LOST = "nothing is lost"  # how a lost slot's line begins when the loss 
 MAX_MESSAGES = 50_000  # messages taken from the socket per read (fewer when decoded rows would pass two batches)
 # A batch spread over many streams (few records each) costs a position, a script section and a metric child per
 # stream, not per record: the next batch may then hold up to this many times ``batch_size`` records (at most
-# ``batch_size`` of any one stream, as a stream's part is one script call), so those costs are paid once for a
-# stream's records of several batches' worth. It multiplies the rows held then (see the module's docstring).
+# ``batch_size`` of any one stream, as a stream's part goes whole in one script call; the calls carry about a batch
+# each), so those costs are paid once for a stream's records of several batches' worth. It multiplies the rows held
+# then (see the module's docstring).
 WAL_DEPTH = 8
 SPREAD = 8  # a batch is spread when it has fewer than this many records per stream, on 100 streams or more
 
@@ -326,13 +327,14 @@ class WalCapture:
 
     def _capped(self, part: tuple[WalRow, ...], counts: dict[str, int]) -> tuple[WalRow, ...]:
         """The rows of ``part`` before the first that would give its stream more than ``batch_size`` records in
-        the batch (``counts``: the batch's records per source so far, updated)."""
-        cap = self.batch_size
+        the batch (``counts``: the batch's records per stream so far, updated)."""
+        cap, default = self.batch_size, self.publisher.stream_of("")
         for i, row in enumerate(part):
-            n = counts.get(row[0], 0) + 1
+            stream = row[0] or default  # a row staged with no stream goes to the default one, by its name too
+            n = counts.get(stream, 0) + 1
             if n > cap:
                 return part[:i]
-            counts[row[0]] = n
+            counts[stream] = n
         return part
 
     def _publish(self, conn: psycopg.Connection[Any], reader: ReplicationStream) -> BatchResult:
@@ -428,7 +430,8 @@ class WalCapture:
         future.result()
 
     def _send_now(self, batch: _Batch) -> None:
-        self.publisher.send_all(batch.targets, batch.identity, batch.first)
+        # a deeper batch (WAL_DEPTH) in script calls of a batch's records each, as table mode sends its batches
+        self.publisher.send_all(batch.targets, batch.identity, batch.first, self.batch_size)
         self.publisher.faults.crash("streamer.crash_after_publish")
 
     def _save(self, conn: psycopg.Connection[Any], reader: ReplicationStream, batch: _Batch) -> None:

@@ -260,16 +260,24 @@ class Publisher:
         return sum(result.appended for result in results)
 
     def send_all(
-        self, targets: dict[str, engine.Packed], identity: store.ProducerIdentity, first: dict[str, int]
+        self,
+        targets: dict[str, engine.Packed],
+        identity: store.ProducerIdentity,
+        first: dict[str, int],
+        per_call: int | None = None,
     ) -> int:
         """Append each target's payload at positions from ``first[target]``; return the entries Redis appended.
-        Raises :class:`~unilog.errors.PublishError` unless Redis confirmed each (:func:`unilog.stream.sending.send`)."""
+        Over several targets, script calls of about ``per_call`` records (None: one), so that Redis serves its other
+        clients between them. Raises :class:`~unilog.errors.PublishError` unless Redis confirmed each
+        (:func:`unilog.stream.sending.send`)."""
         if len(targets) == 1:
             [(target, payload)] = targets.items()
             appended = self._send(target, identity, first[target], payload, dedupe=True).appended
         else:  # every target's batch in one pipelined round trip, not one per stream
             batches = [(target, first[target], payload) for target, payload in targets.items()]
-            results = sending.send_many(self._redis(), batches, identity, self.wait_replicas, self.wait_timeout_ms)
+            results = sending.send_many(
+                self._redis(), batches, identity, self.wait_replicas, self.wait_timeout_ms, per_call
+            )
             appended = sum(result.appended for result in results)
         if self.faults.armed("streamer.double_send"):
             for target, payload in targets.items():

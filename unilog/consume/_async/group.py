@@ -37,7 +37,7 @@ import structlog
 
 from ... import metrics, tracing
 from ...config import Settings
-from ...engine.aio import Entry
+from ...engine.aio import AsyncRedisStreams, Entry
 from ...errors import MalformedEntry
 from ...faults import NO_FAULTS, Faults
 from ...runtime._async.loop import AsyncLinks, AsyncWorker
@@ -52,6 +52,7 @@ from ..typed import typed_handler
 log = structlog.get_logger("unilog.group")
 
 Tagged = tuple[str, Entry]  # an entry and the stream it was read from
+PRUNE_STREAMS = 100  # streams pruned in one transaction (its locks held until it ends)
 
 
 def tagged(read: dict[str, list[Entry]]) -> list[Tagged]:
@@ -197,34 +198,36 @@ class AsyncGroupConsumer(AsyncWorker):
         return await self.claim()
 
     async def claim(self) -> list[Tagged]:
-        """Take over entries idle for ``claim_idle_ms`` (a dead or stuck worker's) on every stream (one
-        ``XAUTOCLAIM`` loop each); acknowledge deleted ones."""
+        """Take over entries idle for ``claim_idle_ms`` (a dead or stuck worker's) on every stream (the first
+        ``XAUTOCLAIM`` of each in one pipeline, more only where a stream has more); acknowledge deleted ones."""
+        api = await self.links.redis()
         claimed: list[Tagged] = []
-        for stream in list(self.streams):
-            claimed += [(stream, entry) for entry in await self._claim_on(stream)]
+        first = await api.autoclaim_many(self.streams, self.config.group, self.worker, self.config.claim_idle_ms)
+        for stream, (start, entries, deleted) in first.items():
+            while True:
+                claimed += [(stream, entry) for entry in entries]
+                await self._deleted(api, stream, deleted)
+                if start == "0-0":
+                    break
+                start, entries, deleted = await api.autoclaim(
+                    stream, self.config.group, self.worker, self.config.claim_idle_ms, start=start
+                )
         if claimed:
             log.info("claimed idle entries", group=self.config.group, worker=self.worker, count=len(claimed))
         return claimed
 
-    async def _claim_on(self, stream: str) -> list[Entry]:
-        api = await self.links.redis()
-        start, claimed = "0-0", []
-        while True:
-            start, entries, deleted = await api.autoclaim(
-                stream, self.config.group, self.worker, self.config.claim_idle_ms, start=start
-            )
-            claimed += entries
-            if deleted:
-                log.error(
-                    "pending entries were deleted from the stream before anyone applied them",
-                    group=self.config.group,
-                    stream=stream,
-                    ids=[to_str(d) for d in deleted][:20],
-                    count=len(deleted),
-                )
-                await api.ack(stream, self.config.group, deleted)
-            if start == "0-0":
-                return claimed
+    async def _deleted(self, api: AsyncRedisStreams, stream: str, deleted: list[bytes]) -> None:
+        """Entries deleted from ``stream`` while pending: acknowledged, and said (they were never applied)."""
+        if not deleted:
+            return
+        log.error(
+            "pending entries were deleted from the stream before anyone applied them",
+            group=self.config.group,
+            stream=stream,
+            ids=[to_str(d) for d in deleted][:20],
+            count=len(deleted),
+        )
+        await api.ack(stream, self.config.group, deleted)
 
     async def _apply(self, entries: list[Tagged]) -> GroupResult:
         if not entries:
@@ -274,8 +277,9 @@ class AsyncGroupConsumer(AsyncWorker):
         return len(fresh), skipped
 
     async def _fresh(self, conn: psycopg.AsyncConnection[Any], records: list[Record]) -> list[Record]:
-        """The records this group has not applied yet, their identities now claimed in this transaction (stream by
-        stream, in name order, so two workers claiming on the same streams wait for each other, not deadlock).
+        """The records this group has not applied yet, their identities now claimed in this transaction (three
+        statements whatever the number of streams; streams in name order, so two workers claiming on the same
+        streams wait for each other, not deadlock).
 
         Another worker may prune between the read of the watermarks and the claim: it moves a watermark past records
         applied before and deletes their rows, and the claim then finds no conflict for a redelivered one. Its claim
@@ -285,13 +289,14 @@ class AsyncGroupConsumer(AsyncWorker):
         streams: dict[str, list[Record]] = {}
         for record in records:
             streams.setdefault(record.stream, []).append(record)
-        kept: set[int] = set()
-        for stream in sorted(streams):
-            found = candidates(streams[stream], await store.group_watermarks(conn, group, stream))
-            new = await store.claim_identities(conn, group, stream, list(found))
-            if new:
-                new = below_none(new, await store.group_watermarks(conn, group, stream))
-            kept.update(id(record) for identity, record in found.items() if identity in new)
+        marks = await store.group_watermarks_many(conn, group, sorted(streams))
+        found = {stream: candidates(streams[stream], marks.get(stream, {})) for stream in sorted(streams)}
+        new = await store.claim_identities_many(conn, group, {s: list(f) for s, f in found.items() if f})
+        again = sorted(stream for stream, ids in new.items() if ids)
+        if again:
+            marks = await store.group_watermarks_many(conn, group, again)
+            new = {stream: below_none(ids, marks.get(stream, {})) for stream, ids in new.items()}
+        kept = {id(record) for s, f in found.items() for identity, record in f.items() if identity in new.get(s, ())}
         return [record for record in records if id(record) in kept]
 
     async def _one_by_one(self, entries: list[Tagged]) -> GroupResult:
@@ -372,16 +377,18 @@ class AsyncGroupConsumer(AsyncWorker):
 
     async def prune(self) -> int:
         """Advance this group's watermarks and delete the processed rows at or below them, on every stream this
-        worker applied records of since its last prune (each in its own short transaction; over several streams,
-        one that no worker touched since a restart is pruned at its next record); return rows deleted."""
+        worker applied records of since its last prune (over several streams, 100 streams a transaction of two
+        statements; one that no worker touched since a restart is pruned at its next record); return rows deleted."""
         conn = await self.links.pg()
         streams = sorted(self._touched) if self.config.several else self.streams
         pruned = 0
-        for stream in streams:
+        for lo in range(0, len(streams), PRUNE_STREAMS):
+            part = streams[lo : lo + PRUNE_STREAMS]
             async with conn.transaction():
-                if await store.try_prune_lock(conn, self.config.group, stream):  # else another worker is pruning
-                    pruned += await store.advance_watermarks(conn, self.config.group, stream)
-            self._touched.discard(stream)  # kept until pruned: a failed prune is tried again next time
+                rows, done = await store.prune_watermarks(conn, self.config.group, part)
+            pruned += rows
+            # a stream another worker was pruning (its lock), or whose prune failed, is tried again next time
+            self._touched.difference_update(done)
         if pruned:
             log.info("processed records pruned", group=self.config.group, rows=pruned)
         return pruned

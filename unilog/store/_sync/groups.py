@@ -28,6 +28,32 @@ CLAIM = """
            CASE WHEN count(*) < %(n)s THEN array_agg(seq) END
     FROM ins
 """
+# several streams: joined with the names' list, not `= ANY(...)` (which a generic plan compares element by element)
+WATERMARKS_MANY = """
+    SELECT w.stream, w.producer, w.epoch, w.seq
+    FROM unnest(string_to_array(%s, ' ')) AS n(stream)
+    JOIN unilog_group_watermarks w ON w.group_name = %s AND w.stream = n.stream
+"""
+# CLAIM over several streams: the runs carry their stream; rows go in in the order given (streams in name order,
+# so two workers claiming on the same streams wait for each other, never deadlock)
+CLAIM_MANY = """
+    WITH ins AS (
+        INSERT INTO unilog_processed (group_name, stream, producer, epoch, seq)
+        SELECT %(g)s, r.s, r.p, r.e, n
+        FROM unnest(%(s)s::text[], %(p)s::text[], %(e)s::bigint[], %(lo)s::bigint[], %(hi)s::bigint[])
+             WITH ORDINALITY AS r(s, p, e, lo, hi, k),
+             generate_series(r.lo, r.hi) AS n
+        ORDER BY r.k, n
+        ON CONFLICT DO NOTHING
+        RETURNING stream, producer, epoch, seq
+    )
+    SELECT count(*),
+           CASE WHEN count(*) < %(n)s THEN array_agg(stream) END,
+           CASE WHEN count(*) < %(n)s THEN array_agg(producer) END,
+           CASE WHEN count(*) < %(n)s THEN array_agg(epoch) END,
+           CASE WHEN count(*) < %(n)s THEN array_agg(seq) END
+    FROM ins
+"""
 ADVANCE = """
         WITH pairs AS (
             SELECT DISTINCT producer, epoch FROM unilog_processed
@@ -55,6 +81,41 @@ PRUNE = """
           AND w.group_name = r.group_name AND w.stream = r.stream AND w.producer = r.producer AND w.epoch = r.epoch
           AND r.seq <= w.seq
         """
+# ADVANCE and PRUNE over the streams of %(s)s (names space-separated) whose prune lock this transaction took
+PRUNE_MANY = """
+    WITH locked AS MATERIALIZED (
+        SELECT n.stream FROM unnest(string_to_array(%(s)s, ' ')) WITH ORDINALITY AS n(stream, k)
+        WHERE pg_try_advisory_xact_lock(hashtextextended('unilog.group:' || %(g)s || ':' || n.stream, 0))
+    ), pairs AS (
+        SELECT DISTINCT r.stream, r.producer, r.epoch FROM locked l
+        JOIN unilog_processed r ON r.group_name = %(g)s AND r.stream = l.stream AND r.producer <> ''
+    ), current AS (
+        SELECT p.stream, p.producer, p.epoch, coalesce(w.seq, 0) AS seq
+        FROM pairs p LEFT JOIN unilog_group_watermarks w
+          ON w.group_name = %(g)s AND w.stream = p.stream AND w.producer = p.producer AND w.epoch = p.epoch
+    ), runs AS (
+        SELECT c.stream, c.producer, c.epoch, r.seq, r.seq - c.seq - row_number() OVER (
+            PARTITION BY c.stream, c.producer, c.epoch ORDER BY r.seq) AS offset_from_run
+        FROM current c JOIN unilog_processed r
+          ON r.group_name = %(g)s AND r.stream = c.stream AND r.producer = c.producer AND r.epoch = c.epoch
+         AND r.seq > c.seq
+    ), advanced AS (
+        SELECT stream, producer, epoch, max(seq) AS seq FROM runs WHERE offset_from_run = 0
+        GROUP BY stream, producer, epoch
+    ), saved AS (
+        INSERT INTO unilog_group_watermarks (group_name, stream, producer, epoch, seq)
+        SELECT %(g)s, stream, producer, epoch, seq FROM advanced ORDER BY stream, producer, epoch
+        ON CONFLICT (group_name, stream, producer, epoch) DO UPDATE SET seq = excluded.seq
+        RETURNING stream
+    )
+    SELECT array_agg(stream) FROM locked
+"""
+PRUNE_LOCKED = """
+    DELETE FROM unilog_processed r USING unnest(%(s)s::text[]) AS n(stream), unilog_group_watermarks w
+    WHERE r.group_name = %(g)s AND r.stream = n.stream
+      AND w.group_name = r.group_name AND w.stream = r.stream AND w.producer = r.producer AND w.epoch = r.epoch
+      AND r.seq <= w.seq
+"""
 PRUNE_LOCK = "SELECT pg_try_advisory_xact_lock(hashtextextended('unilog.group:' || %s || ':' || %s, 0))"
 
 
@@ -62,6 +123,47 @@ def group_watermarks(conn: psycopg.Connection[Any], group: str, stream: str) -> 
     """(producer, epoch) -> the seq at or below which every record was applied by ``group``."""
     cursor = conn.execute(WATERMARKS, (group, stream))
     return watermarks_from_rows(cursor.fetchall())
+
+
+def group_watermarks_many(
+    conn: psycopg.Connection[Any], group: str, streams: Sequence[str]
+) -> dict[str, dict[tuple[str, int], int]]:
+    """:func:`group_watermarks` of each of ``streams`` (names hold no space), in one statement; a stream without
+    any is left out."""
+    cursor = conn.execute(WATERMARKS_MANY, (" ".join(streams), group))
+    marks: dict[str, dict[tuple[str, int], int]] = {}
+    for stream, producer, epoch, seq in cursor.fetchall():
+        marks.setdefault(stream, {})[(producer, int(epoch))] = int(seq)
+    return marks
+
+
+def claim_identities_many(
+    conn: psycopg.Connection[Any], group: str, identities: dict[str, Sequence[Identity]]
+) -> dict[str, set[Identity]]:
+    """:func:`claim_identities` on several streams (stream -> its distinct identities) in one statement, streams in
+    name order; return each stream's new identities."""
+    streams: list[str] = []
+    params: dict[str, Any] = {"g": group, "p": [], "e": [], "lo": [], "hi": [], "n": 0}
+    for stream in sorted(identities):
+        producers, epochs, lows, highs = _runs(identities[stream])
+        streams += [stream] * len(producers)
+        params["p"] += producers
+        params["e"] += epochs
+        params["lo"] += lows
+        params["hi"] += highs
+        params["n"] += len(identities[stream])
+    if not streams:
+        return {}
+    cursor = conn.execute(CLAIM_MANY, {**params, "s": streams})
+    row = cursor.fetchone()
+    assert row is not None
+    if row[0] == params["n"]:
+        return {stream: set(ids) for stream, ids in identities.items()}
+    new: dict[str, set[Identity]] = {stream: set() for stream in identities}
+    if row[0]:
+        for stream, producer, epoch, seq in zip(row[1], row[2], row[3], row[4], strict=True):
+            new[stream].add((producer, int(epoch), int(seq)))
+    return new
 
 
 def watermarks_from_rows(rows: Sequence[tuple[Any, ...]]) -> dict[tuple[str, int], int]:
@@ -128,6 +230,20 @@ def advance_watermarks(conn: psycopg.Connection[Any], group: str, stream: str) -
     replayed and applied, or dropped."""
     conn.execute(ADVANCE, {"g": group, "s": stream})
     return conn.execute(PRUNE, {"g": group, "s": stream}).rowcount
+
+
+def prune_watermarks(conn: psycopg.Connection[Any], group: str, streams: Sequence[str]) -> tuple[int, list[str]]:
+    """:func:`advance_watermarks` on each of ``streams`` whose prune lock is free (taken here, for the caller's
+    transaction; the others are being pruned by another worker), in two statements; return the rows pruned and
+    the streams pruned."""
+    if not streams:
+        return 0, []
+    cursor = conn.execute(PRUNE_MANY, {"g": group, "s": " ".join(streams)})
+    row = cursor.fetchone()
+    locked = list(row[0] or []) if row else []
+    if not locked:
+        return 0, []
+    return conn.execute(PRUNE_LOCKED, {"g": group, "s": locked}).rowcount, locked
 
 
 def read_committed(conn: psycopg.Connection[Any]) -> None:
