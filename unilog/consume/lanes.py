@@ -14,6 +14,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from .. import engine
+from ..config import STREAM_NAME_RE
 from ..errors import ConfigurationError
 from ..store import Checkpoint
 from .base import ConsumerConfig
@@ -115,8 +116,9 @@ def fair_cut(read: Mapping[str, list[engine.Entry]], limit: int, turn: int = 0) 
 
 def admit(names: list[str], known: Collection[str], max_streams: int) -> tuple[list[str], int]:
     """The streams of ``names`` (found by a prefix, in name order) not in ``known`` that fit under ``max_streams``,
-    and how many more were left out."""
-    new = [stream for stream in names if stream not in known]
+    and how many more were left out. A key that is no valid stream name (a space in it, say: another program's) is
+    no stream of a prefix."""
+    new = [stream for stream in names if stream not in known and STREAM_NAME_RE.fullmatch(stream)]
     room = max(0, max_streams - len(known))
     return new[:room], max(0, len(new) - room)
 

@@ -285,6 +285,8 @@ class AsyncGroupConsumer(AsyncWorker):
         applied before and deletes their rows, and the claim then finds no conflict for a redelivered one. Its claim
         waited for that prune to commit (the rows' locks), so the watermarks read again after it cover every such
         record: those are dropped (their rows, below the watermark, go at the next prune)."""
+        if not records:
+            return []
         group = self.config.group
         streams: dict[str, list[Record]] = {}
         for record in records:

@@ -31,7 +31,7 @@ CLAIM = """
 # several streams: joined with the names' list, not `= ANY(...)` (which a generic plan compares element by element)
 WATERMARKS_MANY = """
     SELECT w.stream, w.producer, w.epoch, w.seq
-    FROM unnest(string_to_array(%s, ' ')) AS n(stream)
+    FROM unnest(%s::text[]) AS n(stream)
     JOIN unilog_group_watermarks w ON w.group_name = %s AND w.stream = n.stream
 """
 # CLAIM over several streams: the runs carry their stream; rows go in in the order given (streams in name order,
@@ -43,7 +43,7 @@ CLAIM_MANY = """
         FROM unnest(%(s)s::text[], %(p)s::text[], %(e)s::bigint[], %(lo)s::bigint[], %(hi)s::bigint[])
              WITH ORDINALITY AS r(s, p, e, lo, hi, k),
              generate_series(r.lo, r.hi) AS n
-        ORDER BY r.k, n
+        ORDER BY r.k, n  -- the order given: streams in name order
         ON CONFLICT DO NOTHING
         RETURNING stream, producer, epoch, seq
     )
@@ -81,14 +81,17 @@ PRUNE = """
           AND w.group_name = r.group_name AND w.stream = r.stream AND w.producer = r.producer AND w.epoch = r.epoch
           AND r.seq <= w.seq
         """
-# ADVANCE and PRUNE over the streams of %(s)s (names space-separated) whose prune lock this transaction took
-PRUNE_MANY = """
-    WITH locked AS MATERIALIZED (
-        SELECT n.stream FROM unnest(string_to_array(%(s)s, ' ')) WITH ORDINALITY AS n(stream, k)
-        WHERE pg_try_advisory_xact_lock(hashtextextended('unilog.group:' || %(g)s || ':' || n.stream, 0))
-    ), pairs AS (
-        SELECT DISTINCT r.stream, r.producer, r.epoch FROM locked l
-        JOIN unilog_processed r ON r.group_name = %(g)s AND r.stream = l.stream AND r.producer <> ''
+# The prune locks of several streams, the free ones taken (each stream's as PRUNE_LOCK takes it), in a statement of
+# their own: the statements after it take their snapshots after it, so they see what the lock's last holder committed
+PRUNE_LOCKS = """
+    SELECT coalesce(array_agg(n.stream), '{}') FROM unnest(%(s)s::text[]) AS n(stream)
+    WHERE pg_try_advisory_xact_lock(hashtextextended('unilog.group:' || %(g)s || ':' || n.stream, 0))
+"""
+# ADVANCE over the streams of %(s)s (whose prune locks this transaction holds); a watermark never moves back
+ADVANCE_MANY = """
+    WITH pairs AS (
+        SELECT DISTINCT r.stream, r.producer, r.epoch FROM unnest(%(s)s::text[]) AS n(stream)
+        JOIN unilog_processed r ON r.group_name = %(g)s AND r.stream = n.stream AND r.producer <> ''
     ), current AS (
         SELECT p.stream, p.producer, p.epoch, coalesce(w.seq, 0) AS seq
         FROM pairs p LEFT JOIN unilog_group_watermarks w
@@ -102,13 +105,11 @@ PRUNE_MANY = """
     ), advanced AS (
         SELECT stream, producer, epoch, max(seq) AS seq FROM runs WHERE offset_from_run = 0
         GROUP BY stream, producer, epoch
-    ), saved AS (
-        INSERT INTO unilog_group_watermarks (group_name, stream, producer, epoch, seq)
-        SELECT %(g)s, stream, producer, epoch, seq FROM advanced ORDER BY stream, producer, epoch
-        ON CONFLICT (group_name, stream, producer, epoch) DO UPDATE SET seq = excluded.seq
-        RETURNING stream
     )
-    SELECT array_agg(stream) FROM locked
+    INSERT INTO unilog_group_watermarks (group_name, stream, producer, epoch, seq)
+    SELECT %(g)s, stream, producer, epoch, seq FROM advanced ORDER BY stream, producer, epoch
+    ON CONFLICT (group_name, stream, producer, epoch)
+    DO UPDATE SET seq = greatest(unilog_group_watermarks.seq, excluded.seq)
 """
 PRUNE_LOCKED = """
     DELETE FROM unilog_processed r USING unnest(%(s)s::text[]) AS n(stream), unilog_group_watermarks w
@@ -128,9 +129,8 @@ def group_watermarks(conn: psycopg.Connection[Any], group: str, stream: str) -> 
 def group_watermarks_many(
     conn: psycopg.Connection[Any], group: str, streams: Sequence[str]
 ) -> dict[str, dict[tuple[str, int], int]]:
-    """:func:`group_watermarks` of each of ``streams`` (names hold no space), in one statement; a stream without
-    any is left out."""
-    cursor = conn.execute(WATERMARKS_MANY, (" ".join(streams), group))
+    """:func:`group_watermarks` of each of ``streams``, in one statement; a stream without any is left out."""
+    cursor = conn.execute(WATERMARKS_MANY, (list(streams), group))
     marks: dict[str, dict[tuple[str, int], int]] = {}
     for stream, producer, epoch, seq in cursor.fetchall():
         marks.setdefault(stream, {})[(producer, int(epoch))] = int(seq)
@@ -234,15 +234,15 @@ def advance_watermarks(conn: psycopg.Connection[Any], group: str, stream: str) -
 
 def prune_watermarks(conn: psycopg.Connection[Any], group: str, streams: Sequence[str]) -> tuple[int, list[str]]:
     """:func:`advance_watermarks` on each of ``streams`` whose prune lock is free (taken here, for the caller's
-    transaction; the others are being pruned by another worker), in two statements; return the rows pruned and
+    transaction; the others are being pruned by another worker), in three statements; return the rows pruned and
     the streams pruned."""
     if not streams:
         return 0, []
-    cursor = conn.execute(PRUNE_MANY, {"g": group, "s": " ".join(streams)})
-    row = cursor.fetchone()
-    locked = list(row[0] or []) if row else []
+    row = conn.execute(PRUNE_LOCKS, {"g": group, "s": list(streams)}).fetchone()
+    locked = list(row[0]) if row else []
     if not locked:
         return 0, []
+    conn.execute(ADVANCE_MANY, {"g": group, "s": locked})
     return conn.execute(PRUNE_LOCKED, {"g": group, "s": locked}).rowcount, locked
 
 
