@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 from cli import unilog
-from handlers import MULTI_DDL, multi_applied
+from handlers import MULTI_DDL, async_multi_applied, multi_applied
 from test_multi_streams import publish, rows, stage
 
 from unilog import AsyncGroupConsumer, Faults, GroupConfig, GroupConsumer, InjectedCrash, Record, Settings
@@ -104,15 +104,8 @@ async def test_the_async_face_over_a_prefix_picks_up_a_stream_created_later(ddl:
     stage(ddl, ["t.a", "t.b", "other"], 3)
     publish(ddl)
 
-    async def handler(conn: psycopg.AsyncConnection[Any], records: Sequence[Record]) -> None:
-        async with conn.cursor() as cur:
-            await cur.executemany(
-                "INSERT INTO multi_applied (stream, seq, i, batch) VALUES (%s, %s, %s, 'x')",
-                [(r.stream, r.seq, r.data["i"]) for r in records],
-            )
-
     config = GroupConfig(group="p", stream_prefix="t.", discover_interval=0.2, block_ms=50)
-    async with AsyncGroupConsumer(ddl, config, handler) as worker:
+    async with AsyncGroupConsumer(ddl, config, async_multi_applied) as worker:
         assert await worker.drain() == 6
         stage(ddl, ["t.c"], 4)  # a stream created after the worker started: its group starts at its beginning
         publish(ddl)
@@ -195,3 +188,13 @@ def test_prune_over_several_streams_advances_each_watermark_and_leaves_a_locked_
         assert left == 0
     finally:
         holder.close()
+
+
+def test_a_prefix_past_max_streams_reads_max_streams_of_them(ddl: Settings, pg: Any) -> None:
+    stage(ddl, ["m.a", "m.b", "m.c"], 2)
+    publish(ddl)
+    config = GroupConfig(group="mx", stream_prefix="m.", max_streams=2)
+    with GroupConsumer(ddl, config, multi_applied) as worker:
+        assert worker.drain() == 4, "two streams of the three, each whole"
+        assert len(worker.streams) == 2
+    assert sorted(len(found) for found in applied(pg).values()) == [2, 2]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from .. import engine
 from ..config import STREAM_NAME_RE
@@ -114,13 +115,20 @@ def fair_cut(read: Mapping[str, list[engine.Entry]], limit: int, turn: int = 0) 
     return kept
 
 
-def admit(names: list[str], known: Collection[str], max_streams: int) -> tuple[list[str], int]:
-    """The streams of ``names`` (found by a prefix, in name order) not in ``known`` that fit under ``max_streams``,
-    and how many more were left out. A key that is no valid stream name (a space in it, say: another program's) is
-    no stream of a prefix."""
+def admit(names: list[str], known: Collection[str], max_streams: int, log: Any, **who: Any) -> list[str]:
+    """The streams of ``names`` (found by a prefix, in name order) not in ``known`` that fit under ``max_streams``;
+    those left out beyond it are said in one warning on ``log`` (with ``who``: the consumer or group). A key that is
+    no valid stream name (a space in it, say: another program's) is no stream of a prefix."""
     new = [stream for stream in names if stream not in known and STREAM_NAME_RE.fullmatch(stream)]
     room = max(0, max_streams - len(known))
-    return new[:room], max(0, len(new) - room)
+    if len(new) > room:
+        log.warning(
+            "more streams than max_streams; reading the first of them",
+            **who,
+            max_streams=max_streams,
+            left_out=len(new) - room,
+        )
+    return new[:room]
 
 
 def label_of(streams: tuple[str, ...], prefix: str | None) -> str:

@@ -135,14 +135,7 @@ class AsyncGroupConsumer(AsyncWorker):
             return
         self._discovered_at = now
         names = await (await self.links.redis()).stream_names(prefix, self.config.max_streams)
-        new, left_out = admit(names, set(self.streams), self.config.max_streams)
-        if left_out:
-            log.warning(
-                "more streams than max_streams; reading the first of them",
-                group=self.config.group,
-                max_streams=self.config.max_streams,
-                left_out=left_out,
-            )
+        new = admit(names, set(self.streams), self.config.max_streams, log, group=self.config.group)
         if new and not force:  # at connect the caller creates the groups of every stream at once
             await self._ensure_groups(new)
         self.streams += new

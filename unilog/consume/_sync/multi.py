@@ -148,14 +148,7 @@ class MultiConsumer(Worker):
             return
         self._discovered_at = now
         names = self.links.redis().stream_names(prefix, self.config.max_streams)
-        new, left_out = admit(names, self.lanes, self.config.max_streams)
-        if left_out:
-            log.warning(
-                "more streams than max_streams; reading the first of them",
-                consumer=self.config.name,
-                max_streams=self.config.max_streams,
-                left_out=left_out,
-            )
+        new = admit(names, self.lanes, self.config.max_streams, log, consumer=self.config.name)
         for stream in new:
             self.lanes[stream] = make_lane(self.config, stream)
         if new:
