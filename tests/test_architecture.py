@@ -339,9 +339,14 @@ def test_the_harness_imports_only_the_public_api() -> None:
     assert outside == {}
 
 
+# The one edit allowed: the command's entry point puts the working directory first, as `python -m unilog` has it
+ENTRY_POINT_PATH_EDIT = "unilog/cli/__init__.py"
+
+
 def test_no_code_edits_sys_path() -> None:
-    """Handlers and models are found by :func:`unilog.admin.load_object` (the working directory searched without
-    touching ``sys.path``); the processes a harness starts get ``PYTHONPATH``."""
+    """Handlers and models are found by :func:`unilog.config.import_user_module` (the working directory searched
+    without touching ``sys.path``); the processes a harness starts get ``PYTHONPATH``; only the ``unilog`` command's
+    entry point puts its working directory on the path, as ``python -m`` does."""
     edits = []
     for path in _sources():
         for node in ast.walk(ast.parse(path.read_text())):
@@ -354,7 +359,8 @@ def test_no_code_edits_sys_path() -> None:
                 and node.value.value.id == "sys"
             ):
                 edits.append(f"{path.relative_to(ROOT)}:{node.lineno}")
-    assert edits == []
+    assert [e for e in edits if not e.startswith(f"{ENTRY_POINT_PATH_EDIT}:")] == []
+    assert len(edits) == 1, edits  # the entry point's, which test_console_script.py needs
 
 
 # What may sit at the top of unilog/: the facade, errors, settings and the shared core. Everything else lives in a

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -56,6 +57,50 @@ def test_schema_check_finds_the_users_package_in_the_working_directory(tmp_path:
     )  # fmt: skip
     assert missing.returncode != 0 and "Traceback" not in missing.stderr, missing.stderr
     assert "nowhere" in missing.stderr
+
+
+def run_script(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The installed ``unilog ARGS``, run from ``cwd`` (the user's folder) with no ``PYTHONPATH``."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
+    return subprocess.run([console_script(), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+
+
+def user_package(folder: Path, records: str = SHOP) -> None:
+    (folder / "shop").mkdir()
+    (folder / "shop" / "__init__.py").write_text("")
+    (folder / "shop" / "records.py").write_text(records)
+
+
+def test_backfill_type_and_asyncapi_module_find_the_users_package_in_the_working_directory(
+    tmp_path: Path, settings: Settings, pg: Any
+) -> None:
+    user_package(tmp_path)
+    urls = ["--database-url", settings.database_url, "--redis-url", settings.redis_url]
+    pg.execute("CREATE TABLE orders (order_id int PRIMARY KEY)")
+    pg.execute("INSERT INTO orders SELECT generate_series(1, 3)")
+    backfill = run_script(
+        tmp_path, "backfill", "orders", "--key", "order_id", "--type", "shop.records:OrderCreated", *urls
+    )
+    assert backfill.returncode == 0, backfill.stderr
+    staged = pg.execute("SELECT stream, object, action, data FROM staged_log_records ORDER BY id").fetchall()
+    assert [(r[0], r[1], r[2], r[3]) for r in staged] == [
+        ("orders", "order", "created", {"order_id": i}) for i in (1, 2, 3)
+    ]
+    document = run_script(tmp_path, "asyncapi", "--module", "shop.records", "--out", "doc.json", *urls)
+    assert document.returncode == 0, document.stderr
+    messages = json.loads((tmp_path / "doc.json").read_text())["components"]["messages"]
+    assert messages["OrderCreated_v1"]["x-unilog-registered"] is False
+
+
+def test_a_users_module_imports_a_top_level_module_beside_it_as_python_m_finds_it(tmp_path: Path) -> None:
+    """A flat layout: ``shop/records.py`` imports ``pricing`` (``pricing.py`` in the user's folder) by its top-level
+    name, which ``python -m unilog`` finds (the working directory is on its path) and the console script must too."""
+    user_package(tmp_path, "import pricing  # beside the package, in the user's folder\n" + SHOP)
+    (tmp_path / "pricing.py").write_text("RATE = 3\n")
+    (tmp_path / "registry.json").write_text(json.dumps({"schemas": [], "modes": {}}))
+    result = run_script(tmp_path, "schema", "check", "shop.records", "--against", "registry.json")
+    assert result.returncode == 0, result.stderr
+    assert "OrderCreated" in result.stdout, result.stdout
 
 
 # Issue 45: a process start is most of what many tests wait for, and most of a start was importing what the command

@@ -303,7 +303,8 @@ def import_user_module(module_name: str, search: Sequence[str] | None = None) ->
     """``importlib.import_module``, with a top-level package or module that is not importable looked for in
     ``search`` (default: the working directory, as ``python -m`` finds it) without changing ``sys.path``: how every
     command finds the user's code (handlers, record types, backfill types), through the ``unilog`` console script
-    as through ``python -m unilog``. Modules it imports by their own top-level names must then be importable."""
+    as through ``python -m unilog``. Modules it imports by their own top-level names must then be importable (the
+    ``unilog`` command has its working directory on the path, as ``python -m`` has)."""
     top = module_name.partition(".")[0]
     if top not in sys.modules and importlib.util.find_spec(top) is None:
         spec = importlib.machinery.PathFinder.find_spec(top, [os.getcwd()] if search is None else list(search))

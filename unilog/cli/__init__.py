@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import sys
 from collections.abc import Callable, Sequence
 from importlib.metadata import EntryPoint, entry_points
@@ -118,7 +119,10 @@ _ERROR_CODES: list[tuple[type[BaseException], ExitCode]] = [
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``unilog`` command; return its exit code."""
+    """Run the ``unilog`` command; return its exit code. Run as a program (no ``argv``), the working directory is
+    put first on ``sys.path`` (:func:`_users_folder_first`)."""
+    if argv is None:
+        _users_folder_first()
     args = _parser().parse_args(argv)
     configure_logging(level=args.log_level, json=args.log_json)
     _freeze_startup_objects()
@@ -139,6 +143,16 @@ def consume_main(handler: Handler, argv: Sequence[str] | None = None, *, prog: s
     from .consuming import run_consumer
 
     return _guarded(lambda a: run_consumer(a, handler), args)
+
+
+def _users_folder_first() -> None:
+    """The working directory first on ``sys.path``, where ``python -m unilog`` has it (and uvicorn's and gunicorn's
+    commands put theirs): the user's modules, and the top-level modules they import themselves (a flat layout's
+    ``pricing.py`` beside ``shop/``), are found through the installed console script as through ``python -m``. The
+    command's entry point only: the library never touches the path (tests/test_architecture.py)."""
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.insert(0, here)
 
 
 def _freeze_startup_objects() -> None:
