@@ -312,6 +312,57 @@ def test_the_sink_waits_out_a_postgres_restart_mid_batch(spark: Any, app: Settin
             assert saved == (1,)
 
 
+def test_a_running_query_waits_out_redis_down_at_its_start_and_a_restart_under_it(
+    spark: Any, app: Settings, tmp_path: Path
+) -> None:
+    """Issue 47 item 3, the Spark source: Redis is down when the distance consumer's query starts and comes back 10 s
+    later; then it restarts under the running query (down 3 s, rides staged meanwhile). Each call of the source
+    waits the server out, so the query is still running afterwards, with no failure, and has applied every ride
+    once (before, the first call that met the stopped server failed the query). On a Redis of its own: the suite's
+    is never restarted."""
+    import threading
+
+    from unilog.harness.embedded import EmbeddedRedis
+
+    own = EmbeddedRedis().start()
+    mine = app.with_(redis_url=own.url)
+    name = "spark-redis-restarts"
+
+    def caught_up(total: int) -> bool:
+        assert query.isActive, query.exception()  # a failed query never catches up: say why at once
+        with psycopg.connect(mine.database_url) as conn:
+            totals = consumer_totals(conn).get(name)
+            return totals is not None and totals.ride_count == total and totals == canonical_totals(conn)
+
+    try:
+        rides(mine, 30)
+        Streamer(mine).drain()
+        own.stop()
+        threading.Timer(10.0, own.start).start()  # the query's first calls come within a few seconds of its start
+        query = start_query(spark, name, mine.database_url, own.url, str(tmp_path / "chk"), once=False)
+        try:
+            wait_until(lambda: caught_up(30), 180, "the 30 rides published before the start")
+            own.stop()
+            rides(mine, 20)  # staged while Redis is down; the query's calls meet the stopped server
+            time.sleep(3.0)
+            assert query.isActive, query.exception()
+            own.start()
+            Streamer(mine).drain()
+            wait_until(lambda: caught_up(50), 180, "the 20 rides published after the restart")
+            assert query.isActive and query.exception() is None, query.exception()
+        finally:
+            query.stop()
+    finally:
+        own.stop(cleanup=True)
+
+
+def wait_until(check: Any, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, f"not within {seconds} s: {what}"
+        time.sleep(0.5)
+
+
 def test_the_sink_gives_up_with_a_clear_error_when_the_checkpoint_keeps_moving(spark: Any, app: Settings) -> None:
     from unilog.errors import ConcurrentConsumer
 

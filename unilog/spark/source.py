@@ -4,9 +4,10 @@ stream ids, each batch cut into ranges of entries read in parallel by the execut
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 from .. import engine, store
 from ..config import postgres_conninfo
@@ -14,6 +15,23 @@ from ..errors import ConfigurationError
 from .columns import record_batch
 
 SOURCE_NAME = "unilog"
+
+T = TypeVar("T")
+
+# Seconds a call of the source on its servers waits out their transient failure (a restart, a failover, a server not
+# up yet: unilog.runtime.policy.transient), one line per retry, as the sink waits per micro-batch; one lasting longer
+# fails the micro-batch, and with it the query (its process exits; a supervisor starts it again)
+RETRY_FOR = 300.0
+
+
+def waited(step: Callable[[], T], call: str) -> T:
+    """``step()``, a call of the source on Redis or Postgres (``call`` names it in the lines), retried while the
+    servers fail transiently, for up to :data:`RETRY_FOR` seconds: a query rides out a restart instead of failing
+    (issue 47). A planned batch is read again whole (its ranges by id, so nothing is read twice into it)."""
+    from ..runtime.waiting import wait_for_servers  # the runtime only where a query runs
+
+    return wait_for_servers(step, name="spark source", give_up_after=RETRY_FOR, call=call)
+
 
 try:  # pyspark is optional: everything else in unilog works without it
     from pyspark.sql.datasource import (
@@ -126,13 +144,28 @@ def split_ranges(options: SourceOptions, after: str, ids: list[str], stream: str
     return ranges
 
 
+READ_PAGE = 5000  # entries an executor reads per XRANGE, and per Arrow record batch
+
+
 def read_range(partition: EntryRange) -> Iterator[Any]:
     """The rows of one range, read on an executor, as Arrow record batches (one per ``XRANGE`` page), built column
-    by column from Redis's raw reply: Spark takes them as they are (rows as tuples are converted one by one)."""
-    for chunk in engine.raw_pages(partition.redis_url, partition.stream, partition.after, partition.until, 5000):
-        with engine.no_gc():
-            batch = record_batch(partition.stream, chunk)
-        yield batch
+    by column from Redis's raw reply: Spark takes them as they are (rows as tuples are converted one by one). Each
+    page is :func:`waited` for: a Redis restarting mid-range is read on from the page it failed at."""
+    cursor = partition.after
+    while True:
+        chunk: list[Any] = waited(partial(_page, partition, cursor), "read")
+        if chunk:
+            with engine.no_gc():
+                batch = record_batch(partition.stream, chunk)
+            yield batch
+        if len(chunk) < READ_PAGE:
+            return
+        cursor = engine.to_str(chunk[-1][0])
+
+
+def _page(partition: EntryRange, cursor: str) -> list[Any]:
+    """The range's page of entries after ``cursor`` (on a client of its own: a failed one is not reused)."""
+    return next(engine.raw_pages(partition.redis_url, partition.stream, cursor, partition.until, READ_PAGE), [])
 
 
 def hold_retention(redis_url: str, stream: str, consumer: str, last_id: str) -> None:
@@ -159,7 +192,11 @@ class UnilogStreamReader(DataSourceStreamReader):
         self._planned: dict[tuple[str, str], list[str]] = {}
 
     def initialOffset(self) -> dict[str, str]:
-        """After the consumer's checkpoint in Postgres, else ``startingId``; registers the consumer for retention."""
+        """After the consumer's checkpoint in Postgres, else ``startingId``; registers the consumer for retention.
+        The servers are waited for (:func:`waited`), as in every call below."""
+        return waited(self._initial, "initial offset")
+
+    def _initial(self) -> dict[str, str]:
         start = self.options.starting_id
         if self.options.database_url and self.options.consumer:
             stored = checkpoint_id(self.options.database_url, self.options.consumer)
@@ -182,7 +219,7 @@ class UnilogStreamReader(DataSourceStreamReader):
         cap = getattr(limit, "max_rows", None)
         if limit is None:
             cap = self.options.max_entries_per_batch
-        ids = ids_after(self.options.redis_url, self.options.stream, after, cap)
+        ids = waited(partial(ids_after, self.options.redis_url, self.options.stream, after, cap), "latest offset")
         if not ids:
             return {"id": after}
         self._planned = {(after, ids[-1]): ids}  # partitions() for this batch needs no second scan
@@ -192,7 +229,8 @@ class UnilogStreamReader(DataSourceStreamReader):
         key = (start["id"], end["id"])
         ids = self._planned.pop(key, None)
         if ids is None:  # a replayed batch (restart): list its ids again
-            ids = ids_after(self.options.redis_url, self.options.stream, start["id"], None, until=end["id"])
+            replay = partial(ids_after, self.options.redis_url, self.options.stream, start["id"], None, end["id"])
+            ids = waited(replay, "partitions")
         return split_ranges(self.options, start["id"], ids)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:

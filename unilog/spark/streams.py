@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator
+from functools import partial
 from typing import Any
 
 import structlog
@@ -34,6 +35,7 @@ from .source import (
     SourceOptions,
     read_range,
     split_ranges,
+    waited,
 )
 
 Offset = dict[str, dict[str, str]]
@@ -139,7 +141,10 @@ class UnilogStreamsReader(DataSourceStreamReader):
 
     def initialOffset(self) -> Offset:
         """Each stream after the consumer's checkpoint row for it, else ``startingId``; registers the rows for
-        retention."""
+        retention. The servers are waited for (:func:`~unilog.spark.source.waited`), as in every call below."""
+        return waited(self._initial, "initial offset")
+
+    def _initial(self) -> Offset:
         options = self.options
         streams = stream_list(options)
         start = dict.fromkeys(streams, options.starting_id)
@@ -156,11 +161,10 @@ class UnilogStreamsReader(DataSourceStreamReader):
     def latestOffset(self, start: Offset | None = None, limit: Any = None) -> Offset:
         """The end of the next batch: each stream's share of the read limit after ``start``."""
         known = dict((start or self.initialOffset())["ids"])
-        after = {stream: known.get(stream, "0-0") for stream in stream_list(self.options, known)}
         cap = getattr(limit, "max_rows", None)  # None: read everything (Trigger.AvailableNow's target)
         if limit is None:
             cap = self.options.max_entries_per_batch
-        found = self._ids(after, cap)
+        after, found = waited(partial(self._next, known, cap), "latest offset")
         end = dict(known)
         for stream, ids in found.items():
             end[stream] = ids[-1]
@@ -168,6 +172,11 @@ class UnilogStreamsReader(DataSourceStreamReader):
         # partitions() for this batch needs no second scan
         self._planned = {_key({"ids": known}, offset): pack(self.options, after, found)}
         return offset
+
+    def _next(self, known: dict[str, str], cap: int | None) -> tuple[dict[str, str], dict[str, list[str]]]:
+        """Each stream's last id so far (the streams a prefix finds now included), and the ids of its share."""
+        after = {stream: known.get(stream, "0-0") for stream in stream_list(self.options, known)}
+        return after, self._ids(after, cap)
 
     def _ids(self, after: dict[str, str], cap: int | None) -> dict[str, list[str]]:
         """The ids of each stream's share of ``cap`` entries after ``after`` (one ``XREAD``); every id, paged per
@@ -188,7 +197,7 @@ class UnilogStreamsReader(DataSourceStreamReader):
             return planned
         after = {stream: start["ids"].get(stream, "0-0") for stream in end["ids"]}  # a replayed batch (restart)
         ranges = {s: (after[s], until) for s, until in sorted(end["ids"].items()) if until != after[s]}
-        found = engine.ids_many(self.options.redis_url, ranges, engine.PAGE)
+        found = waited(partial(engine.ids_many, self.options.redis_url, ranges, engine.PAGE), "partitions")
         return pack(self.options, after, found)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
