@@ -30,7 +30,6 @@ from typing import Any
 
 import psycopg
 import pytest
-import redis
 from handlers import APPLIED_DDL
 
 from unilog import Settings, Streamer, emit
@@ -244,7 +243,7 @@ class Kind:
 
 
 def _partitioned(app: Settings) -> None:
-    client = redis.Redis.from_url(app.redis_url)
+    client = connect(app.redis_url)  # a cluster's URL too
     RedisStreams(client).set_partitions(app.stream, 2)
     client.close()
 
@@ -370,18 +369,21 @@ def cluster() -> Iterator[EmbeddedRedisCluster]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["streamer", "checkpoint", "group", "exporter", "dashboard"])
+@pytest.mark.parametrize("kind", ["streamer", "checkpoint", "group", "partition", "exporter", "dashboard"])
 def test_a_process_rides_out_a_cluster_master_failing_over(
     kind: str, servers: Servers, app: Settings, cluster: EmbeddedRedisCluster, tmp_path: Path
 ) -> None:
-    """The master serving the stream is killed (SIGKILL) under the running process, its replica promoted, and the
-    old master restarted (it rejoins as a replica): the process goes on, with no traceback."""
+    """The master serving the stream (a partitioned consumer's: its first partition) is killed (SIGKILL) under the
+    running process, its replica promoted, and the old master restarted (it rejoins as a replica): the process goes
+    on, with no traceback."""
     on_cluster = app.with_(redis_url=cluster.cluster_url)
     spec = KINDS[kind]
+    spec.setup(on_cluster)
     process = Process(spec.args, on_cluster, tmp_path)
     try:
         works(kind, process, on_cluster, range(0, 3), "on the cluster")
-        master = cluster.master_of(on_cluster.stream)
+        key = partition_stream(on_cluster.stream, 0) if kind == "partition" else on_cluster.stream
+        master = cluster.master_of(key)
         replicas = cluster.replicas_of(master)
         master.kill()
         cluster.wait_failover(replicas)
