@@ -240,6 +240,7 @@ class Kind:
     args: list[str]
     setup: Callable[[Settings], None] = lambda app: None
     worker: bool = True  # consumes or publishes records (else it serves a report)
+    teardown: Callable[[Settings], None] = lambda app: None  # after the process stopped, both servers up
 
 
 def _partitioned(app: Settings) -> None:
@@ -248,8 +249,24 @@ def _partitioned(app: Settings) -> None:
     client.close()
 
 
+def _wal_mode(app: Settings) -> None:
+    from unilog.stream.modes import enable_wal
+
+    enable_wal(app)  # the module's database: back to table mode in the test's teardown
+
+
+def _table_mode(app: Settings) -> None:
+    from unilog.stream.modes import disable_wal
+
+    disable_wal(app)
+
+
 KINDS = {
     "streamer": Kind(["streamer", "--poll-interval", "0.2", "--metrics-port", "{port}"]),
+    # WAL capture: the slot's replication session too is ended by each restart (and by pg_terminate_backend)
+    "streamer-wal": Kind(
+        ["streamer", "--poll-interval", "0.2", "--metrics-port", "{port}"], setup=_wal_mode, teardown=_table_mode
+    ),
     "checkpoint": Kind(["consume", "restart_handlers:apply", "--name", "{name}", "--metrics-port", "{port}"]),
     "group": Kind(
         ["consume", "restart_handlers:apply", "--group", "{name}", "--worker", "w1", "--metrics-port", "{port}"],
@@ -266,7 +283,7 @@ KINDS = {
 def works(kind: str, process: Process, app: Settings, numbers: range, when: str) -> None:
     """The process does its work for ``numbers`` and answers, ``when`` (for the messages)."""
     spec = KINDS[kind]
-    if kind == "streamer":
+    if kind.startswith("streamer"):
         stage(app, numbers)
         expected = list(range(numbers.stop))
         wait_for(lambda: published(app) == expected, f"the streamer to publish {numbers} once, {when}", process=process)
@@ -320,8 +337,12 @@ def test_a_process_started_while_a_server_is_down_waits_and_rides_out_its_restar
             terminate_sessions(app)
             works(kind, process, app, range(6, 9), "after its Postgres sessions were terminated")
         process.assert_alive("at the end")
+        if kind == "streamer-wal":
+            assert "streaming from the WAL" in process.text(), "the streamer read the slot, not the table"
     finally:
         code = process.stop()
+        servers.ensure_up()
+        spec.teardown(app)
     assert code == 0, process.text()
     process.assert_no_traceback()
 
