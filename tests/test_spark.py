@@ -329,10 +329,7 @@ def test_a_running_query_waits_out_redis_down_at_its_start_and_a_restart_under_i
     name = "spark-redis-restarts"
 
     def caught_up(total: int) -> bool:
-        assert query.isActive, query.exception()  # a failed query never catches up: say why at once
-        with psycopg.connect(mine.database_url) as conn:
-            totals = consumer_totals(conn).get(name)
-            return totals is not None and totals.ride_count == total and totals == canonical_totals(conn)
+        return applied_all(query, mine, name, total)
 
     try:
         rides(mine, 30)
@@ -354,6 +351,44 @@ def test_a_running_query_waits_out_redis_down_at_its_start_and_a_restart_under_i
             query.stop()
     finally:
         own.stop(cleanup=True)
+
+
+def applied_all(query: Any, app: Settings, name: str, total: int) -> bool:
+    """Whether consumer ``name`` applied ``total`` rides, agreeing with the canonical totals; a failed query never
+    will: its failure is raised at once."""
+    assert query.isActive, query.exception()
+    with psycopg.connect(app.database_url) as conn:
+        totals = consumer_totals(conn).get(name)
+        return totals is not None and totals.ride_count == total and totals == canonical_totals(conn)
+
+
+def test_a_running_query_rides_out_a_cluster_master_failing_over(
+    spark: Any, app: Settings, cluster: Any, tmp_path: Path
+) -> None:
+    """Issue 47 item 3, the Spark source on a Redis Cluster: the master serving the stream is killed (SIGKILL) under
+    the running query, its replica promoted, then the old master restarted (it rejoins as a replica). The query's
+    calls wait the failover out; it is still running afterwards and has applied every ride once."""
+    client = redis.RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
+    client.flushall(target_nodes=redis.RedisCluster.PRIMARIES)
+    client.close()
+    mine, name = app.with_(redis_url=cluster.cluster_url), "spark-failover"
+    rides(mine, 30)
+    Streamer(mine).drain()
+    query = start_query(spark, name, mine.database_url, mine.redis_url, str(tmp_path / "chk"), once=False)
+    try:
+        wait_until(lambda: applied_all(query, mine, name, 30), 180, "the 30 rides published before the failover")
+        master = cluster.master_of(STREAM)
+        replicas = cluster.replicas_of(master)
+        master.kill()
+        rides(mine, 20)
+        cluster.wait_failover(replicas)
+        Streamer(mine).drain()
+        wait_until(lambda: applied_all(query, mine, name, 50), 180, "the 20 rides published after the failover")
+        master.start()
+        cluster.wait_replica_online(master)
+        assert query.isActive and query.exception() is None, query.exception()
+    finally:
+        query.stop()
 
 
 def wait_until(check: Any, seconds: float, what: str) -> None:
