@@ -77,6 +77,10 @@ def test_unreachable_servers_name_the_server_without_password(settings: Settings
     result = unilog("streamer", "--once", env=env_for(settings, REDIS_URL=f"redis://:pw@127.0.0.1:{port}/0"))
     assert result.returncode == ExitCode.UNREACHABLE
     assert "cannot connect to Redis" in one_line_error(result)
+    # a Redis Cluster none of whose nodes answers (redis-py raises no RedisError there: it was a traceback)
+    result = unilog("streamer", "--once", env=env_for(settings, REDIS_URL=f"redis+cluster://127.0.0.1:{port}/0"))
+    assert result.returncode == ExitCode.UNREACHABLE, result.stderr
+    assert "cannot reach the Redis Cluster" in one_line_error(result)
 
 
 def test_unmigrated_database_says_run_migrate(settings: Settings, unilog_postgres: Any) -> None:

@@ -181,6 +181,20 @@ def test_several_streams_small_ones_share_a_task_and_the_options_refuse_a_mix() 
         SourceOptions.parse({"redisUrl": "redis://x", "stream": "a", "streams": "b"})
 
 
+def test_the_options_refuse_a_stream_id_redis_would_refuse_each_time() -> None:
+    """Refused once, at the query's start: the source's calls wait out their servers, not a bad option."""
+    from unilog.errors import ConfigurationError
+
+    base = {"redisUrl": "redis://x", "stream": "a"}
+    with pytest.raises(ConfigurationError, match=r"startingId must be a stream id such as .* or beginning, not '\$'"):
+        SourceOptions.parse(base | {"startingId": "$"})
+    with pytest.raises(ConfigurationError, match="endingId must be a stream id such as 1700000000000-3, not 'end'"):
+        SourceOptions.parse(base | {"endingId": "end"})
+    fine = SourceOptions.parse(base | {"startingId": "1700000000000-3", "endingId": "1700000000001"})
+    assert (fine.starting_id, fine.ending_id) == ("1700000000000-3", "1700000000001")
+    assert SourceOptions.parse(base | {"startingId": "beginning"}).starting_id == "0-0"
+
+
 def test_double_sent_batches_are_applied_once(spark: Any, app: Settings, tmp_path: Path) -> None:
     rides(app, 300)
     with Streamer(app, faults=Faults.scripted(streamer__double_send=[True])) as streamer:
@@ -331,11 +345,13 @@ def test_a_running_query_waits_out_redis_down_at_its_start_and_a_restart_under_i
     def caught_up(total: int) -> bool:
         return applied_all(query, mine, name, total)
 
+    back = threading.Timer(10.0, own.start)  # the query's first calls come within a few seconds of its start
+
     try:
         rides(mine, 30)
         Streamer(mine).drain()
         own.stop()
-        threading.Timer(10.0, own.start).start()  # the query's first calls come within a few seconds of its start
+        back.start()
         query = start_query(spark, name, mine.database_url, own.url, str(tmp_path / "chk"), once=False)
         try:
             wait_until(lambda: caught_up(30), 180, "the 30 rides published before the start")
@@ -350,6 +366,9 @@ def test_a_running_query_waits_out_redis_down_at_its_start_and_a_restart_under_i
         finally:
             query.stop()
     finally:
+        back.cancel()
+        if back.ident is not None:  # started: a Redis it starts late must not outlive the test
+            back.join()
         own.stop(cleanup=True)
 
 

@@ -120,7 +120,9 @@ _ERROR_CODES: list[tuple[type[BaseException], ExitCode]] = [
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``unilog`` command; return its exit code. Run as a program (no ``argv``), the working directory is
-    put first on ``sys.path`` (:func:`_users_folder_first`)."""
+    put first on ``sys.path`` (:func:`_users_folder_first`): a host process calling it gives ``argv``. As with
+    ``python -m``, a file in the working directory then shadows a module of the same name imported after it: run
+    the command from the project's folder, not from a folder others can write to."""
     if argv is None:
         _users_folder_first()
     args = _parser().parse_args(argv)
@@ -151,7 +153,8 @@ def _users_folder_first() -> None:
     ``pricing.py`` beside ``shop/``), are found through the installed console script as through ``python -m``. The
     command's entry point only: the library never touches the path (tests/test_architecture.py)."""
     here = os.getcwd()
-    if here not in sys.path and "" not in sys.path:
+    # not under `python -P` / PYTHONSAFEPATH (or -I): the user asked for no such entry
+    if here not in sys.path and "" not in sys.path and not sys.flags.safe_path:
         sys.path.insert(0, here)
 
 

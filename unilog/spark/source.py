@@ -4,6 +4,7 @@ stream ids, each batch cut into ranges of entries read in parallel by the execut
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
@@ -15,6 +16,7 @@ from ..errors import ConfigurationError
 from .columns import record_batch
 
 SOURCE_NAME = "unilog"
+_STREAM_ID = re.compile(r"\d+(-\d+)?")  # an entry id, or a millisecond time alone
 
 T = TypeVar("T")
 
@@ -88,6 +90,14 @@ class SourceOptions:
         if not redis_url or stream is None or not (stream or streams or prefix):
             raise ConfigurationError("the unilog source needs the options redisUrl and stream (or streams)")
         starting = _option(options, "startingId", "beginning") or "beginning"
+        ending = _option(options, "endingId")
+        for name, value in (("startingId", starting), ("endingId", ending)):
+            if value is not None and value != "beginning" and not _STREAM_ID.fullmatch(value):
+                # refused here, once: Redis would refuse each read, and the source waits out only its servers
+                raise ConfigurationError(
+                    f"the unilog source's option {name} must be a stream id such as 1700000000000-3"
+                    f"{' or beginning' if name == 'startingId' else ''}, not {value!r}"
+                )
         return cls(
             redis_url=redis_url,
             stream=stream,
@@ -97,7 +107,7 @@ class SourceOptions:
             database_url=_option(options, "databaseUrl"),
             consumer=_option(options, "consumer"),
             starting_id="0-0" if starting == "beginning" else starting,
-            ending_id=_option(options, "endingId"),
+            ending_id=ending,
             max_entries_per_batch=int(_option(options, "maxEntriesPerBatch", "10000") or 10000),
             entries_per_partition=max(1, int(_option(options, "entriesPerPartition", "25000") or 25000)),
             min_partitions=max(1, int(_option(options, "minPartitions", "1") or 1)),

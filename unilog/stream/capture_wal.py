@@ -126,7 +126,7 @@ class WalCapture:
         self._pending: deque[WalTransaction] = deque()  # transactions and parts of one received, not yet published
         self._pending_rows = 0
         self._head_offset = 0  # rows of the first pending part already published (split across batches)
-        self._room = batch_size  # rows the next batch may hold (more after a spread batch: WAL_DEPTH)
+        self._room = batch_size  # rows the next batch may hold (more while batches are spread: WAL_DEPTH)
         self._predrained = False
         self._helper: concurrent.futures.ThreadPoolExecutor | None = None  # Redis, while the next batch decodes
         self._mark = (0, -1)  # the last record message published: (commit LSN, ordinal); ones at or before it skip
@@ -288,7 +288,7 @@ class WalCapture:
             reader.confirm(reader.received_end)
 
     def _take_batch(self) -> tuple[list[WalRow], int | None, int, list[int], str | None, list[str]]:
-        """Up to ``batch_size`` rows in commit order (more, at most ``batch_size`` of a stream, after a spread batch:
+        """Up to ``batch_size`` rows in commit order (more, at most ``batch_size`` of a stream, while spread:
         :data:`WAL_DEPTH`), a large transaction split across batches; returns (rows, the
         end LSN of the last transaction finished by them or None, transactions finished, their transactions' xids,
         the one stream of them all when each is an untraced message, else None: see WalTransaction.plain, and the

@@ -103,7 +103,7 @@ def _cluster(url: str, scheme: str, socket_timeout: float | None) -> RedisCluste
             **QUIET,
             **options,
         )
-    except (redis.RedisError, OSError) as exc:
+    except (redis.RedisError, redis.exceptions.RedisClusterException, OSError) as exc:  # the latter: no node answered
         raise ServerUnreachable(
             f"cannot reach the Redis Cluster at {redact_url(url)}: {exc} (are its nodes up and REDIS_URL right?)"
         ) from None
