@@ -416,3 +416,36 @@ def test_a_process_rides_out_a_cluster_master_failing_over(
         code = process.stop()
     assert code == 0, process.text()
     process.assert_no_traceback()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["streamer", "checkpoint", "group", "partition", "exporter", "dashboard"])
+def test_a_process_started_while_a_cluster_master_is_down_waits_for_the_failover(
+    kind: str, servers: Servers, app: Settings, cluster: EmbeddedRedisCluster, tmp_path: Path
+) -> None:
+    """The master serving the stream (a partitioned consumer's: its first partition) is killed before the process
+    starts: the process waits (its first commands on those slots fail until the replica is promoted), then works;
+    the old master rejoins as a replica under it. No traceback."""
+    on_cluster = app.with_(redis_url=cluster.cluster_url)
+    spec = KINDS[kind]
+    spec.setup(on_cluster)
+    key = partition_stream(on_cluster.stream, 0) if kind == "partition" else on_cluster.stream
+    master = cluster.master_of(key)
+    replicas = cluster.replicas_of(master)
+    master.kill()
+    process = Process(spec.args, on_cluster, tmp_path)
+    try:
+        time.sleep(DOWN_AT_START)
+        process.assert_alive("while a master was down at its start")
+        cluster.wait_failover(replicas)
+        works(kind, process, on_cluster, range(0, 3), "after the failover")
+        master.start()
+        cluster.wait_replica_online(master)
+        works(kind, process, on_cluster, range(3, 6), "after the old master rejoined")
+    finally:
+        code = process.stop()
+        if master.pid is None:
+            master.start()
+            cluster.wait_replica_online(master)
+    assert code == 0, process.text()
+    process.assert_no_traceback()
