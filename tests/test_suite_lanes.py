@@ -46,14 +46,16 @@ def test_a_group_runs_on_one_worker(tmp_path: Path) -> None:
             "-p",
             "no:cacheprovider",
             "-p",
-            "no:unilog",
+            "xdist.plugin",
             str(tmp_path),
         ],
         cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=120,
-        env={**__import__("os").environ, "LANES_LOG": str(log)},
+        # xdist alone: four processes importing every installed plugin (Hypothesis, asyncio, unilog's...) took
+        # most of this test's 11 s
+        env={**__import__("os").environ, "LANES_LOG": str(log), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
     )
     assert result.returncode == 0, result.stdout + result.stderr
     workers = dict(line.split() for line in log.read_text().splitlines())
