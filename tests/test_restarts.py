@@ -389,8 +389,23 @@ def cluster() -> Iterator[EmbeddedRedisCluster]:
     yield from embedded_cluster()
 
 
+CLUSTER_KINDS = ["streamer", "checkpoint", "group", "partition", "exporter", "dashboard"]
+
+
+def serving_master(cluster: EmbeddedRedisCluster, kind: str, app: Settings) -> EmbeddedRedis:
+    """The master serving the process's stream (a partitioned consumer's: its first partition)."""
+    return cluster.master_of(partition_stream(app.stream, 0) if kind == "partition" else app.stream)
+
+
+def rejoined(cluster: EmbeddedRedisCluster, master: EmbeddedRedis) -> None:
+    """The killed master started again and back as a replica (the next test needs the whole cluster)."""
+    if master.pid is None:
+        master.start()
+    cluster.wait_replica_online(master)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["streamer", "checkpoint", "group", "partition", "exporter", "dashboard"])
+@pytest.mark.parametrize("kind", CLUSTER_KINDS)
 def test_a_process_rides_out_a_cluster_master_failing_over(
     kind: str, servers: Servers, app: Settings, cluster: EmbeddedRedisCluster, tmp_path: Path
 ) -> None:
@@ -403,14 +418,12 @@ def test_a_process_rides_out_a_cluster_master_failing_over(
     process = Process(spec.args, on_cluster, tmp_path)
     try:
         works(kind, process, on_cluster, range(0, 3), "on the cluster")
-        key = partition_stream(on_cluster.stream, 0) if kind == "partition" else on_cluster.stream
-        master = cluster.master_of(key)
+        master = serving_master(cluster, kind, on_cluster)
         replicas = cluster.replicas_of(master)
         master.kill()
         cluster.wait_failover(replicas)
         works(kind, process, on_cluster, range(3, 6), "after the master failed over")
-        master.start()
-        cluster.wait_replica_online(master)
+        rejoined(cluster, master)
         works(kind, process, on_cluster, range(6, 9), "after the old master rejoined")
     finally:
         code = process.stop()
@@ -419,7 +432,7 @@ def test_a_process_rides_out_a_cluster_master_failing_over(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["streamer", "checkpoint", "group", "partition", "exporter", "dashboard"])
+@pytest.mark.parametrize("kind", CLUSTER_KINDS)
 def test_a_process_started_while_a_cluster_master_is_down_waits_for_the_failover(
     kind: str, servers: Servers, app: Settings, cluster: EmbeddedRedisCluster, tmp_path: Path
 ) -> None:
@@ -429,8 +442,7 @@ def test_a_process_started_while_a_cluster_master_is_down_waits_for_the_failover
     on_cluster = app.with_(redis_url=cluster.cluster_url)
     spec = KINDS[kind]
     spec.setup(on_cluster)
-    key = partition_stream(on_cluster.stream, 0) if kind == "partition" else on_cluster.stream
-    master = cluster.master_of(key)
+    master = serving_master(cluster, kind, on_cluster)
     replicas = cluster.replicas_of(master)
     master.kill()
     process = Process(spec.args, on_cluster, tmp_path)
@@ -439,13 +451,11 @@ def test_a_process_started_while_a_cluster_master_is_down_waits_for_the_failover
         process.assert_alive("while a master was down at its start")
         cluster.wait_failover(replicas)
         works(kind, process, on_cluster, range(0, 3), "after the failover")
-        master.start()
-        cluster.wait_replica_online(master)
+        rejoined(cluster, master)
         works(kind, process, on_cluster, range(3, 6), "after the old master rejoined")
     finally:
         code = process.stop()
-        if master.pid is None:
-            master.start()
-            cluster.wait_replica_online(master)
+        if master.pid is None:  # failed while it was down
+            rejoined(cluster, master)
     assert code == 0, process.text()
     process.assert_no_traceback()
