@@ -10,6 +10,7 @@ what it does about one, ``after_handler_failure``, the loop calls when it carrie
 
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -137,6 +138,29 @@ def _classify(worker: Any, exc: BaseException) -> Verdict:
     if isinstance(exc, Exception) and worker.is_handler_failure(exc):
         return Verdict("retry", "handler", exc)
     return Verdict("stop", "error", exc)
+
+
+# redis-py's parser keeps a bound method of itself (a reference cycle) beside a 64 kB read buffer, so a Redis client
+# dropped after a failure is freed only by a full garbage collection, which may come an hour later. A process that
+# restarts in-process or reconnects often (thousands of times an hour under injected crashes or a flaky network) made
+# them faster than full collections freed them, and the buffers freed in bulk spread the heap: RSS crept 0.4-0.6 MB
+# an hour in a two-hour soak (bench/RESULTS.md, issue 47). So the links collect before they make the next client,
+# taking at most 1 % of the process's time: the wait after a collection is a hundred times its length, a second at
+# least (an app's worker thread beside a large heap pays a long collection rarely).
+SWEEP_SHARE, SWEEP_EVERY = 0.01, 1.0
+_sweep = {"next": 0.0}
+
+
+def sweep_dropped_clients() -> bool:
+    """Run a full garbage collection unless one ran too recently (see above); whether it ran. Call it after the
+    dropped client is unreferenced (the failure that dropped it handled), before the next client is made."""
+    started = time.monotonic()
+    if started < _sweep["next"]:
+        return False
+    gc.collect()
+    took = time.monotonic() - started
+    _sweep["next"] = started + max(SWEEP_EVERY, took / SWEEP_SHARE)
+    return True
 
 
 class Backoff:
