@@ -103,6 +103,21 @@ def test_a_users_module_imports_a_top_level_module_beside_it_as_python_m_finds_i
     assert "OrderCreated" in result.stdout, result.stdout
 
 
+def test_reconcile_model_finds_the_users_module_in_the_working_directory(tmp_path: Path) -> None:
+    """Spark's entry point takes the user's code as ``--model module:object``; it is imported before Spark starts,
+    so a module found without the object it names proves the module was found (no JVM needed), and the same
+    command from another folder says the module is nowhere, in one line each."""
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "ridemodel.py").write_text("totals = None  # the user's reconcile model would be here\n")
+    urls = ["--database-url", "postgresql://u@127.0.0.1:1/x", "--redis-url", "redis://127.0.0.1:1/0"]
+    found = run_script(tmp_path / "app", "reconcile", "--model", "ridemodel:model", *urls)
+    assert found.returncode == 6 and "Traceback" not in found.stderr, found.stderr
+    assert "'ridemodel' has no 'model'" in found.stderr, found.stderr
+    nowhere = run_script(tmp_path, "reconcile", "--model", "ridemodel:model", *urls)
+    assert nowhere.returncode == 6 and "Traceback" not in nowhere.stderr, nowhere.stderr
+    assert "ridemodel" in nowhere.stderr and "has no" not in nowhere.stderr, nowhere.stderr
+
+
 # Issue 45: a process start is most of what many tests wait for, and most of a start was importing what the command
 # never uses. Each command builds the whole parser, so parsing imports no adapter, no structlog; logging as JSON (off
 # a terminal) imports no rich; and nothing imports the OpenTelemetry SDK, which redis-py 8 pulls in if it is there.
