@@ -415,6 +415,30 @@ def test_a_redis_client_the_links_dropped_is_freed_before_they_make_the_next(
     assert alive == 1, f"{alive} redis-py parsers alive, one client open"
 
 
+def test_redis_clients_that_failed_to_connect_are_freed_before_the_next_attempt(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker waiting for an unreachable Redis makes a client each attempt (redis-py makes the connection, and its
+    parser, before the socket connects) and drops it: each left the same cycle behind (up to 360 an hour at the
+    longest back-off), until the links noted those drops too. The threaded face: the asyncio one makes its parser
+    once connected."""
+    gc.collect()
+    before = _redis_parsers()
+    gc.disable()
+    try:
+        with FaultProxy("127.0.0.1", 1) as proxy:  # nothing listens upstream: every connection is refused
+            broken = dataclasses.replace(settings, redis_url=proxy.url_for(settings.redis_url))
+            links = Links(broken, app_name="t", pg_timeout=None, redis_timeout=2)
+            for _ in range(4):
+                monkeypatch.setitem(policy._sweep, "next", 0.0)
+                with pytest.raises(ServerUnreachable):
+                    links.redis()
+            alive = _redis_parsers() - before
+    finally:
+        gc.enable()
+    assert alive <= 1, f"{alive} redis-py parsers alive after four failed attempts (the last one's may stay)"
+
+
 def test_both_faces_retry_the_same_failures() -> None:
     """Difference: ``AsyncWorker`` listed ``TimeoutError`` as retryable and ``Worker`` did not (a ``TimeoutError`` is
     an ``OSError``, so both retried it; now one list says so)."""

@@ -148,15 +148,24 @@ def _classify(worker: Any, exc: BaseException) -> Verdict:
 # taking at most 1 % of the process's time: the wait after a collection is a hundred times its length, a second at
 # least (an app's worker thread beside a large heap pays a long collection rarely).
 SWEEP_SHARE, SWEEP_EVERY = 0.01, 1.0
-_sweep = {"next": 0.0}
+_sweep: dict[str, Any] = {"next": 0.0, "pending": False}
+
+
+def note_dropped_client() -> None:
+    """Say a Redis client was dropped (closed after a failure or a restart, or after failing to connect): the next
+    :func:`sweep_dropped_clients` collects it. Process-wide: a worker that drops whole links (a partition worker
+    handing a partition over) leaves its garbage to whichever links make a client next."""
+    _sweep["pending"] = True
 
 
 def sweep_dropped_clients() -> bool:
-    """Run a full garbage collection unless one ran too recently (see above); whether it ran. Call it after the
-    dropped client is unreferenced (the failure that dropped it handled), before the next client is made."""
+    """If a client was dropped (:func:`note_dropped_client`), run a full garbage collection unless one ran too
+    recently (see above); whether it ran. Call it when the failure that dropped the client has been handled (its
+    traceback no longer holds the client), before the next client is made."""
     started = time.monotonic()
-    if started < _sweep["next"]:
+    if not _sweep["pending"] or started < _sweep["next"]:
         return False
+    _sweep["pending"] = False
     gc.collect()
     took = time.monotonic() - started
     _sweep["next"] = started + max(SWEEP_EVERY, took / SWEEP_SHARE)

@@ -23,7 +23,7 @@ from ...config import Settings
 from ...engine import aio as engine
 from ...store import aio as store
 from ..hooks import DEFAULT_HOOKS, Hook, Hooks
-from ..policy import TRANSIENT, Backoff, decide, sweep_dropped_clients
+from ..policy import TRANSIENT, Backoff, decide, note_dropped_client, sweep_dropped_clients
 
 
 class AsyncLinks:
@@ -54,7 +54,6 @@ class AsyncLinks:
         self._on_pg_connect_fn = None if inspect.ismethod(on_pg_connect) else on_pg_connect
         self._pg: psycopg.AsyncConnection[Any] | None = None
         self._redis: engine.AsyncRedisStreams | None = None
-        self._dropped = False  # a client was dropped since the last one was made
 
     async def pg(self) -> psycopg.AsyncConnection[Any]:
         """The Postgres connection, (re)opened and schema-checked if needed."""
@@ -93,14 +92,13 @@ class AsyncLinks:
     async def redis(self) -> engine.AsyncRedisStreams:
         """The Redis client, created and pinged if needed."""
         if self._redis is None:
-            if self._dropped:  # the dropped client's parser is garbage in a cycle by now (unilog.runtime.policy)
-                self._dropped = False
-                sweep_dropped_clients()
+            sweep_dropped_clients()  # a dropped client's parser is garbage in a cycle by now (unilog.runtime.policy)
             client = engine.connect_async(self.settings.redis_url, socket_timeout=self.redis_timeout)
             try:
                 await engine.ping(client, self.settings.redis_url)
             except BaseException:
                 await client.aclose()
+                note_dropped_client()
                 raise
             self._redis = engine.AsyncRedisStreams(client)
         return self._redis
@@ -127,7 +125,7 @@ class AsyncLinks:
         """Close the Redis client; the next call reconnects (after a timeout its connection state is unknown)."""
         redis_api, self._redis = self._redis, None
         if redis_api is not None:
-            self._dropped = True
+            note_dropped_client()
             await redis_api.aclose()
 
     async def close(self) -> None:

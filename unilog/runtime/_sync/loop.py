@@ -23,7 +23,7 @@ from ... import engine, store
 from ..._acompat import Event, sleep_until
 from ...config import Settings
 from ..hooks import DEFAULT_HOOKS, Hook, Hooks
-from ..policy import TRANSIENT, Backoff, decide, sweep_dropped_clients
+from ..policy import TRANSIENT, Backoff, decide, note_dropped_client, sweep_dropped_clients
 
 
 class Links:
@@ -54,7 +54,6 @@ class Links:
         self._on_pg_connect_fn = None if inspect.ismethod(on_pg_connect) else on_pg_connect
         self._pg: psycopg.Connection[Any] | None = None
         self._redis: engine.RedisStreams | None = None
-        self._dropped = False  # a client was dropped since the last one was made
 
     def pg(self) -> psycopg.Connection[Any]:
         """The Postgres connection, (re)opened and schema-checked if needed."""
@@ -93,14 +92,13 @@ class Links:
     def redis(self) -> engine.RedisStreams:
         """The Redis client, created and pinged if needed."""
         if self._redis is None:
-            if self._dropped:  # the dropped client's parser is garbage in a cycle by now (unilog.runtime.policy)
-                self._dropped = False
-                sweep_dropped_clients()
+            sweep_dropped_clients()  # a dropped client's parser is garbage in a cycle by now (unilog.runtime.policy)
             client = engine.connect(self.settings.redis_url, socket_timeout=self.redis_timeout)
             try:
                 engine.ping(client, self.settings.redis_url)
             except BaseException:
                 client.close()
+                note_dropped_client()
                 raise
             self._redis = engine.RedisStreams(client)
         return self._redis
@@ -127,7 +125,7 @@ class Links:
         """Close the Redis client; the next call reconnects (after a timeout its connection state is unknown)."""
         redis_api, self._redis = self._redis, None
         if redis_api is not None:
-            self._dropped = True
+            note_dropped_client()
             redis_api.close()
 
     def close(self) -> None:
