@@ -56,6 +56,9 @@ async def test_two_workers_apply_every_record_once_and_dead_letter_the_poison(
     assert rds.xlen("test-stream") == 40, "every record sent twice"
     a, b = worker(settings, "a"), worker(settings, "b")
     async with a, b:
+        # both connected before they race for 40 entries: a connect that stalls (a loaded machine, a collection of
+        # the garbage a dropped client left) let the other worker take every entry before the first read
+        await asyncio.gather(a.connect(), b.connect())
         await asyncio.gather(a.drain(), b.drain())
         await asyncio.sleep(0.2)  # the poison record's second attempt is due after claim_idle_ms
         await asyncio.gather(a.drain(), b.drain())
