@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import compileall
+import fcntl
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -50,6 +54,7 @@ def _compile_the_project() -> None:
         compileall.compile_dir(os.path.join(root, package), quiet=2)
 
 
+ROOT = Path(__file__).resolve().parent.parent
 _OWN_BASETEMP = [""]  # the base this run made (removed after a run that passed; kept to read when one failed)
 
 
@@ -256,3 +261,26 @@ def spans() -> Iterator[Any]:
         # OpenTelemetry sets its global provider once per process; its own test helpers reset it the same way
         trace._TRACER_PROVIDER_SET_ONCE = Once()  # type: ignore[attr-defined]
         trace._TRACER_PROVIDER = None  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="session")
+def this_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This checkout's wheel, built once per run and shared by every suite worker. setuptools builds in the source
+    tree (``build/``, ``*.egg-info``): two workers that built at once broke each other's build (CI, 2026-11-29:
+    test_install_names' ``pip wheel`` failed while test_packaging's ran), so one builds under a file lock and the
+    others take its wheel."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the workers' common folder
+    out = shared / "this-wheel"
+    with (shared / ".this-wheel.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not list(out.glob("unilog_outbox-*.whl")):
+            fresh = shared / f"this-wheel.{os.getpid()}"
+            shutil.rmtree(fresh, ignore_errors=True)
+            subprocess.run(
+                [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(fresh), str(ROOT)],
+                check=True, capture_output=True, timeout=300,
+            )  # fmt: skip
+            fresh.rename(out)  # whole or not at all: a worker never sees a half-written wheel
+    (path,) = out.glob("unilog_outbox-*.whl")  # the distribution is unilog-outbox
+    return path

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 import tomllib
 import venv
 from collections.abc import Iterator
@@ -146,16 +145,12 @@ def test_the_missing_extra_line_names_the_distribution() -> None:
 
 
 @pytest.mark.slow(light=True)
-def test_the_tutorials_install_line_installs_this_project_and_its_command(tmp_path: Path) -> None:
+def test_the_tutorials_install_line_installs_this_project_and_its_command(tmp_path: Path, this_wheel: Path) -> None:
     """``pip install "unilog-outbox[testing,contracts]" fastapi uvicorn`` as the tutorial writes it, with this tree's
     wheel offered beside the index (as the published one will be): every extra exists, and `unilog` runs."""
     line = next(m for m in PIP_INSTALL.finditer((ROOT / "docs" / "tutorial.md").read_text()))
     args = [a.strip("\"'") for a in match_args(line.group("rest"))]
-    wheels = tmp_path / "wheels"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(ROOT)],
-        check=True, capture_output=True, timeout=300,
-    )  # fmt: skip
+    wheels = this_wheel.parent
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     python = str(env_dir / "bin" / "python")

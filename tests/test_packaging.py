@@ -9,10 +9,8 @@ from __future__ import annotations
 import email
 import os
 import subprocess
-import sys
 import venv
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,16 +22,8 @@ SERVERS = ("redis-server", "valkey-server", "postgres", "pg_ctl", "initdb")
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(ROOT)],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    (path,) = out.glob("unilog_outbox-*.whl")  # the distribution is unilog-outbox
-    yield path
+def wheel(this_wheel: Path) -> Path:
+    return this_wheel  # conftest: built once per run, under a lock
 
 
 def _metadata(wheel: Path) -> email.message.Message:
