@@ -25,7 +25,8 @@ from unilog.faults import Faults
 from unilog.harness.chaos.report import recoveries
 from unilog.harness.supervisor import Fleet
 from unilog.runtime import Hook
-from unilog.stream.capture_spread import DEPTH
+from unilog.stream.capture_spread import DEPTH, PIECES
+from unilog.stream.publisher import Publisher
 from unilog.wire import hwm_key
 
 STREAMS = 3000
@@ -522,3 +523,65 @@ def test_a_claim_across_streams_saves_each_streams_runs_of_consecutive_ids(setti
         "b": ([ids[3]], [ids[3]]),
         "c": ([ids[6]], [ids[9]]),  # its first four of five
     }
+
+
+def test_a_batch_across_streams_is_deleted_piece_by_piece_while_redis_appends_the_next(
+    settings: Settings, pg: Any, rds: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch of several batches' worth goes to Redis in PIECES pieces, one after another; each piece's claims are
+    deleted as soon as Redis confirmed it, while the next is sent (the delete no longer waits for the whole send).
+    Each send after the first here waits until the piece before it is deleted: a streamer that deleted only after
+    the whole batch was sent would keep it waiting, and this test fails."""
+    names = [f"s-{k:03d}" for k in range(40)]
+    total = _stage(settings, names, per_stream=2)
+    deleted: list[threading.Event] = [threading.Event() for _ in range(PIECES)]
+    waited: list[bool] = []
+    calls = {"send": 0, "delete": 0}
+    send_batches, delete_across = Publisher.send_batches, store.delete_across
+
+    def send(self: Publisher, batches: Any, identity: Any, per_call: Any) -> int:
+        k = calls["send"]
+        calls["send"] += 1
+        if 0 < k < PIECES:
+            waited.append(deleted[k - 1].wait(10))
+        return send_batches(self, batches, identity, per_call)
+
+    def delete(conn: Any, claims: list[int], **kw: Any) -> int | None:
+        got = delete_across(conn, claims, **kw)
+        if calls["delete"] < PIECES:
+            deleted[calls["delete"]].set()
+        calls["delete"] += 1
+        return got
+
+    monkeypatch.setattr(Publisher, "send_batches", send)
+    monkeypatch.setattr(store, "delete_across", delete)
+    with Streamer(settings, StreamerConfig(batch_size=10), name="pieces") as streamer:
+        assert streamer.run_once().published == total
+    assert calls == {"send": PIECES, "delete": PIECES}, calls
+    assert waited == [True] * (PIECES - 1), "each piece was sent after the one before it was deleted"
+    assert pg.execute("SELECT count(*) FROM staged_log_records").fetchone()[0] == 0
+    assert pg.execute("SELECT count(*) FROM unilog_claims").fetchone()[0] == 0
+    _assert_each_once_in_order(rds, names, 2)
+
+
+def test_rows_held_in_a_later_piece_keep_only_their_stream_back(settings: Settings, pg: Any, rds: Any) -> None:
+    """A batch sent in pieces: the third piece's delete meets one stream's rows another session holds locked. The
+    pieces deleted before are rolled back with it and the batch is settled as a whole: every other stream's claim is
+    deleted with its positions, the held stream keeps its claim; released, it follows, each record once, in order."""
+    names = [f"s-{k:03d}" for k in range(40)]
+    total = _stage(settings, names, per_stream=2)
+    held = names[25]  # claims go in stream order: 20 records a piece, so its claim is in the third piece
+    holder = _lock_rows_of(settings, held)
+    try:
+        with Streamer(settings, StreamerConfig(batch_size=10, max_backoff=0.2), name="pieces") as streamer:
+            assert streamer.run_once().published == total - 2
+            assert sum(rds.xlen(n) for n in names) == total, "every piece was sent"
+            kept = pg.execute("SELECT source, records FROM unilog_claims").fetchall()
+            assert [tuple(r) for r in kept] == [(held, 2)], kept
+            assert pg.execute("SELECT count(*) FROM staged_log_records").fetchone()[0] == 2
+            holder.rollback()
+            assert streamer.drain(timeout=60) == 2
+    finally:
+        holder.close()
+    assert pg.execute("SELECT count(*) FROM unilog_claims").fetchone()[0] == 0
+    _assert_each_once_in_order(rds, names, 2)

@@ -19,7 +19,12 @@ hands it its passes over more than one source):
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
+import queue
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,9 +44,45 @@ log = structlog.get_logger(__name__)
 # records for about the same cost (bench/RESULTS.md, issue 46). Redis still serves other clients between calls.
 DEPTH = 16
 
+# A batch of at least two batches' worth of records is sent in up to this many pieces (whole claims, in claim order,
+# one pipelined round trip each, in the helper thread), and the claims of each piece Redis confirmed are deleted here
+# while Redis appends the next: the delete no longer waits for the whole send (Postgres and Redis each have a core),
+# as one stream's batches overlap (capture_table). More pieces are more round trips and statements for less overlap.
+PIECES = 4
+
 # Seconds a batch's delete waits for a row another session holds locked before it looks for whose rows they are and
 # publishes the other streams (their claims are deleted; the held streams' wait for a later pass)
 LOCK_WAIT = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Send:
+    """One claim's payload for one target stream, from position ``first``."""
+
+    claim: int
+    target: str
+    first: int
+    payload: engine.Packed
+
+
+def _pieces(claims: list[store.SourceClaim], sends: list[_Send], batch_size: int) -> list[list[_Send]]:
+    """``sends`` (in claim order) cut into up to :data:`PIECES` pieces of about equal records, a claim's sends never
+    split; one piece when the batch holds less than two batches' worth."""
+    records = sum(c.count for c in claims)
+    count = min(PIECES, records // batch_size)
+    if count < 2:
+        return [sends]
+    share = -(-records // count)
+    pieces: list[list[_Send]] = [[]]
+    filled = 0
+    for i, send in enumerate(sends):
+        starts_claim = i == 0 or sends[i - 1].claim != send.claim
+        if starts_claim and filled >= share and pieces[-1]:
+            pieces.append([])
+            filled = 0
+        pieces[-1].append(send)
+        filled += send.payload.count
+    return pieces
 
 
 @dataclass(frozen=True)
@@ -69,8 +110,9 @@ class SpreadPasses:
         pipeline_batches: int,
         before: str | None,
         pass_seconds: float | None,
+        helper: Callable[[], concurrent.futures.ThreadPoolExecutor],
     ) -> None:
-        self.publisher = publisher
+        self.publisher, self.helper = publisher, helper
         self.batch_size, self.pipeline_batches = batch_size, pipeline_batches
         self.limit = DEPTH * batch_size  # records a batch claims at most
         self.before, self.pass_seconds = before, pass_seconds
@@ -192,17 +234,14 @@ class SpreadPasses:
         identity = publisher.identity()
         targets = self._targets(conn, claims, packed)
         position = publisher.next_seqs(conn, {t for _c, t, _p in targets}, identity.epoch)
-        batches: list[tuple[str, int, engine.Packed]] = []
-        for _claim, target, payload in targets:
-            batches.append((target, position[target], payload))
+        sends: list[_Send] = []
+        for claim, target, payload in targets:
+            sends.append(_Send(claim, target, position[target], payload))
             position[target] += payload.count
         last = {t: p - 1 for t, p in position.items()}
         try:
             conn.commit()  # nothing is open in Postgres while Redis appends
-            appended = publisher.send_batches(batches, identity, self.batch_size)
-            publisher.faults.crash("streamer.crash_after_publish")
-            publisher.forget_positions(last)  # re-read from Postgres unless this commit succeeds
-            done, kept = self._delete_confirmed(conn, claims, targets, last, identity.epoch)
+            appended, done, kept = self._send_and_delete(conn, claims, sends, last, identity)
             held = {publisher.stream_of(s) for s in kept}  # a held stream's new records wait behind its claims
             fresh = [s for s in then or () if publisher.stream_of(s) not in held]
             ahead = self._claim(conn, fresh)
@@ -214,6 +253,111 @@ class SpreadPasses:
         self._counted([c for c in claims if c.source not in kept], began, appended, len(done))
         return sum(c.count for c in claims if c.source not in kept), kept, ahead
 
+    def _send_and_delete(
+        self,
+        conn: psycopg.Connection[Any],
+        claims: list[store.SourceClaim],
+        sends: list[_Send],
+        last: dict[str, int],
+        identity: store.ProducerIdentity,
+    ) -> tuple[int, set[str], set[str]]:
+        """Send the batch and delete what Redis confirmed, with the positions, in the caller's transaction (left open):
+        returns the entries appended, the targets saved and the sources kept (held). In pieces (:data:`PIECES`) when
+        the batch holds two batches' worth or more and no stream of it was held at the last delete: each piece's
+        claims are deleted here while Redis appends the next, and a piece is sent only after every piece before it
+        was confirmed (a refused one ends the sending: nothing after it reaches Redis out of order). On any failure
+        the transaction is rolled back (nothing deleted) after the sends ended: never two threads on one client."""
+        publisher, epoch = self.publisher, identity.epoch
+        pieces = _pieces(claims, sends, self.batch_size)
+        if len(pieces) > 1 and not self._held & {publisher.stream_of(c.source) for c in claims}:
+            try:
+                appended, whole = self._overlapped(conn, pieces, identity)
+                publisher.faults.crash("streamer.crash_after_publish")
+            except BaseException:
+                with contextlib.suppress(psycopg.Error):
+                    conn.rollback()
+                raise
+            publisher.forget_positions(last)  # re-read from Postgres unless this commit succeeds
+            if whole:
+                self._held = set()
+                return appended, set(last), set()
+        else:
+            batches = [(s.target, s.first, s.payload) for s in sends]
+            appended = publisher.send_batches(batches, identity, self.batch_size)
+            publisher.faults.crash("streamer.crash_after_publish")
+            publisher.forget_positions(last)
+        targets = [(s.claim, s.target, s.payload) for s in sends]
+        done, kept = self._delete_confirmed(conn, claims, targets, last, epoch, wait_first=len(pieces) == 1)
+        return appended, done, kept
+
+    def _overlapped(
+        self, conn: psycopg.Connection[Any], pieces: list[list[_Send]], identity: store.ProducerIdentity
+    ) -> tuple[int, bool]:
+        """Send ``pieces`` in the helper thread, one after another, and delete each piece's claims here with their
+        positions once Redis confirmed it. Returns the entries appended and whether every piece was deleted (False:
+        a delete met rows another session holds locked and rolled the transaction back; the caller deletes the
+        batch as :meth:`_delete_confirmed` does). Raises what the sends raised, after they ended."""
+        confirmed: queue.SimpleQueue[int | BaseException] = queue.SimpleQueue()
+        stop = threading.Event()
+        self.publisher.connect()  # connect (and check) here, not in the helper thread
+        future = self.helper().submit(self._send_pieces, pieces, identity, confirmed, stop)
+        appended, whole = 0, True
+        try:
+            for piece in pieces:
+                got = confirmed.get()
+                if isinstance(got, BaseException):
+                    break
+                appended += got
+                if whole:
+                    whole = self._delete_piece(conn, piece, identity.epoch)
+        except BaseException:
+            stop.set()  # what is left is not sent: it would be re-sent anyway
+            raise
+        finally:
+            concurrent.futures.wait([future])
+        future.result()  # a refused piece's error (nothing after it was sent)
+        return appended, whole
+
+    def _send_pieces(
+        self,
+        pieces: list[list[_Send]],
+        identity: store.ProducerIdentity,
+        confirmed: queue.SimpleQueue[Any],
+        stop: threading.Event,
+    ) -> None:
+        """The helper thread's part: each piece in one pipelined round trip, in order, its appended entries put in
+        ``confirmed``; the first failure is put there too, re-raised, and ends the sending (as ``stop`` does)."""
+        for piece in pieces:
+            if stop.is_set():
+                return
+            try:
+                batches = [(s.target, s.first, s.payload) for s in piece]
+                confirmed.put(self.publisher.send_batches(batches, identity, self.batch_size))
+            except BaseException as exc:
+                confirmed.put(exc)
+                raise
+
+    def _delete_piece(self, conn: psycopg.Connection[Any], piece: list[_Send], epoch: int) -> bool:
+        """Delete a confirmed piece's claims with their rows and save its targets' positions so far, in the open
+        transaction; False when rows of it are held by another session (the transaction rolled back)."""
+        claims = sorted({s.claim for s in piece})
+        records = sum(s.payload.count for s in piece)
+        wait = min(LOCK_WAIT, self.pass_seconds or LOCK_WAIT)
+        deleted = store.delete_across(conn, claims, lock_wait=wait)
+        if deleted is None:
+            return False
+        if deleted != records:
+            conn.rollback()
+            raise PublishError(  # retried: the records are re-sent and deduplicated by position
+                f"deleted {deleted} of {records} published records: another streamer is publishing the same "
+                "streams without their locks; the records will be re-sent and deduplicated by position"
+            )
+        upto: dict[str, int] = {}
+        for s in piece:
+            upto[s.target] = s.first + s.payload.count - 1
+        store.save_positions(conn, epoch, upto)
+        return True
+
     def _delete_confirmed(
         self,
         conn: psycopg.Connection[Any],
@@ -221,16 +365,20 @@ class SpreadPasses:
         targets: list[tuple[int, str, engine.Packed]],
         last: dict[str, int],
         epoch: int,
+        *,
+        wait_first: bool = True,
     ) -> tuple[set[str], set[str]]:
         """Delete the claims Redis confirmed, with their rows, and save their targets' positions, in the caller's
         transaction; a stream whose rows are not all locked here (another session holds some) keeps all of its
-        claims of the batch and its positions. Returns the targets saved and the sources kept."""
+        claims of the batch and its positions. Returns the targets saved and the sources kept. Without ``wait_first``
+        (a delete waited already), the rows are locked at once, skipping those held."""
         publisher = self.publisher
         records = sum(c.count for c in claims)
         wait = min(LOCK_WAIT, self.pass_seconds or LOCK_WAIT)  # well within the pass's deadline
         streams = {publisher.stream_of(c.source) for c in claims}
         deleted = None
-        if not self._held & streams:  # a stream held at the last look is looked at again at once, not waited for
+        # a stream held at the last look is looked at again at once, not waited for
+        if wait_first and not self._held & streams:
             deleted = store.delete_across(conn, [c.claim for c in claims], lock_wait=wait)
         held: set[str] = set()
         if deleted is None:  # rows another session holds locked: find whose, and let the other streams go on

@@ -97,6 +97,7 @@ class TableCapture:
             pipeline_batches=pipeline_batches,
             before=before,
             pass_seconds=pass_seconds,
+            helper=self.helper,
         )
 
     def session_opened(self, conn: psycopg.Connection[Any]) -> None:
@@ -198,6 +199,13 @@ class TableCapture:
     def _forget(self, source: str) -> None:
         self._cursors.pop(source, None)
         self._pending.pop(source, None)
+
+    def helper(self) -> concurrent.futures.ThreadPoolExecutor:
+        """The one thread that sends to Redis while this one works in Postgres (made on first use)."""
+        if self._helper is None:
+            name = f"unilog-{self.publisher.name}-redis"
+            self._helper = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=name)
+        return self._helper
 
     def close(self) -> None:
         """Stop the helper thread (idle here: a pass waits for its sends before it returns or raises)."""
@@ -333,10 +341,7 @@ class TableCapture:
         """Send ``batch`` in the helper thread while deleting the previous one and claiming the next here (if
         ``more``), in one commit; return (entries appended, the next batch, records deleted). Waits for the send
         whatever happens here, so the Redis client is never used by two threads."""
-        if self._helper is None:
-            name = f"unilog-{self.publisher.name}-redis"
-            self._helper = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=name)
-        future = self._helper.submit(self.publisher.send_all, batch.targets, identity, first)
+        future = self.helper().submit(self.publisher.send_all, batch.targets, identity, first)
         try:
             deleted = self._delete_sent(conn, sent) if sent is not None else 0
             ahead = self._next(conn, source, stream, partitions, busy=True) if more else None
