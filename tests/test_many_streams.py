@@ -564,7 +564,9 @@ def test_a_batch_across_streams_is_deleted_piece_by_piece_while_redis_appends_th
     _assert_each_once_in_order(rds, names, 2)
 
 
-def test_rows_held_in_a_later_piece_keep_only_their_stream_back(settings: Settings, pg: Any, rds: Any) -> None:
+def test_rows_held_in_a_later_piece_keep_only_their_stream_back(
+    settings: Settings, pg: Any, rds: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A batch sent in pieces: the third piece's delete meets one stream's rows another session holds locked. The
     pieces deleted before are rolled back with it and the batch is settled as a whole: every other stream's claim is
     deleted with its positions, the held stream keeps its claim; released, it follows, each record once, in order."""
@@ -572,9 +574,18 @@ def test_rows_held_in_a_later_piece_keep_only_their_stream_back(settings: Settin
     total = _stage(settings, names, per_stream=2)
     held = names[25]  # claims go in stream order: 20 records a piece, so its claim is in the third piece
     holder = _lock_rows_of(settings, held)
+    deletes: list[int | None] = []
+    delete_across = store.delete_across
+
+    def delete(conn: Any, claims: list[int], **kw: Any) -> int | None:
+        deletes.append(got := delete_across(conn, claims, **kw))
+        return got
+
+    monkeypatch.setattr(store, "delete_across", delete)
     try:
         with Streamer(settings, StreamerConfig(batch_size=10, max_backoff=0.2), name="pieces") as streamer:
             assert streamer.run_once().published == total - 2
+            assert deletes == [20, 20, None, total - 2], "the third piece met the lock; the rest settled at once"
             assert sum(rds.xlen(n) for n in names) == total, "every piece was sent"
             kept = pg.execute("SELECT source, records FROM unilog_claims").fetchall()
             assert [tuple(r) for r in kept] == [(held, 2)], kept
@@ -584,4 +595,63 @@ def test_rows_held_in_a_later_piece_keep_only_their_stream_back(settings: Settin
     finally:
         holder.close()
     assert pg.execute("SELECT count(*) FROM unilog_claims").fetchone()[0] == 0
+    _assert_each_once_in_order(rds, names, 2)
+
+
+def test_a_piece_redis_refused_ends_the_sending_and_deletes_nothing(
+    settings: Settings, pg: Any, rds: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis refuses the second piece of a batch: the pieces after it are never sent (they would land past a gap in
+    their streams' positions), the first piece's delete is rolled back with the rest, every claim stays saved; the
+    next pass re-sends the batch under the same positions, each record once, in order."""
+    names = [f"s-{k:03d}" for k in range(40)]
+    total = _stage(settings, names, per_stream=2)
+    sends: list[int] = []
+    send_batches = Publisher.send_batches
+
+    def send(self: Publisher, batches: Any, identity: Any, per_call: Any) -> int:
+        sends.append(len(batches))
+        if len(sends) == 2:
+            raise PublishError("Redis did not confirm a piece (injected)")
+        return send_batches(self, batches, identity, per_call)
+
+    with Streamer(settings, StreamerConfig(batch_size=10), name="refused") as streamer:
+        monkeypatch.setattr(Publisher, "send_batches", send)
+        with pytest.raises(PublishError, match="injected"):
+            streamer.run_once()
+        assert len(sends) == 2, "nothing was sent after the refused piece"
+        assert sum(rds.xlen(n) for n in names) == 20, "the first piece only"
+        assert pg.execute("SELECT count(*), sum(records) FROM unilog_claims").fetchone() == (40, total)
+        assert pg.execute("SELECT count(*) FROM staged_log_records").fetchone()[0] == total, "nothing deleted"
+        monkeypatch.setattr(Publisher, "send_batches", send_batches)
+        streamer.recover()
+        assert streamer.drain(timeout=60) == total
+    assert pg.execute("SELECT count(*) FROM unilog_claims").fetchone()[0] == 0
+    _assert_each_once_in_order(rds, names, 2)
+
+
+def test_a_server_that_ends_idle_transactions_lets_a_batch_wait_for_its_pieces(
+    settings: Settings, pg: Any, rds: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The transaction that deletes a batch's pieces stays open while Redis appends the next piece. A server with
+    ``idle_in_transaction_session_timeout`` set (here 100 ms; each piece takes 300 ms) must not end it: else every
+    retry would meet the same timeout and the backlog would never drain."""
+    names = [f"s-{k:03d}" for k in range(40)]
+    total = _stage(settings, names, per_stream=2)
+    send_batches = Publisher.send_batches
+
+    def slow(self: Publisher, batches: Any, identity: Any, per_call: Any) -> int:
+        time.sleep(0.3)
+        return send_batches(self, batches, identity, per_call)
+
+    database = pg.execute("SELECT current_database()").fetchone()[0]
+    pg.execute(f'ALTER DATABASE "{database}" SET idle_in_transaction_session_timeout = 100')
+    pg.commit()
+    try:
+        monkeypatch.setattr(Publisher, "send_batches", slow)
+        with Streamer(settings, StreamerConfig(batch_size=10), name="patient") as streamer:
+            assert streamer.run_once().published == total
+    finally:
+        pg.execute(f'ALTER DATABASE "{database}" RESET idle_in_transaction_session_timeout')
+        pg.commit()
     _assert_each_once_in_order(rds, names, 2)

@@ -277,11 +277,19 @@ def delete_across(conn: psycopg.Connection[Any], claims: list[int], *, lock_wait
     in it too: :func:`unilog.store.save_positions`). Returns the rows deleted; the caller must check it equals the
     claims' records (fewer means another session deleted some). With ``lock_wait``, a row another session holds
     locked is waited for that many seconds at most: then None is returned, the caller's transaction rolled back."""
-    if lock_wait:
-        conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{int(lock_wait * 1000)}ms",))
+    if lock_wait:  # at least 1 ms: a lock_timeout of 0 would wait for ever
+        conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{max(1, int(lock_wait * 1000))}ms",))
     try:
         row = conn.execute(_DELETE_ACROSS, (" ".join(map(str, claims)),), prepare=False).fetchone()
     except psycopg.errors.LockNotAvailable:
         conn.rollback()
         return None
     return int(row[0]) if row else 0
+
+
+def open_while_sending(conn: psycopg.Connection[Any]) -> None:
+    """Let the caller's transaction stay open, idle, while Redis appends (a batch sent in pieces is deleted piece by
+    piece in one transaction, committed once Redis confirmed every piece): the server's
+    ``idle_in_transaction_session_timeout``, if set, would end the session at every slow piece, and each retry would
+    take the same path. For this transaction only."""
+    conn.execute("SELECT set_config('idle_in_transaction_session_timeout', '0', true)")

@@ -9,8 +9,9 @@ hands it its passes over more than one source):
   claim: the saved claims of every owned source are re-sent and deleted first, and each batch is deleted before the
   next is claimed.
 * **Nothing is deleted before Redis confirmed it.** The claims (one per source) are committed before anything of them
-  is sent; they are deleted with their rows in the transaction that advances the positions, after Redis confirmed
-  every script call of the batch (a refused one fails the batch: nothing of it is deleted).
+  is sent; they are deleted with their rows in the transaction that advances the positions, which commits after Redis
+  confirmed every script call of the batch (a refused one fails the batch: nothing of it is deleted). A large batch
+  goes in pieces, each piece's claims deleted in that transaction while Redis appends the next.
 * **A re-send is the same batch.** Claims are sent in claim order, each in id order, from the last committed
   positions; after a crash, saved claims are re-sent the same way, so each record gets the position it had, and the
   publish script (:mod:`unilog.engine.publish`) skips what Redis already holds, a command redis-py or the network
@@ -240,7 +241,7 @@ class SpreadPasses:
             position[target] += payload.count
         last = {t: p - 1 for t, p in position.items()}
         try:
-            conn.commit()  # nothing is open in Postgres while Redis appends
+            conn.commit()  # the claims' positions are read; a batch in pieces is deleted while Redis appends
             appended, done, kept = self._send_and_delete(conn, claims, sends, last, identity)
             held = {publisher.stream_of(s) for s in kept}  # a held stream's new records wait behind its claims
             fresh = [s for s in then or () if publisher.stream_of(s) not in held]
@@ -293,29 +294,41 @@ class SpreadPasses:
     def _overlapped(
         self, conn: psycopg.Connection[Any], pieces: list[list[_Send]], identity: store.ProducerIdentity
     ) -> tuple[int, bool]:
-        """Send ``pieces`` in the helper thread, one after another, and delete each piece's claims here with their
-        positions once Redis confirmed it. Returns the entries appended and whether every piece was deleted (False:
-        a delete met rows another session holds locked and rolled the transaction back; the caller deletes the
-        batch as :meth:`_delete_confirmed` does). Raises what the sends raised, after they ended."""
+        """Send ``pieces`` in the helper thread, one after another, and delete each piece's claims here once Redis
+        confirmed it, then save the positions (one statement: rows locked in name order, as every writer of them
+        does). Returns the entries appended and whether every piece was deleted (False: a delete met rows another
+        session holds locked and rolled the transaction back; the caller settles the batch as
+        :meth:`_delete_confirmed` does). The deletes share one lock wait, as one delete did. Raises what the sends
+        raised, after they ended."""
         confirmed: queue.SimpleQueue[int | BaseException] = queue.SimpleQueue()
         stop = threading.Event()
         self.publisher.connect()  # connect (and check) here, not in the helper thread
+        store.open_while_sending(conn)
         future = self.helper().submit(self._send_pieces, pieces, identity, confirmed, stop)
-        appended, whole = 0, True
+        until = time.monotonic() + min(LOCK_WAIT, self.pass_seconds or LOCK_WAIT)
+        appended, whole, upto, refused = 0, True, dict[str, int](), None
         try:
             for piece in pieces:
                 got = confirmed.get()
                 if isinstance(got, BaseException):
+                    refused = got
                     break
                 appended += got
-                if whole:
-                    whole = self._delete_piece(conn, piece, identity.epoch)
+                whole = whole and self._delete_piece(conn, piece, until - time.monotonic())
+                for s in piece:
+                    upto[s.target] = s.first + s.payload.count - 1
         except BaseException:
             stop.set()  # what is left is not sent: it would be re-sent anyway
-            raise
-        finally:
             concurrent.futures.wait([future])
-        future.result()  # a refused piece's error (nothing after it was sent)
+            if future.exception() is not None:
+                log.warning("sending a piece of a batch failed too", error=str(future.exception()))
+            raise
+        concurrent.futures.wait([future])
+        if refused is not None:
+            raise refused  # nothing after the refused piece was sent
+        future.result()
+        if whole:
+            store.save_positions(conn, identity.epoch, upto)
         return appended, whole
 
     def _send_pieces(
@@ -337,13 +350,12 @@ class SpreadPasses:
                 confirmed.put(exc)
                 raise
 
-    def _delete_piece(self, conn: psycopg.Connection[Any], piece: list[_Send], epoch: int) -> bool:
-        """Delete a confirmed piece's claims with their rows and save its targets' positions so far, in the open
-        transaction; False when rows of it are held by another session (the transaction rolled back)."""
+    def _delete_piece(self, conn: psycopg.Connection[Any], piece: list[_Send], wait: float) -> bool:
+        """Delete a confirmed piece's claims with their rows in the open transaction, waiting ``wait`` seconds at most
+        for rows another session holds locked; False when some are held (the transaction rolled back)."""
         claims = sorted({s.claim for s in piece})
         records = sum(s.payload.count for s in piece)
-        wait = min(LOCK_WAIT, self.pass_seconds or LOCK_WAIT)
-        deleted = store.delete_across(conn, claims, lock_wait=wait)
+        deleted = store.delete_across(conn, claims, lock_wait=max(wait, 0.001))
         if deleted is None:
             return False
         if deleted != records:
@@ -352,10 +364,6 @@ class SpreadPasses:
                 f"deleted {deleted} of {records} published records: another streamer is publishing the same "
                 "streams without their locks; the records will be re-sent and deduplicated by position"
             )
-        upto: dict[str, int] = {}
-        for s in piece:
-            upto[s.target] = s.first + s.payload.count - 1
-        store.save_positions(conn, epoch, upto)
         return True
 
     def _delete_confirmed(
