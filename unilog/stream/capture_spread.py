@@ -25,7 +25,6 @@ import contextlib
 import queue
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +53,28 @@ PIECES = 4
 # Seconds a batch's delete waits for a row another session holds locked before it looks for whose rows they are and
 # publishes the other streams (their claims are deleted; the held streams' wait for a later pass)
 LOCK_WAIT = 1.0
+
+
+class Helper:
+    """The one thread a table capture sends to Redis in while its own thread works in Postgres, made on first use.
+    Shared by the capture and its passes over many sources without either referring to the other: a capture in a
+    reference cycle would outlive its last use until a full garbage collection, its session (and the stream locks
+    it holds) with it (``Streamer(settings).drain()`` in a script, then another streamer)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+    def get(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=self.name)
+        return self._pool
+
+    def shutdown(self) -> None:
+        """Stop the thread (idle: a pass waits for its sends before it returns or raises)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +132,7 @@ class SpreadPasses:
         pipeline_batches: int,
         before: str | None,
         pass_seconds: float | None,
-        helper: Callable[[], concurrent.futures.ThreadPoolExecutor],
+        helper: Helper,
     ) -> None:
         self.publisher, self.helper = publisher, helper
         self.batch_size, self.pipeline_batches = batch_size, pipeline_batches
@@ -304,7 +325,7 @@ class SpreadPasses:
         stop = threading.Event()
         self.publisher.connect()  # connect (and check) here, not in the helper thread
         store.open_while_sending(conn)
-        future = self.helper().submit(self._send_pieces, pieces, identity, confirmed, stop)
+        future = self.helper.get().submit(self._send_pieces, pieces, identity, confirmed, stop)
         until = time.monotonic() + min(LOCK_WAIT, self.pass_seconds or LOCK_WAIT)
         appended, whole, upto, refused = 0, True, dict[str, int](), None
         try:

@@ -33,7 +33,7 @@ from ..config import STREAM_NAME_RE
 from ..errors import ClaimIncomplete, PublishError
 from ..store.claims import Claim, Cursor
 from .capture import BatchResult
-from .capture_spread import SpreadPasses
+from .capture_spread import Helper, SpreadPasses
 from .publisher import Publisher
 
 log = structlog.get_logger(__name__)
@@ -88,7 +88,7 @@ class TableCapture:
         self._cursors: dict[str, Cursor] = {}  # per source, valid while its stream lock is held
         self._refused: set[str] = set()  # invalid source names already logged
         self._pending: dict[str, list[int]] = {}  # per source: claims saved before this cursor, to re-send first
-        self._helper: concurrent.futures.ThreadPoolExecutor | None = None  # Redis, while a backlog drains
+        self._helper = Helper(f"unilog-{publisher.name}-redis")  # Redis, while a backlog drains
         self._packed_fetch: bool | None = None  # whether Postgres can encode batches for Redis (a UTF8 database)
         self._saved: set[str] | None = None  # sources with saved claims not re-sent yet (None: read them again)
         self._spread = SpreadPasses(  # passes over more than one source
@@ -97,7 +97,7 @@ class TableCapture:
             pipeline_batches=pipeline_batches,
             before=before,
             pass_seconds=pass_seconds,
-            helper=self.helper,
+            helper=self._helper,
         )
 
     def session_opened(self, conn: psycopg.Connection[Any]) -> None:
@@ -200,18 +200,9 @@ class TableCapture:
         self._cursors.pop(source, None)
         self._pending.pop(source, None)
 
-    def helper(self) -> concurrent.futures.ThreadPoolExecutor:
-        """The one thread that sends to Redis while this one works in Postgres (made on first use)."""
-        if self._helper is None:
-            name = f"unilog-{self.publisher.name}-redis"
-            self._helper = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=name)
-        return self._helper
-
     def close(self) -> None:
         """Stop the helper thread (idle here: a pass waits for its sends before it returns or raises)."""
-        if self._helper is not None:
-            self._helper.shutdown(wait=True)
-            self._helper = None
+        self._helper.shutdown()
 
     # -- one source's batches ----------------------------------------------------------------------------------------
 
@@ -341,7 +332,7 @@ class TableCapture:
         """Send ``batch`` in the helper thread while deleting the previous one and claiming the next here (if
         ``more``), in one commit; return (entries appended, the next batch, records deleted). Waits for the send
         whatever happens here, so the Redis client is never used by two threads."""
-        future = self.helper().submit(self.publisher.send_all, batch.targets, identity, first)
+        future = self._helper.get().submit(self.publisher.send_all, batch.targets, identity, first)
         try:
             deleted = self._delete_sent(conn, sent) if sent is not None else 0
             ahead = self._next(conn, source, stream, partitions, busy=True) if more else None
