@@ -658,14 +658,16 @@ def test_a_server_that_ends_idle_transactions_lets_a_batch_wait_for_its_pieces(
     _assert_each_once_in_order(rds, names, 2)
 
 
-@pytest.mark.parametrize("streams", [1, 40])
+@pytest.mark.parametrize(("mode", "streams"), [("table", 1), ("table", 40), ("wal", 40)])
 def test_a_streamer_dropped_without_close_ends_its_session_at_once(
-    settings: Settings, pg: Any, rds: Any, streams: int
+    settings: Settings, pg: Any, rds: Any, mode: str, streams: int, request: pytest.FixtureRequest
 ) -> None:
     """``Streamer(settings).drain()`` in a script, then another streamer: the first one's session (and the stream
     locks it holds) must end when its last reference goes, not at some later garbage collection. A reference cycle
     in the capture (its passes over many streams referring back to it) kept it open, and the next streamer waited
     on its locks for ever (the default suite hung, 2026-11-30)."""
+    if mode == "wal":
+        request.getfixturevalue("wal")
     names = [f"s-{k:03d}" for k in range(streams)]
     total = _stage(settings, names, per_stream=2)
     gc.disable()  # what refcounting frees, without the cyclic collector
