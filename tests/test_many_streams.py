@@ -677,3 +677,24 @@ def test_a_streamer_dropped_without_close_ends_its_session_at_once(
         assert left.fetchone()[0] == 0, "the dropped streamer's session is still open"
     finally:
         gc.enable()
+
+
+def test_a_streamer_whose_drain_failed_ends_its_session_when_dropped(settings: Settings, pg: Any, rds: Any) -> None:
+    """A drain that raises (here an injected crash after its claim) and a caller that catches it and goes on: the
+    streamer's session must end with its last reference. The raised error's traceback holds the loop's frames; a
+    local there that held the error too made a cycle, and the failed streamer (its session, its stream locks) lived
+    until a full garbage collection."""
+    _stage(settings, [f"s-{k:03d}" for k in range(40)], per_stream=2)
+    faults = Faults(script={"streamer.crash_after_claim": [True]})
+    gc.disable()
+    try:
+        try:
+            Streamer(settings, StreamerConfig(batch_size=10), faults=faults, name="failed").drain(timeout=60)
+        except InjectedCrash:
+            pass  # not bound to a name: a caught error the caller keeps would keep the streamer, rightly
+        else:
+            pytest.fail("the injected crash did not reach the caller")
+        left = pg.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'unilog-failed'")
+        assert left.fetchone()[0] == 0, "the failed streamer's session is still open"
+    finally:
+        gc.enable()

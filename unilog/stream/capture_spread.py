@@ -346,7 +346,10 @@ class SpreadPasses:
             raise
         concurrent.futures.wait([future])
         if refused is not None:
-            raise refused  # nothing after the refused piece was sent
+            try:
+                raise refused  # nothing after the refused piece was sent
+            finally:
+                del refused, got, future  # each holds the error, whose traceback holds this frame: a cycle
         future.result()
         if whole:
             store.save_positions(conn, identity.epoch, upto)

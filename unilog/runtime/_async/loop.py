@@ -336,9 +336,16 @@ async def _settle(
     for hook in worker.hooks:
         hook.on_failure(worker, exc, verdict, backoff.delay)
     if verdict.action == "stop":
-        if verdict.error is exc:
-            raise exc
-        raise verdict.error from None  # a server's refusal, as its one line
+        error = verdict.error
+        try:
+            if error is exc:
+                raise exc
+            raise error from None  # a server's refusal, as its one line
+        finally:
+            # the error's traceback holds this frame: locals holding the error too would make a cycle, and a worker
+            # whose drain failed (its sessions, its locks) would live on after its caller dropped it, until a full
+            # garbage collection
+            del exc, verdict, error
     if verdict.action == "restart":
         await worker.restart()
         return
