@@ -127,7 +127,10 @@ class Survey(Reading):
                 with closing(self._per_node([(names[0], command) for names, command in calls])) as replies:
                     for i, reply in replies:
                         if isinstance(reply, Exception):
-                            raise reply
+                            try:
+                                raise reply
+                            finally:
+                                del reply  # it holds the error, whose traceback holds this frame: a cycle
                         at = 0
                         for name in calls[i][0]:
                             surveyed, at = _surveyed(reply, at, wanted[name])

@@ -403,7 +403,10 @@ class ReplicationStream:
             raise unreachable(conninfo, exc) from None
         if (standby := standby_refusal(self.conn, conninfo)) is not None:
             self.conn.close()  # a standby's copy of a failover slot is not to be read: wait for the promotion
-            raise standby
+            try:
+                raise standby
+            finally:
+                del standby  # it holds the error, whose traceback holds this frame: a cycle
         self.conninfo, self.slot = conninfo, slot
         self.flushed = 0  # the last LSN confirmed to the server
         self._received_end = 0  # the server's WAL end as last reported

@@ -56,7 +56,10 @@ class AsyncAdapter:
             acknowledged = int(await conn.read_response())
         for reply in replies:
             if isinstance(reply, redis.ResponseError):
-                raise reply
+                try:
+                    raise reply
+                finally:
+                    del reply, replies  # each holds the error, whose traceback holds this frame: a cycle
         return replies, acknowledged
 
     @issues()

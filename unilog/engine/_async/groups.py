@@ -54,8 +54,11 @@ class AsyncGroupsCore(AsyncAdapter):
         for stream, reply in zip(streams, await pipe.execute(raise_on_error=False), strict=True):
             if isinstance(reply, redis.ResponseError):
                 if not group_exists(reply):
-                    async with self.explained(stream):
-                        raise reply
+                    try:
+                        async with self.explained(stream):
+                            raise reply
+                    finally:
+                        del reply  # it holds the error, whose traceback holds this frame: a cycle
                 continue
             created.append(stream)
         return created

@@ -30,5 +30,8 @@ async def ping(client: AsyncClient, url: str) -> str:
     except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError, OSError) as exc:
         raise ping_refusal(exc, url) from None
     if (too_old := version_refusal(version, url)) is not None:
-        raise too_old
+        try:
+            raise too_old
+        finally:
+            del too_old  # it holds the error, whose traceback holds this frame: a cycle
     return version

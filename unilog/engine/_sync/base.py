@@ -57,7 +57,10 @@ class Adapter:
             acknowledged = int(conn.read_response())
         for reply in replies:
             if isinstance(reply, redis.ResponseError):
-                raise reply
+                try:
+                    raise reply
+                finally:
+                    del reply, replies  # each holds the error, whose traceback holds this frame: a cycle
         return replies, acknowledged
 
     @issues()

@@ -55,8 +55,11 @@ class GroupsCore(Adapter):
         for stream, reply in zip(streams, pipe.execute(raise_on_error=False), strict=True):
             if isinstance(reply, redis.ResponseError):
                 if not group_exists(reply):
-                    with self.explained(stream):
-                        raise reply
+                    try:
+                        with self.explained(stream):
+                            raise reply
+                    finally:
+                        del reply  # it holds the error, whose traceback holds this frame: a cycle
                 continue
             created.append(stream)
         return created

@@ -56,7 +56,10 @@ class LettersCore(Adapter):
         executed = replies[-1]
         for reply in executed:
             if isinstance(reply, Exception):
-                raise reply
+                try:
+                    raise reply
+                finally:
+                    del reply, executed, replies  # each holds the error, whose traceback holds this frame: a cycle
         return Written(to_str(executed[0]), acknowledged, wanted)
 
     @issues("xadd", "xdel", via=("_confirmed",))

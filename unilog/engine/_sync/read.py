@@ -132,7 +132,10 @@ class ReadingCore(Adapter):
         for stream, info in zip(streams, pipe.execute(raise_on_error=False), strict=True):
             if isinstance(info, redis.ResponseError):
                 if not no_such_key(info):
-                    raise info
+                    try:
+                        raise info
+                    finally:
+                        del info  # it holds the error, whose traceback holds this frame: a cycle
                 tops[stream] = None
             else:
                 tops[stream] = last_generated(info)

@@ -71,7 +71,10 @@ async def connect_async(
         raise unreachable(conninfo, exc) from None
     if refused := version_refusal(conn, conninfo) or (None if standby else standby_refusal(conn, conninfo)):
         await conn.close()
-        raise refused
+        try:
+            raise refused
+        finally:
+            del refused  # it holds the error, whose traceback holds this frame: a cycle
     return conn
 
 
