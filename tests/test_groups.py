@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -309,3 +310,25 @@ def test_claiming_identities_reports_exactly_the_new_ones(settings: Settings, pg
     assert store.claim_identities(pg, "other-group", "s", first[:2]) == set(first[:2])
     rows = pg.execute("SELECT count(*) FROM unilog_processed WHERE group_name = 'g'").fetchone()
     assert rows == (10,)
+
+
+def test_a_group_worker_refused_by_redis_is_freed_when_its_caller_drops_it(
+    settings: Settings, pg: Any, rds: Any
+) -> None:
+    """Redis refuses the worker's group (its stream's key holds a string: ``WRONGTYPE``); the caller catches the
+    error and goes on. The worker's session must end with its last reference: the engine kept the refusal in a local
+    as it raised it, a cycle through the traceback that kept the worker (its sessions, its Redis clients) alive until
+    a full garbage collection."""
+    rds.set(settings.stream, "not a stream")
+    gc.disable()
+    try:
+        try:
+            worker(settings, "refused").drain()
+        except Exception:
+            pass
+        else:
+            pytest.fail("Redis's refusal did not reach the caller")
+        left = pg.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'unilog-group-g-refused'")
+        assert left.fetchone()[0] == 0, "the refused worker's session is still open"
+    finally:
+        gc.enable()

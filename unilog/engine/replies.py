@@ -10,6 +10,17 @@ from ..wire import to_str
 from .base import Entry
 
 
+def untraced(replies: list[Any]) -> list[Any]:
+    """A pipeline's replies read with ``raise_on_error=False``, each error's traceback dropped. redis-py keeps each
+    refused command's error in a list local to the frame that caught it, and the error's traceback holds that frame:
+    a cycle, and through the frames' callers the worker that ran the pipeline (its sessions, its locks), alive until
+    a full garbage collection even after the worker is dropped. The traceback only shows redis-py reading a reply."""
+    for reply in replies:
+        if isinstance(reply, BaseException):
+            reply.__traceback__ = None
+    return replies
+
+
 def read_reply(reply: Any) -> list[Entry]:
     """The entries of an ``XREAD`` reply on one stream (none when it timed out)."""
     return list(reply[0][1]) if reply else []

@@ -14,7 +14,7 @@ from ...wire import attempts_key, parse_autoclaim, to_str
 from ..base import Entry
 from ..commands import issues
 from ..nodes import clustered
-from ..replies import delivered, delivered_many, group_exists
+from ..replies import delivered, delivered_many, group_exists, untraced
 from .base import AsyncAdapter
 
 
@@ -51,7 +51,7 @@ class AsyncGroupsCore(AsyncAdapter):
         for stream in streams:
             pipe.xgroup_create(stream, group, id="0", mkstream=True)
         created = []
-        for stream, reply in zip(streams, await pipe.execute(raise_on_error=False), strict=True):
+        for stream, reply in zip(streams, untraced(await pipe.execute(raise_on_error=False)), strict=True):
             if isinstance(reply, redis.ResponseError):
                 if not group_exists(reply):
                     try:

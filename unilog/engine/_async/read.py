@@ -14,7 +14,7 @@ from ...wire import to_str
 from ..base import Entry
 from ..commands import issues
 from ..nodes import clustered
-from ..replies import last_generated, no_such_key, read_many_reply, read_reply
+from ..replies import last_generated, no_such_key, read_many_reply, read_reply, untraced
 from .base import AsyncAdapter
 
 
@@ -128,7 +128,7 @@ class AsyncReadingCore(AsyncAdapter):
         for stream in streams:
             pipe.xinfo_stream(stream)
         tops: dict[str, str | None] = {}
-        for stream, info in zip(streams, await pipe.execute(raise_on_error=False), strict=True):
+        for stream, info in zip(streams, untraced(await pipe.execute(raise_on_error=False)), strict=True):
             if isinstance(info, redis.ResponseError):
                 if not no_such_key(info):
                     try:

@@ -15,7 +15,7 @@ from ...wire import attempts_key, parse_autoclaim, to_str
 from ..base import Entry
 from ..commands import issues
 from ..nodes import clustered
-from ..replies import delivered, delivered_many, group_exists
+from ..replies import delivered, delivered_many, group_exists, untraced
 from .base import Adapter
 
 
@@ -52,7 +52,7 @@ class GroupsCore(Adapter):
         for stream in streams:
             pipe.xgroup_create(stream, group, id="0", mkstream=True)
         created = []
-        for stream, reply in zip(streams, pipe.execute(raise_on_error=False), strict=True):
+        for stream, reply in zip(streams, untraced(pipe.execute(raise_on_error=False)), strict=True):
             if isinstance(reply, redis.ResponseError):
                 if not group_exists(reply):
                     try:
