@@ -571,12 +571,21 @@ def test_a_commit_the_wal_sent_before_it_became_visible_is_published_not_skipped
         admin.execute("SELECT pg_reload_conf()")
     producer = psycopg.connect(own.conninfo, options="-c synchronous_commit=on")
     try:
+        # a reload reaches a session at its next statement: a producer that missed it would not wait (a CI run's
+        # timer then cancelled nothing, and the test passed without its premise)
+        deadline = time.monotonic() + 10
+        while producer.execute("SHOW synchronous_standby_names").fetchone()[0] != "nobody":
+            assert time.monotonic() < deadline, "the producer's session never saw synchronous_standby_names"
+            producer.rollback()
+            time.sleep(0.05)
+        producer.rollback()
         stage(producer, 0)
         pid = producer.info.backend_pid
         committing = threading.Thread(target=producer.commit)  # flushed, then waits for the standby
         committing.start()
         with psycopg.connect(own_server.url, autocommit=True) as admin:
             admin.execute("SELECT pg_sleep(1)")  # the slot has sent the commit meanwhile
+            assert committing.is_alive(), "the producer's commit waits for the standby that does not exist"
             threading.Timer(1.0, admin.execute, ("SELECT pg_cancel_backend(%s)", (pid,))).start()
             with streamer(own) as s:
                 assert until_published(s) == 1, "waited until the transaction was visible, then published it"
