@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -191,7 +191,7 @@ class Publishing(Adapter):
             records += batch.count if call_of[stream] == len(calls) - 1 else 0
         head = [b"EVALSHA", PUBLISH_MANY_SHA.encode()]
         parts = [[(stream, first, batch) for _i, stream, first, batch in call] for call in calls]
-        commands = [_together(head, part, _b(producer), b"%d" % epoch) for part in parts]
+        commands = (_together(head, part, _b(producer), b"%d" % epoch) for part in parts)  # encoded as written
         replies, replicas = self._evalsha_many(
             self._pool(batches[0][0]), commands, len(calls), wait_replicas, wait_timeout_ms, script=PUBLISH_MANY_LUA
         )
@@ -205,7 +205,7 @@ class Publishing(Adapter):
     def _evalsha_many(
         self,
         pool: Any,
-        commands: list[bytes],
+        commands: Iterable[bytes],
         count: int,
         wait_replicas: int,
         wait_timeout_ms: int,
@@ -213,14 +213,23 @@ class Publishing(Adapter):
         script: str = PUBLISH_LUA,
     ) -> tuple[list[Any], int]:
         """Write ``count`` packed script calls on one connection of ``pool``, then read their replies (and a
-        ``WAIT``'s, last, with ``wait_replicas``); the script is loaded and all are sent again if Redis forgot it."""
+        ``WAIT``'s, last, with ``wait_replicas``); the script is loaded and all are sent again if Redis forgot it.
+        ``commands`` may be lazy: each part is written as soon as it is made, so Redis runs a call while the next is
+        encoded (at ten thousand streams the encoding was a quarter of the send, all of it before Redis started)."""
+        written: list[bytes] = []
+        pending: Iterator[bytes] | None = iter(commands)
         for attempt in (1, 2):
-            packed = list(commands)
-            if wait_replicas:
-                packed.append(_pack([b"WAIT", b"%d" % wait_replicas, b"%d" % wait_timeout_ms]))
             conn = pool.get_connection()
             try:
-                conn.send_packed_command(packed, check_health=True)
+                conn.send_packed_command(written, check_health=True)
+                for part in pending or ():
+                    written.append(part)
+                    conn.send_packed_command([part], check_health=False)
+                pending = None
+                if wait_replicas:
+                    conn.send_packed_command(
+                        [_pack([b"WAIT", b"%d" % wait_replicas, b"%d" % wait_timeout_ms])], check_health=False
+                    )
                 replies = [conn.read_response() for _ in range(count)]
                 replicas = int(conn.read_response()) if wait_replicas else 0
             except redis.exceptions.NoScriptError:

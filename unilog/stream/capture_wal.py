@@ -29,27 +29,28 @@ switches are :mod:`unilog.stream.modes`'s):
 from __future__ import annotations
 
 import concurrent.futures
-import re
+import contextlib
+import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 import structlog
 
 from .. import routing, store
-from ..errors import CaptureLost, CaptureRecreated, ConfigurationError, PublishError, UnilogError
+from ..errors import CaptureLost, CaptureRecreated, ConfigurationError, PublishError
 from ..store.pgoutput import Decoder, WalRow, WalTransaction
 from ..store.wal import CaptureSlot, ReplicationStream, SlotBusy, SlotReplaced
+from . import wal_loss
 from .capture import BatchResult
 from .capture_table import TableCapture
 from .guard import GUARD_INTERVAL, guard
-from .publisher import Publisher, settle_unsaved
+from .publisher import Publisher
 
 log = structlog.get_logger(__name__)
 
-NOTHING_LOST = "nothing is lost"  # how a lost slot's line begins when the loss cost nothing
 MAX_MESSAGES = 50_000  # messages taken from the socket per read (fewer when decoded rows would pass two batches)
 # A batch spread over many streams (few records each) costs a position, a script section and a metric child per
 # stream, not per record: a backlog whose next ``batch_size`` records are spread so, or that follows a spread batch,
@@ -59,6 +60,8 @@ MAX_MESSAGES = 50_000  # messages taken from the socket per read (fewer when dec
 # as table mode's claims: 50,000 records over 10,000 streams took three batches touching 20,000 streams at 8 (the
 # first one not deep), one batch at 16.
 WAL_DEPTH = 16
+PIECES = 4  # parts a deep batch's streams are encoded and sent in (each a batch's worth of records at least)
+ARRIVING = 0.5  # seconds a stream just opened waits for a backlog that is arriving, at most
 SPREAD = 8  # a batch is spread when it has fewer than this many records per stream, on 100 streams or more
 
 
@@ -82,9 +85,14 @@ class _Batch:
     finished: int  # transactions it finishes
     markers: list[str]  # mode switch markers of those transactions
     identity: store.ProducerIdentity
-    targets: dict[str, Any]  # target stream -> its packed records
-    first: dict[str, int]  # target stream -> the position of its first record
-    last_seqs: dict[str, int]  # ... and of its last
+    partitions: dict[str, int]  # stream -> its partition count
+    plain: bool  # every record an untraced message
+    planned: dict[str, int]  # the positions of the batch sent before it, maybe not saved yet: its follow them
+    # filled as its streams are encoded (_targets), piece by piece: target stream -> its packed records, the
+    # position of its first record, and of its last
+    targets: dict[str, Any] = field(default_factory=dict)
+    first: dict[str, int] = field(default_factory=dict)
+    last_seqs: dict[str, int] = field(default_factory=dict)
 
 
 class WalCapture:
@@ -129,6 +137,7 @@ class WalCapture:
         self._room = batch_size  # rows the next batch may hold (more while batches are spread: WAL_DEPTH)
         self._predrained = False
         self._helper: concurrent.futures.ThreadPoolExecutor | None = None  # Redis, while the next batch decodes
+        self._written: _Batch | None = None  # the batch whose rows and positions the open transaction holds
         self._mark = (0, -1)  # the last record message published: (commit LSN, ordinal); ones at or before it skip
         self.markers: set[str] = set()  # switch markers whose transaction was confirmed to the slot
         self.held_peak = 0  # the most decoded rows held at once (pending, and the decoder's open part)
@@ -151,6 +160,7 @@ class WalCapture:
                 if result.published or result.waiting or result.blocked or self._publishable_before(conn):
                     return result
             self._predrained = True
+        opening = self._reader is None
         try:
             reader = self._open(conn)
         except SlotBusy:  # another streamer streams this database's slot: it needs every stream this one holds
@@ -161,6 +171,8 @@ class WalCapture:
             self._guard_at = time.monotonic() + GUARD_INTERVAL
             guard(conn, streaming=True, conninfos=self.standbys)
         self._receive(reader, wait=0)
+        if opening:
+            self._arriving(reader)
         if not self._pending:
             self._confirm_idle(reader)
             # rows staged since the slot (those before it are the table-mode passes', done: what is left of them
@@ -185,87 +197,17 @@ class WalCapture:
             conn.commit()
             if self.slot.from_xid == store.RECREATING:  # a process died replacing the lost slot: replace it again
                 unfinished = CaptureLost(f"the re-creation of slot {self.slot.slot!r} did not finish")
-                raise self._after_loss(conn, unfinished)
+                raise wal_loss.after_loss(self, conn, unfinished)
             try:
                 self._reader = ReplicationStream(
                     self.conninfo, self.slot, application_name=f"unilog-{name}-wal", timeout=self.timeout
                 )
             except CaptureLost as exc:
-                raise self._after_loss(conn, exc) from None
+                raise wal_loss.after_loss(self, conn, exc) from None
             except SlotReplaced as exc:  # a new session reads the capture again: its rows before from_xid first
                 raise CaptureRecreated(str(exc)) from None
             log.info("streaming from the WAL", slot=self.slot.slot, streamer=name)
         return self._reader
-
-    def _after_loss(self, conn: psycopg.Connection[Any], exc: CaptureLost) -> UnilogError:
-        """The slot is gone: producers to rows at once; then, unless a batch is in doubt (sent to Redis, not yet
-        saved: only the lost slot knew its order, so the streamer stops with exit 12 naming the recovery), the
-        record messages the slot had not delivered are recovered from the WAL as rows (:func:`store.recover_lost_slot`;
-        none are waiting if producers were held to rows before and every message before was published or rescued),
-        the slot is re-created, and the streamer goes on: a loss never stops the log. What could not be recovered is
-        recorded and logged as an error; the error returned (:class:`CaptureRecreated`) makes the loop reconnect."""
-        # one streamer handles a loss: the slot's streaming lock for the whole of it (a second streamer that found
-        # the slot lost too comes back to a re-created slot, and reads the capture again)
-        deadline = time.monotonic() + 5.0  # the refused replication session's backend may not have ended yet
-        while not store.try_slot_lock(conn, self.slot.slot):
-            if time.monotonic() > deadline:
-                return PublishError(f"another streamer is replacing the lost slot {self.slot.slot!r}: tried again")
-            time.sleep(0.05)
-        try:
-            current = store.capture_slot(conn)
-            conn.commit()
-            if current is not None and current != self.slot:
-                return CaptureRecreated(f"{exc}; another streamer re-created it: the capture is read again")
-            return self._replace_lost(conn, exc)
-        finally:
-            store.release_slot_lock(conn, self.slot.slot)
-
-    def _replace_lost(self, conn: psycopg.Connection[Any], exc: CaptureLost) -> UnilogError:
-        """:meth:`_after_loss`, with the slot's streaming lock held."""
-        lost = _stop_messages_after_loss(conn)
-        recovery = None
-        if not lost.startswith(NOTHING_LOST):
-            try:
-                others = store.other_capture_databases(conn, self.conninfo)
-                conn.commit()
-                recovery = store.recover_lost_slot(conn, self.slot.slot, others)
-            except psycopg.errors.LockNotAvailable:
-                conn.rollback()
-                return PublishError(
-                    "the capture slot is lost and a transaction writing record messages did not end within 2 s: "
-                    "producers stage rows now; the recovery of the messages the slot had not delivered is tried again"
-                )
-        if (doubtful := self.publisher.in_doubt(conn)) and not self._settle_in_doubt(conn, doubtful):
-            return CaptureLost(f"{exc}; {lost}")
-        crash = self.publisher.faults.crash  # what `capture wal --recreate` does, done here
-        store.recreate_slot(
-            self.conninfo, self.slot, locked=True, created=lambda: crash("streamer.crash_recreating_slot")
-        )
-        if recovery is None:
-            return CaptureRecreated(f"{exc}; {lost}: the slot is re-created")
-        self.losses.append(recovery)
-        say = log.warning if recovery.complete else log.error
-        say("capture slot lost: " + recovery.line(), slot=self.slot.slot, loss=recovery.loss_id)
-        return CaptureRecreated(f"{exc}; {recovery.line()}; the slot is re-created")
-
-    def _settle_in_doubt(self, conn: psycopg.Connection[Any], doubtful: list[str]) -> bool:
-        """A batch was in Redis, not saved, when the slot went (a primary killed mid-batch): settle it from what
-        Redis has (:func:`unilog.stream.publisher.settle_unsaved`); False if it cannot be."""
-        default = self.publisher.default_stream
-        sources = {}
-        for target in doubtful:
-            base = (
-                re.sub(r"\.p\d+$", "", target)
-                if self.publisher.partitions(re.sub(r"\.p\d+$", "", target)) > 1
-                else target
-            )
-            sources[target] = [base, ""] if base == default else [base]
-        settled = settle_unsaved(self.publisher.connect(), conn, self.publisher.identity(), sources)
-        log.warning(
-            "a batch in flight when the slot was lost: " + ("settled from Redis" if settled else "cannot be settled"),
-            streams=doubtful,
-        )
-        return settled
 
     def _receive(self, reader: ReplicationStream, wait: float) -> None:
         """Decode what arrived into transactions and parts of a large one, until a batch's worth is pending. A read
@@ -280,6 +222,20 @@ class WalCapture:
                 self._pending.append(done)
                 self._pending_rows += len(done.rows)
             self.held_peak = max(self.held_peak, self.held_rows)
+
+    def _arriving(self, reader: ReplicationStream) -> None:
+        """Take what the server sends while it sends fast (at least a tenth of a batch each 20 ms, for
+        :data:`ARRIVING` seconds at most), until there is room for no more: a stream just opened on a backlog, so
+        that its first batch is taken as deep as the backlog's spread calls for (:meth:`_deepen`), and a deep batch,
+        so that it holds the backlog rather than what the server had decoded by then (50,000 records over 10,000
+        streams went in a batch of 6,000-8,000 streams first, then one touching them all again: a third of the
+        drain). A slower stream (records committed as they come) is not waited for."""
+        until = time.monotonic() + ARRIVING
+        while self._pending_rows < self._room and time.monotonic() < until:
+            held = self.held_rows
+            self._receive(reader, wait=0.02)
+            if self.held_rows - held < self.batch_size // 10:
+                return
 
     def _confirm_idle(self, reader: ReplicationStream) -> None:
         """Nothing pending and no transaction half-read: everything the server sent is handled, so its position
@@ -348,7 +304,7 @@ class WalCapture:
                 break
         if spread(len(streams), seen):
             self._room = self.batch_size * WAL_DEPTH
-            self._receive(reader, wait=0)
+            self._arriving(reader)
 
     def _capped(self, part: tuple[WalRow, ...], counts: dict[str, int]) -> tuple[WalRow, ...]:
         """The rows of ``part`` before the first that would give its stream more than ``batch_size`` records in
@@ -386,6 +342,10 @@ class WalCapture:
             if sent is not None:
                 self._save(conn, reader, sent)
         except BaseException:
+            if self._written is not None:  # rows deleted and positions written for a batch Redis may not have
+                self._written = None
+                with contextlib.suppress(psycopg.Error):
+                    conn.rollback()
             self.publisher.forget_positions()
             self._rewind()
             raise
@@ -403,19 +363,43 @@ class WalCapture:
         self._room = self.batch_size * (WAL_DEPTH if spread(len(by_stream), len(fresh)) else 1)
         if publisher.owns_all(conn, by_stream) != set(by_stream):  # one statement for the batch's new buckets
             return None
-        identity = publisher.identity()
-        targets: dict[str, Any] = {}
         partitions = publisher.partitions_of(by_stream)  # one round trip for the streams due for a look
-        for stream, stream_rows in by_stream.items():
-            targets |= routing.split_wal(stream, partitions[stream], stream_rows, plain is not None)
-        planned = before.last_seqs if before is not None else {}
-        first = publisher.next_seqs(conn, [t for t in targets if t not in planned], identity.epoch)
-        first |= {t: planned[t] + 1 for t in targets if t in planned}
         ids = [] if plain is not None else [row[0] for _s, row, *_ in fresh if row is not None]
+        planned = before.last_seqs if before is not None else {}
         return _Batch(
-            started, len(rows), len(fresh), by_stream, ids, mark, confirm, finished, markers, identity, targets,
-            first, {t: first[t] + payload.count - 1 for t, payload in targets.items()},
+            started, len(rows), len(fresh), by_stream, ids, mark, confirm, finished, markers, publisher.identity(),
+            partitions, plain is not None, planned,
         )  # fmt: skip
+
+    def _targets(self, conn: psycopg.Connection[Any], batch: _Batch, streams: list[str]) -> dict[str, Any]:
+        """``streams``' part of ``batch`` encoded per target stream, each given its positions (in one statement for
+        those not known), all recorded in the batch; returns the part's targets."""
+        targets: dict[str, Any] = {}
+        for stream in streams:
+            targets |= routing.split_wal(stream, batch.partitions[stream], batch.by_stream[stream], batch.plain)
+        planned = batch.planned
+        first = self.publisher.next_seqs(conn, [t for t in targets if t not in planned], batch.identity.epoch)
+        first |= {t: planned[t] + 1 for t in targets if t in planned}
+        batch.targets.update(targets)
+        batch.first.update(first)
+        batch.last_seqs.update({t: first[t] + payload.count - 1 for t, payload in targets.items()})
+        return targets
+
+    def _pieces(self, batch: _Batch) -> list[list[str]]:
+        """``batch``'s streams in up to :data:`PIECES` parts of about equal records, a part a batch's worth at least:
+        a deep batch over many streams is encoded a part at a time while Redis appends the part before (encoding it
+        whole first was a fifth of a drain over ten thousand streams, Redis idle meanwhile)."""
+        count = min(PIECES, batch.fresh // self.batch_size)
+        if count <= 1:
+            return [list(batch.by_stream)]
+        pieces: list[list[str]] = [[]]
+        size, records = batch.fresh / count, 0
+        for stream, stream_rows in batch.by_stream.items():
+            if records >= size * len(pieces) and len(pieces) < count:
+                pieces.append([])
+            pieces[-1].append(stream)
+            records += len(stream_rows)
+        return pieces
 
     def _fresh(
         self, conn: psycopg.Connection[Any], rows: list[WalRow], xids: list[int], plain: str | None = None
@@ -441,29 +425,54 @@ class WalCapture:
         if batch.fresh < self.batch_size:
             if before is not None:
                 self._save(conn, reader, before)
-            self._send_now(batch)
+            targets = self._targets(conn, batch, list(batch.by_stream))
+            conn.commit()  # its reads' transaction is not left idle while Redis appends (the server may end it)
+            self._send_piece(batch, targets, None)
+            self.publisher.faults.crash("streamer.crash_after_publish")
             return
         if self._helper is None:
             name = f"unilog-{self.publisher.name}-redis"
             self._helper = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=name)
-        future = self._helper.submit(self._send_now, batch)
+        futures, refused = [], threading.Event()
         try:
+            for streams in self._pieces(batch):
+                targets = self._targets(conn, batch, streams)
+                futures.append(self._helper.submit(self._send_piece, batch, targets, refused))
             if before is not None:
                 self._save(conn, reader, before)
             self._receive(reader, wait=0)
+            # its rows deleted and positions written now, committed once Redis confirmed it (_save): a batch over
+            # ten thousand streams wrote them for 50-200 ms after the send, as long as a tenth of its drain
+            self._write(conn, batch, sending=True)
         finally:
-            concurrent.futures.wait([future])
-        future.result()
-
-    def _send_now(self, batch: _Batch) -> None:
-        # a deeper batch (WAL_DEPTH) in script calls of a batch's records each, as table mode sends its batches
-        self.publisher.send_all(batch.targets, batch.identity, batch.first, self.batch_size)
+            concurrent.futures.wait(futures)
+        for future in futures:
+            future.result()
         self.publisher.faults.crash("streamer.crash_after_publish")
 
+    def _send_piece(self, batch: _Batch, targets: dict[str, Any], refused: threading.Event | None) -> None:
+        """Append a part of ``batch`` (a deeper batch, WAL_DEPTH, in script calls of a batch's records each, as table
+        mode sends its batches); none after a part Redis refused (``refused``)."""
+        if refused is not None and refused.is_set():
+            return  # the batch fails whatever this part does: it is read from the slot again and re-sent
+        try:
+            self.publisher.send_all(targets, batch.identity, batch.first, self.batch_size)
+        except BaseException:
+            if refused is not None:
+                refused.set()
+            raise
+
     def _save(self, conn: psycopg.Connection[Any], reader: ReplicationStream, batch: _Batch) -> None:
-        """After Redis confirmed ``batch``: delete its rows and commit its positions and mark, then confirm it to the
-        slot (a transaction split across batches is confirmed once its last part is saved)."""
-        self._delete(conn, batch.ids, batch.last_seqs, batch.mark)
+        """After Redis confirmed ``batch``: delete its rows and commit its positions and mark (written already
+        while it was sent, if it was sent from the helper), then confirm it to the slot (a transaction split across
+        batches is confirmed once its last part is saved)."""
+        if self._written is not batch:
+            self._write(conn, batch)
+        self._written = None
+        conn.commit()
+        self.publisher.remember_positions(batch.last_seqs)
+        if batch.mark is not None:
+            self._mark = batch.mark
         self.publisher.faults.crash("streamer.crash_before_confirm")
         if batch.confirm is not None:
             reader.confirm(batch.confirm)
@@ -487,23 +496,23 @@ class WalCapture:
             ms=round((time.perf_counter() - batch.started) * 1000, 2),
         )
 
-    def _delete(
-        self, conn: psycopg.Connection[Any], ids: list[int], last_seqs: dict[str, int], mark: tuple[int, int] | None
-    ) -> None:
-        if not ids and mark is None:
-            conn.commit()
+    def _write(self, conn: psycopg.Connection[Any], batch: _Batch, *, sending: bool = False) -> None:
+        """Delete ``batch``'s rows and write its positions and mark in a transaction left open (:meth:`_save`
+        commits it; a failed pass rolls it back). ``sending``: Redis has not confirmed it yet, so the transaction
+        may stay idle for as long as the send takes."""
+        self._written = batch
+        if not batch.ids and batch.mark is None:
             return
-        deleted = store.delete_ids(conn, ids, self.publisher.identity().epoch, last_seqs, mark)
-        if deleted != len(ids):
+        if sending:
+            store.open_while_sending(conn)
+        deleted = store.delete_ids(conn, batch.ids, self.publisher.identity().epoch, batch.last_seqs, batch.mark)
+        if deleted != len(batch.ids):
+            self._written = None
             conn.rollback()
             raise PublishError(
-                f"deleted {deleted} of {len(ids)} published records: another streamer deleted staged rows meanwhile; "
-                "the records will be read again and deduplicated by position"
+                f"deleted {deleted} of {len(batch.ids)} published records: another streamer deleted staged rows "
+                "meanwhile; the records will be read again and deduplicated by position"
             )
-        conn.commit()
-        self.publisher.remember_positions(last_seqs)
-        if mark is not None:
-            self._mark = mark
 
     # -- waiting and resetting ---------------------------------------------------------------------------------------
 
@@ -557,37 +566,3 @@ def _by_stream(publisher: Publisher, records: list[WalRow]) -> dict[str, list[Wa
         else:
             rows.append(r)
     return by_stream
-
-
-def _stop_messages_after_loss(conn: psycopg.Connection[Any]) -> str:
-    """The slot is gone or lost: producers must stop writing record messages no slot will read. Switch them to rows
-    (which any capture finds again) at once; return what the loss cost, for the error's line: nothing, if they were
-    held to rows before it and every message before the hold was published or rescued, else the WAL range whose
-    record messages the slot had not delivered are gone."""
-    kept = "records staged as rows are kept and will be published"
-    try:
-        store.lock_capture(conn)  # a hold's release in flight ends first, and none starts until this commits
-        reason, saved, held_at = store.rows_held(conn)
-        mark, now = store.message_mark(conn), store.wal_insert_lsn(conn)
-        messages = store.emit_messages(conn)
-        if messages:
-            store.set_emit_messages(conn, False, wait=False)
-        conn.commit()
-        switched = "producers now stage rows" if messages else "producers stage rows"
-    except (psycopg.Error, ConfigurationError) as exc:
-        conn.rollback()
-        return f"{kept}; producers could not be switched to rows ({exc}): `unilog capture table` does it"
-    if not messages and reason is not None and saved:
-        return f"{NOTHING_LOST}: producers were held to rows before ({reason}), every record message before was " + (
-            f"published or rescued as a row, and {kept}"
-        )
-    upto = held_at if not messages and held_at is not None else now
-    # counted only where pg_walinspect can be called: a call that fails leaves an ERROR line in the server's log
-    count = store.count_record_messages(conn, mark[0], upto) if store.walinspect_usable(conn) is None else None
-    conn.commit()
-    how_many = "(how many: unknown, pg_walinspect cannot read that WAL here)" if count is None else f"({count} at most)"
-    return (
-        f"{kept}, but records written as logical messages committed from {store.lsn_text(mark[0])} (the last one "
-        f"published) to {store.lsn_text(upto)} that the slot had not delivered are lost with it {how_many} "
-        f"({switched}; docs/guides/wal-capture.md, 'a lost slot')"
-    )
