@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from test_many_streams import _assert_each_once_in_order, _stage
 
-from unilog import Settings, Streamer, StreamerConfig
+from unilog import Settings, Streamer, StreamerConfig, emit_many
 from unilog.errors import PublishError
 from unilog.store.wal import ReplicationStream
 from unilog.stream.capture_wal import PIECES
@@ -164,14 +164,16 @@ def test_a_server_that_ends_idle_transactions_lets_a_wal_batch_wait_for_redis(
     _assert_each_once_in_order(rds, names, 2 if streams > BATCH else 1)
 
 
-def test_a_stream_opened_on_a_backlog_waits_while_it_arrives_and_takes_it_in_one_deep_batch(
-    wal: Settings, pg: Any, rds: Any, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("opened", [False, True], ids=["just-opened", "open-before"])
+def test_a_backlog_arriving_over_many_streams_is_waited_for_and_taken_in_one_deep_batch(
+    wal: Settings, pg: Any, rds: Any, monkeypatch: pytest.MonkeyPatch, opened: bool
 ) -> None:
-    """The server sends a backlog over many streams at its own pace (here: 100 messages every 10 ms). A stream just
-    opened waits while it arrives that fast, so the first batch holds the whole backlog (one position and one script
-    section per stream); a streamer that took what had arrived at its first look sends a shallow batch first and
-    touches every stream twice, and fails here."""
-    total = _stage(wal, NAMES, per_stream=2)
+    """The server sends a backlog over 1,000 streams (transactions of 100 records) at its own pace: 100 messages
+    every 10 ms. On a stream just opened, or once a tenth of a batch is pending, the streamer waits while it arrives
+    that fast, so that the first batch holds the whole backlog (one position and one script section per stream). A
+    streamer that took what had arrived at its first look sends a shallow batch first and touches the streams twice,
+    and fails here."""
+    batch, names = 400, [f"a-{k:04d}" for k in range(1000)]
     read = ReplicationStream.read
     held: dict[int, list[bytes]] = {}
     due: dict[int, float] = {}
@@ -185,7 +187,8 @@ def test_a_stream_opened_on_a_backlog_waits_while_it_arrives_and_takes_it_in_one
             if time.monotonic() < due[id(self)]:
                 return []
         due[id(self)] = time.monotonic() + 0.01
-        out, held[id(self)] = backlog[: min(100, max_messages)], backlog[min(100, max_messages) :]
+        take = min(100, max_messages)
+        out, held[id(self)] = backlog[:take], backlog[take:]
         return out
 
     sends: list[int] = []
@@ -197,7 +200,14 @@ def test_a_stream_opened_on_a_backlog_waits_while_it_arrives_and_takes_it_in_one
 
     monkeypatch.setattr(ReplicationStream, "read", trickle)
     monkeypatch.setattr(Publisher, "send_all", send)
-    with Streamer(wal, StreamerConfig(batch_size=BATCH), name="arriving") as streamer:
-        assert streamer.drain(timeout=60) == total
-    assert sum(sends[:PIECES]) == total, f"the whole backlog in the first batch: {sends}"
-    _assert_each_once_in_order(rds, NAMES, 2)
+    with Streamer(wal, StreamerConfig(batch_size=batch), name="arriving") as streamer:
+        if opened:
+            assert streamer.drain(timeout=60) == 0  # the slot's stream is open, nothing pending
+        records = [{"action": "a", "object": "o", "data": {"i": i}, "stream": n} for i in range(2) for n in names]
+        with psycopg.connect(wal.conninfo) as conn:
+            for lo in range(0, len(records), 100):
+                emit_many(conn, records[lo : lo + 100])
+                conn.commit()
+        assert streamer.drain(timeout=60) == len(records)
+    assert sum(sends[:PIECES]) == len(records), f"the whole backlog in the first batch: {sends}"
+    _assert_each_once_in_order(rds, names, 2)

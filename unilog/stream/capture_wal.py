@@ -171,7 +171,7 @@ class WalCapture:
             self._guard_at = time.monotonic() + GUARD_INTERVAL
             guard(conn, streaming=True, conninfos=self.standbys)
         self._receive(reader, wait=0)
-        if opening:
+        if opening or self.batch_size // 10 <= self._pending_rows < self._room:  # a backlog may be arriving
             self._arriving(reader)
         if not self._pending:
             self._confirm_idle(reader)
@@ -225,11 +225,12 @@ class WalCapture:
 
     def _arriving(self, reader: ReplicationStream) -> None:
         """Take what the server sends while it sends fast (at least a tenth of a batch each 20 ms, for
-        :data:`ARRIVING` seconds at most), until there is room for no more: a stream just opened on a backlog, so
-        that its first batch is taken as deep as the backlog's spread calls for (:meth:`_deepen`), and a deep batch,
-        so that it holds the backlog rather than what the server had decoded by then (50,000 records over 10,000
-        streams went in a batch of 6,000-8,000 streams first, then one touching them all again: a third of the
-        drain). A slower stream (records committed as they come) is not waited for."""
+        :data:`ARRIVING` seconds at most), until there is room for no more: on a stream just opened, or with a tenth
+        of a batch pending, so that a backlog's first batch is taken as deep as its spread calls for
+        (:meth:`_deepen`), and for a deep batch, so that it holds the backlog rather than what the server had
+        decoded by then (50,000 records over 10,000 streams went in a batch of 6,000-8,000 streams first, then one
+        touching them all again: a third of the drain). A slower stream (records committed as they come) is not
+        waited for: 20 ms once, after a burst of a tenth of a batch."""
         until = time.monotonic() + ARRIVING
         while self._pending_rows < self._room and time.monotonic() < until:
             held = self.held_rows
