@@ -172,7 +172,7 @@ class WalCapture:
             guard(conn, streaming=True, conninfos=self.standbys)
         self._receive(reader, wait=0)
         if opening or self.batch_size // 10 <= self._pending_rows < self._room:  # a backlog may be arriving
-            self._arriving(reader)
+            self._arriving(reader, judge=True)
         if not self._pending:
             self._confirm_idle(reader)
             # rows staged since the slot (those before it are the table-mode passes', done: what is left of them
@@ -223,16 +223,31 @@ class WalCapture:
                 self._pending_rows += len(done.rows)
             self.held_peak = max(self.held_peak, self.held_rows)
 
-    def _arriving(self, reader: ReplicationStream) -> None:
+    def _spread_so_far(self) -> bool:
+        """Whether the records pending are spread over many streams (:func:`spread`), or too few yet to tell."""
+        if self._pending_rows < self.batch_size // 10:
+            return True
+        streams: set[str | None] = set()
+        for part in self._pending:
+            if part.plain is not None:
+                streams.add(part.plain)
+            else:
+                streams.update(row[0] for row in part.rows)
+        return spread(len(streams), self._pending_rows)
+
+    def _arriving(self, reader: ReplicationStream, *, judge: bool = False) -> None:
         """Take what the server sends while it sends fast (at least a tenth of a batch each 20 ms, for
         :data:`ARRIVING` seconds at most), until there is room for no more: on a stream just opened, or with a tenth
         of a batch pending, so that a backlog's first batch is taken as deep as its spread calls for
         (:meth:`_deepen`), and for a deep batch, so that it holds the backlog rather than what the server had
         decoded by then (50,000 records over 10,000 streams went in a batch of 6,000-8,000 streams first, then one
         touching them all again: a third of the drain). A slower stream (records committed as they come) is not
-        waited for: 20 ms once, after a burst of a tenth of a batch."""
+        waited for: 20 ms once, after a burst of a tenth of a batch. ``judge``: only while what is pending is spread
+        (a backlog on one stream gains nothing from a deeper first batch, and its first send would wait)."""
         until = time.monotonic() + ARRIVING
         while self._pending_rows < self._room and time.monotonic() < until:
+            if judge and not self._spread_so_far():
+                return  # a backlog on few streams goes in batches as it comes, the first one sent at once
             held = self.held_rows
             self._receive(reader, wait=0.02)
             if self.held_rows - held < self.batch_size // 10:
