@@ -225,15 +225,23 @@ class WalCapture:
 
     def _spread_so_far(self) -> bool:
         """Whether the records pending are spread over many streams (:func:`spread`), or too few yet to tell."""
-        if self._pending_rows < self.batch_size // 10:
-            return True
+        return self._pending_rows < self.batch_size // 10 or spread(*self._streams_ahead())
+
+    def _streams_ahead(self) -> tuple[int, int]:
+        """The streams among the next ``batch_size`` pending rows (at most), and those rows."""
         streams: set[str | None] = set()
+        seen, offset = 0, self._head_offset
         for part in self._pending:
-            if part.plain is not None:
+            rows = part.rows[offset : offset + self.batch_size - seen]
+            offset = 0
+            if part.plain is not None:  # one stream, whatever its rows
                 streams.add(part.plain)
             else:
-                streams.update(row[0] for row in part.rows)
-        return spread(len(streams), self._pending_rows)
+                streams.update(row[0] for row in rows)
+            seen += len(rows)
+            if seen >= self.batch_size:
+                break
+        return len(streams), seen
 
     def _arriving(self, reader: ReplicationStream, *, judge: bool = False) -> None:
         """Take what the server sends while it sends fast (at least a tenth of a batch each 20 ms, for
@@ -244,6 +252,9 @@ class WalCapture:
         touching them all again: a third of the drain). A slower stream (records committed as they come) is not
         waited for: 20 ms once, after a burst of a tenth of a batch. ``judge``: only while what is pending is spread
         (a backlog on one stream gains nothing from a deeper first batch, and its first send would wait)."""
+        if self._written is not None:  # its transaction holds its rows and the capture's row: no waiting now
+            self._receive(reader, wait=0)
+            return
         until = time.monotonic() + ARRIVING
         while self._pending_rows < self._room and time.monotonic() < until:
             if judge and not self._spread_so_far():
@@ -306,19 +317,8 @@ class WalCapture:
         ``batch_size`` pending rows only while batches are not deep, and once a batch's worth is pending."""
         if self._room > self.batch_size or self._pending_rows < self.batch_size:
             return
-        streams: set[str | None] = set()
-        seen, offset = 0, self._head_offset
-        for part in self._pending:
-            rows = part.rows[offset : offset + self.batch_size - seen]
-            offset = 0
-            if part.plain is not None:  # one stream, whatever its rows
-                streams.add(part.plain)
-            else:
-                streams.update(row[0] for row in rows)
-            seen += len(rows)
-            if seen >= self.batch_size:
-                break
-        if spread(len(streams), seen):
+        streams, seen = self._streams_ahead()
+        if spread(streams, seen):
             self._room = self.batch_size * WAL_DEPTH
             self._arriving(reader)
 
@@ -451,6 +451,7 @@ class WalCapture:
             self._helper = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=name)
         futures, refused = [], threading.Event()
         try:
+            store.open_while_sending(conn)  # the positions' reads may idle while later pieces are encoded
             for streams in self._pieces(batch):
                 targets = self._targets(conn, batch, streams)
                 futures.append(self._helper.submit(self._send_piece, batch, targets, refused))
@@ -462,8 +463,13 @@ class WalCapture:
             self._write(conn, batch, sending=True)
         finally:
             concurrent.futures.wait(futures)
-        for future in futures:
-            future.result()
+        error = next((e for e in (f.exception() for f in futures) if e is not None), None)
+        del futures  # a refusal's traceback holds this frame: the futures, holding the refusal, made a cycle
+        if error is not None:
+            try:
+                raise error
+            finally:
+                del error
         self.publisher.faults.crash("streamer.crash_after_publish")
 
     def _send_piece(self, batch: _Batch, targets: dict[str, Any], refused: threading.Event | None) -> None:
@@ -472,7 +478,7 @@ class WalCapture:
         if refused is not None and refused.is_set():
             return  # the batch fails whatever this part does: it is read from the slot again and re-sent
         try:
-            self.publisher.send_all(targets, batch.identity, batch.first, self.batch_size)
+            self.publisher.send_all(targets, batch.identity, {t: batch.first[t] for t in targets}, self.batch_size)
         except BaseException:
             if refused is not None:
                 refused.set()
