@@ -82,8 +82,11 @@ class Publisher:
             )
 
     def release(self) -> None:
-        """Forget the streams whose lock the session held (a closed or new session holds none)."""
+        """Forget the streams whose lock the session held (a closed or new session holds none), and their positions:
+        another streamer may publish them meanwhile, and positions remembered from before would be reused (Redis
+        would then skip the new records as present: lost)."""
         metrics.locks_held(self.owned, False)
+        self._last_seq.clear()
         self.owned.clear()
         self.buckets.clear()
         self.shared.clear()
