@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import signal
@@ -17,6 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 import redis
+from dropped import assert_sessions_end, dropped, refcounting_only
 from handlers import record_applied
 
 from unilog import Faults, InjectedCrash, Record, Settings, Streamer, StreamerConfig, emit, store
@@ -320,15 +320,6 @@ def test_a_group_worker_refused_by_redis_is_freed_when_its_caller_drops_it(
     as it raised it, a cycle through the traceback that kept the worker (its sessions, its Redis clients) alive until
     a full garbage collection."""
     rds.set(settings.stream, "not a stream")
-    gc.disable()
-    try:
-        try:
-            worker(settings, "refused").drain()
-        except Exception:
-            pass
-        else:
-            pytest.fail("Redis's refusal did not reach the caller")
-        left = pg.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'unilog-group-g-refused'")
-        assert left.fetchone()[0] == 0, "the refused worker's session is still open"
-    finally:
-        gc.enable()
+    with refcounting_only():
+        dropped(lambda: worker(settings, "refused").drain(), Exception)
+        assert_sessions_end(pg, "unilog-group-g-refused", "the refused worker's session")

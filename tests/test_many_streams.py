@@ -4,7 +4,6 @@ streamer makes progress past a stream that is stuck."""
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import subprocess
@@ -18,6 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 import redis
+from dropped import assert_sessions_end, dropped, refcounting_only
 
 from unilog import Settings, Streamer, StreamerConfig, emit_many, store
 from unilog.cli.common import ExitCode
@@ -565,6 +565,59 @@ def test_a_batch_across_streams_is_deleted_piece_by_piece_while_redis_appends_th
     _assert_each_once_in_order(rds, names, 2)
 
 
+def test_a_share_of_the_streams_is_claimed_while_redis_appends_the_one_before_and_a_crash_re_sends_each_once(
+    settings: Settings, pg: Any, rds: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over many streams (SHARED_FROM, lowered here) a pass claims its first batch over one share of them and the
+    next share's batch while Redis appends the first one's pieces: the first piece's send waits until the second
+    share's claims are saved (a streamer that claimed it only after the first batch was deleted keeps it waiting,
+    and this test fails). A crash after the first share was sent leaves both shares' claims saved; the successor
+    re-sends them: every record once, in order."""
+    from unilog.stream import capture_spread
+
+    monkeypatch.setattr(capture_spread, "SHARED_FROM", 4)
+    names = [f"s-{k:03d}" for k in range(40)]
+    first, second = names[:20], names[20:]  # the sources in name order, cut in SHARES (2) shares
+    total = _stage(settings, names, per_stream=3)
+    send_batches, saw = Publisher.send_batches, []
+
+    def second_share_saved() -> bool:
+        with psycopg.connect(settings.conninfo, autocommit=True) as conn:
+            rows = conn.execute("SELECT DISTINCT source FROM unilog_claims").fetchall()
+        return {r[0] for r in rows} >= set(second)
+
+    def send(self: Publisher, batches: Any, identity: Any, per_call: Any) -> int:
+        if not saw:  # the first piece of the first share
+            assert {t for t, _first, _payload in batches} <= set(first), batches
+            deadline = time.monotonic() + 10
+            while not second_share_saved() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            saw.append(second_share_saved())
+        return send_batches(self, batches, identity, per_call)
+
+    claim_across, claimed = store.claim_across, []
+
+    def claim(conn: Any, sources: list[str], *args: Any, **kw: Any) -> Any:
+        claimed.append(sorted(sources))
+        return claim_across(conn, sources, *args, **kw)
+
+    monkeypatch.setattr(Publisher, "send_batches", send)
+    monkeypatch.setattr(store, "claim_across", claim)
+    faults = Faults(script={"streamer.crash_after_publish": [True]})
+    crashing = Streamer(settings, StreamerConfig(batch_size=10), faults=faults, name="crashing")
+    with crashing, pytest.raises(InjectedCrash):
+        crashing.run_once()
+    assert claimed == [first, second], "a batch over each share"
+    assert saw == [True], "the second share was claimed while Redis appended the first"
+    saved = dict(pg.execute("SELECT source, records FROM unilog_claims").fetchall())
+    assert saved == dict.fromkeys(names, 3), saved
+    assert sum(rds.xlen(n) for n in first) == 60 and sum(rds.xlen(n) for n in second) == 0
+    with Streamer(settings, StreamerConfig(batch_size=10), name="successor") as streamer:
+        assert streamer.drain(timeout=60) == total
+    assert pg.execute("SELECT count(*) FROM unilog_claims").fetchone()[0] == 0
+    _assert_each_once_in_order(rds, names, 3)
+
+
 def test_rows_held_in_a_later_piece_keep_only_their_stream_back(
     settings: Settings, pg: Any, rds: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -670,13 +723,12 @@ def test_a_streamer_dropped_without_close_ends_its_session_at_once(
         request.getfixturevalue("wal")
     names = [f"s-{k:03d}" for k in range(streams)]
     total = _stage(settings, names, per_stream=2)
-    gc.disable()  # what refcounting frees, without the cyclic collector
-    try:
-        assert Streamer(settings, StreamerConfig(batch_size=10), name="dropped").drain(timeout=60) == total
-        left = pg.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'unilog-dropped'")
-        assert left.fetchone()[0] == 0, "the dropped streamer's session is still open"
-    finally:
-        gc.enable()
+    with refcounting_only():
+        assert (
+            dropped(lambda: Streamer(settings, StreamerConfig(batch_size=10), name="dropped").drain(timeout=60))
+            == total
+        )
+        assert_sessions_end(pg, "unilog-dropped", "the dropped streamer's session")
 
 
 def test_a_streamer_whose_drain_failed_ends_its_session_when_dropped(settings: Settings, pg: Any, rds: Any) -> None:
@@ -686,18 +738,12 @@ def test_a_streamer_whose_drain_failed_ends_its_session_when_dropped(settings: S
     until a full garbage collection."""
     _stage(settings, [f"s-{k:03d}" for k in range(40)], per_stream=2)
     faults = Faults(script={"streamer.crash_after_claim": [True]})
-    gc.disable()
-    try:
-        try:
-            Streamer(settings, StreamerConfig(batch_size=10), faults=faults, name="failed").drain(timeout=60)
-        except InjectedCrash:
-            pass  # not bound to a name: a caught error the caller keeps would keep the streamer, rightly
-        else:
-            pytest.fail("the injected crash did not reach the caller")
-        left = pg.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'unilog-failed'")
-        assert left.fetchone()[0] == 0, "the failed streamer's session is still open"
-    finally:
-        gc.enable()
+    with refcounting_only():
+        dropped(
+            lambda: Streamer(settings, StreamerConfig(batch_size=10), faults=faults, name="failed").drain(timeout=60),
+            InjectedCrash,
+        )
+        assert_sessions_end(pg, "unilog-failed", "the failed streamer's session")
 
 
 def test_a_streamer_that_let_go_of_its_streams_reads_their_positions_again(

@@ -5,13 +5,13 @@ first batch is as deep as the backlog's spread calls for."""
 
 from __future__ import annotations
 
-import gc
 import threading
 import time
 from typing import Any
 
 import psycopg
 import pytest
+from dropped import assert_sessions_end, dropped, refcounting_only
 from test_many_streams import _assert_each_once_in_order, _stage
 
 from unilog import Settings, Streamer, StreamerConfig, emit_many
@@ -241,16 +241,9 @@ def test_a_wal_streamer_whose_piece_redis_refused_ends_its_session_when_dropped(
         return send_all(self, targets, *args, **kw)
 
     monkeypatch.setattr(Publisher, "send_all", send)
-    gc.disable()
-    try:
-        try:
-            Streamer(wal, StreamerConfig(batch_size=BATCH), name="dropped-wal").drain(timeout=60)
-        except InjectedCrash:
-            pass  # not bound to a name: a caught error the caller keeps would keep the streamer, rightly
-        else:
-            pytest.fail("the injected crash did not reach the caller")
+    with refcounting_only():
+        dropped(
+            lambda: Streamer(wal, StreamerConfig(batch_size=BATCH), name="dropped-wal").drain(timeout=60), InjectedCrash
+        )
         assert len(sends) == 2, sends
-        left = pg.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'unilog-dropped-wal%'")
-        assert left.fetchone()[0] == 0, "the dropped streamer's sessions are still open"
-    finally:
-        gc.enable()
+        assert_sessions_end(pg, "unilog-dropped-wal%", "the dropped streamer's sessions")

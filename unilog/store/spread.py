@@ -6,7 +6,8 @@ The arguments of :mod:`unilog.store.claims` hold per source, claim by claim: a c
 order, and saved (one ``unilog_claims`` row per source, with its runs of consecutive ids) before anything of it is
 sent. What differs is the candidates: not the rows after a cursor, but every committed row of the sources that is
 not in a saved claim (the caller re-sends and deletes those before it claims anew, and deletes each batch before the
-next claim), the lowest ids first. So a record whose transaction committed after another's on the same row, and
+next claim over any of its sources: a claim over other sources may be taken while a batch is in flight), the lowest ids
+first. So a record whose transaction committed after another's on the same row, and
 which this claim takes, has the other one either published and deleted already or in this claim before it: per
 source, commit order per key holds. No claim waits for an open transaction: its rows are taken by a later claim.
 """
@@ -24,37 +25,50 @@ from .claims import _COLUMNS, RESP_FIELDS
 # only the rows that may predate the slot), as many as fit in ``budget`` bytes of data (the first always: a batch's
 # body is one value, which Postgres caps at 1 GB), at most ``per_source`` of each source: its lowest, so still a
 # prefix of its rows in id order (a source's part is sent in one script call, which this bounds). Scanned in id order
-# by the primary key, the sources hashed; ``cut`` says the budget left rows of the scan out. A claim's runs of
-# consecutive ids are found in the same window that numbers a source's rows (a run starts where the id before is
-# not one less, ends where the next is not one more, or at the source's last row taken).
+# by the primary key, the sources hashed. ``cut``: the budget leaves rows of the scan out (the bytes before the last
+# row reach it); only then is the running sum that finds the last row taken computed (a window over the whole scan
+# cost a tenth of the claim). A claim's runs of consecutive ids are found in the same window that numbers a source's
+# rows (a run starts where the id before is not one less, ends where the next is not one more, or at the source's
+# last row taken).
 _NEW = f"""
     WITH looked AS MATERIALIZED (
-        SELECT t.*, sum(octet_length(t.data)) OVER (ORDER BY t.id) AS upto FROM (
-            SELECT {_COLUMNS}, stream AS source FROM staged_log_records
-            WHERE (stream = ANY(string_to_array(%(names)s, ' ')) OR (%(blank)s AND stream = ''))
-              AND (%(before)s::xid8 IS NULL OR xid < %(before)s::xid8)
-            ORDER BY id LIMIT %(limit)s
-        ) t
+        SELECT {_COLUMNS}, stream AS source FROM staged_log_records
+        WHERE (stream = ANY(string_to_array(%(names)s, ' ')) OR (%(blank)s AND stream = ''))
+          AND (%(before)s::xid8 IS NULL OR xid < %(before)s::xid8)
+        ORDER BY id LIMIT %(limit)s
     ),
-    cut AS (SELECT EXISTS (SELECT 1 FROM looked WHERE upto - octet_length(data) >= %(budget)s) AS c),
+    cut AS (
+        SELECT sum(octet_length(data)) - (SELECT octet_length(data) FROM looked ORDER BY id DESC LIMIT 1)
+               >= %(budget)s AS c
+        FROM looked
+    ),
     batch AS MATERIALIZED (
-        SELECT t.*, t.source AS part FROM (
+        SELECT t.source, t.source AS part, t.id, t.data, t.action, t.object, t.key, t.created_ms, t.tp, t.ts, t.ty,
+               t.starts, t.ends OR t.rn = %(per_source)s AS ends
+        FROM (
             SELECT s.*, row_number() OVER w AS rn,
                    coalesce(s.id - lag(s.id) OVER w <> 1, true) AS starts,
                    coalesce(lead(s.id) OVER w - s.id <> 1, true) AS ends
-            FROM looked s WHERE upto - octet_length(data) < %(budget)s
+            FROM looked s
+            WHERE NOT (SELECT c FROM cut) OR s.id <= (
+                SELECT max(id) FROM (
+                    SELECT id, sum(octet_length(data)) OVER (ORDER BY id ROWS UNBOUNDED PRECEDING)
+                               - octet_length(data) AS before
+                    FROM looked
+                ) u WHERE before < %(budget)s
+            )
             WINDOW w AS (PARTITION BY source ORDER BY id)
         ) t WHERE rn <= %(per_source)s
-    ),
+    )"""
+
+# A new claim's parts saved, one claim per source, from the sources' aggregates (``per``, below).
+_SAVED = """,
     claimed AS (
-        INSERT INTO unilog_claims (source, lo, hi, records)
-        SELECT source, array_agg(id ORDER BY id) FILTER (WHERE starts),
-               array_agg(id ORDER BY id) FILTER (WHERE ends OR rn = %(per_source)s), count(*)
-        FROM batch GROUP BY source
+        INSERT INTO unilog_claims (source, lo, hi, records) SELECT source, lo, hi, n FROM per
         RETURNING claim, records, source AS part
     )"""
 
-# Saved claims' rows again, by their ids (claims not deleted yet: re-sent after a crash).
+# Saved claims' rows again, by their ids (claims not deleted yet: re-sent after a crash); no runs to find.
 _AGAIN = """
     WITH claimed AS MATERIALIZED (
         SELECT claim, records, claim AS part, source, lo, hi FROM unilog_claims WHERE claim = ANY(%(claims)s::bigint[])
@@ -65,7 +79,7 @@ _AGAIN = """
     ),
     cut AS (SELECT false AS c),
     batch AS MATERIALIZED (
-        SELECT {columns}, ids.source, ids.part FROM ids
+        SELECT {columns}, ids.source, ids.part, false AS starts, false AS ends FROM ids
         JOIN staged_log_records s ON s.stream = ids.source AND s.id = ids.id
     )""".format(columns=_COLUMNS.replace("id,", "s.id,", 1))
 
@@ -77,23 +91,28 @@ _AGAIN = """
 # created time; then whether a byte budget left rows out (a new batch's ``cut``); then up to 128 traceparents a part
 # (they only link the publish span), as "part traceparent". Postgres encodes every record in C and sorts the batch
 # once (not a sort per claim: ten thousand of them at ten thousand streams); the streamer cuts the body at the parts'
-# sizes (:func:`_claims`).
+# sizes (:func:`_claims`). A part's aggregates (``per``) are computed once, its runs with them: a new claim is saved
+# from them (no second grouping of the batch).
 _ENCODED = f"""
     , shape AS (
         SELECT CASE WHEN bool_or(coalesce(ty, '') <> '') THEN 8 WHEN bool_or(coalesce(tp, '') <> '') THEN 7 ELSE 5
                END AS stride FROM batch
     ), packed AS MATERIALIZED (
-        SELECT source, part, id, created_ms, tp,
+        SELECT source, part, id, created_ms, tp, starts, ends,
 {RESP_FIELDS.rstrip().rstrip(",")} AS resp
         FROM (SELECT data, action, object, created_ms, created_ms::text AS created, coalesce(key, '') AS key,
-                     coalesce(tp, '') AS tp, coalesce(ts, '') AS ts, coalesce(ty, '') AS ty, source, part, id
+                     coalesce(tp, '') AS tp, coalesce(ts, '') AS ts, coalesce(ty, '') AS ty, source, part, id,
+                     starts, ends
               FROM batch) b,
              shape
-    ), per AS (
+    ), per AS MATERIALIZED (
         SELECT part, min(source) AS source, count(*) AS n, sum(octet_length(resp)) AS size,
-               min(created_ms) AS created
+               min(created_ms) AS created, array_agg(id ORDER BY id) FILTER (WHERE starts) AS lo,
+               array_agg(id ORDER BY id) FILTER (WHERE ends) AS hi
         FROM packed GROUP BY part
-    )
+    )"""
+
+_FINAL = """
     SELECT (SELECT stride FROM shape),
            (SELECT convert_to(string_agg(resp, '' ORDER BY part, id), 'UTF8') FROM packed),
            array_agg(c.claim ORDER BY p.part), array_agg(p.source ORDER BY p.part),
@@ -106,8 +125,8 @@ _ENCODED = f"""
     FROM per p JOIN claimed c USING (part)
 """
 
-CLAIM_ACROSS = _NEW + _ENCODED
-AGAIN_ACROSS = _AGAIN + _ENCODED
+CLAIM_ACROSS = _NEW + _ENCODED + _SAVED + _FINAL
+AGAIN_ACROSS = _AGAIN + _ENCODED + _FINAL
 
 
 @dataclass(slots=True)  # not frozen: a batch makes one per stream, and a frozen one's __init__ costs six times more
@@ -217,10 +236,16 @@ def pending_across(conn: psycopg.Connection[Any], sources: list[str]) -> list[tu
 # The ids of claims, as one array: the rows are then found by the primary key, one index scan for the whole batch (a
 # join on the runs was planned per source and row). An id is one row's, and a claim's runs hold only ids of rows it
 # claimed: the rows' own ``stream`` says which source each is (a filter on the sources was not hashed: sources x rows).
+# A run of one id is taken as it is: a series per run cost a fifth of the delete of a batch over thousands of streams,
+# whose runs are mostly of one id.
 _IDS = """
     ids AS MATERIALIZED (
-        SELECT array_agg(g) AS a FROM c
-        CROSS JOIN LATERAL unnest(c.lo, c.hi) AS r(lo, hi) CROSS JOIN LATERAL generate_series(r.lo, r.hi) AS g
+        SELECT array_agg(x) AS a FROM (
+            SELECT r.lo AS x FROM c CROSS JOIN LATERAL unnest(c.lo, c.hi) AS r(lo, hi) WHERE r.lo = r.hi
+            UNION ALL
+            SELECT g FROM c CROSS JOIN LATERAL unnest(c.lo, c.hi) AS r(lo, hi)
+            CROSS JOIN LATERAL generate_series(r.lo, r.hi) AS g WHERE r.lo < r.hi
+        ) t
     )"""
 
 _LOCK_ACROSS = f"""

@@ -7,11 +7,13 @@ hands it its passes over more than one source):
 
 * **Per source, commit order.** A claim takes the lowest-id committed rows of the sources, none of them in a saved
   claim: the saved claims of every owned source are re-sent and deleted first, and each batch is deleted before the
-  next is claimed.
+  next batch of any of its sources is claimed.
 * **Nothing is deleted before Redis confirmed it.** The claims (one per source) are committed before anything of them
   is sent; they are deleted with their rows in the transaction that advances the positions, which commits after Redis
   confirmed every script call of the batch (a refused one fails the batch: nothing of it is deleted). A large batch
   goes in pieces, each piece's claims deleted in that transaction while Redis appends the next.
+* **Claimed while Redis appends.** Over many sources a pass claims a share of them at a time (``SHARES``, disjoint),
+  the next share's batch committed while Redis appends the one before: no row is in two batches in flight.
 * **A re-send is the same batch.** Claims are sent in claim order, each in id order, from the last committed
   positions; after a crash, saved claims are re-sent the same way, so each record gets the position it had, and the
   publish script (:mod:`unilog.engine.publish`) skips what Redis already holds, a command redis-py or the network
@@ -49,6 +51,14 @@ DEPTH = 16
 # while Redis appends the next: the delete no longer waits for the whole send (Postgres and Redis each have a core),
 # as one stream's batches overlap (capture_table). More pieces are more round trips and statements for less overlap.
 PIECES = 4
+
+# A pass over this many sources or more cuts them in SHARES disjoint shares (in name order) and claims the next share's
+# batch while Redis appends the one before (the claim's commit first): Postgres's part of a batch (the claim, the
+# biggest) no longer waits for Redis's, nor Redis's for it. A share's sources are none of another's, so no claim takes
+# a row of another's batch, and each source's records still go in claim order. Fewer sources gain less than the
+# second claim's scan costs.
+SHARES = 2
+SHARED_FROM = 1000
 
 # Seconds a batch's delete waits for a row another session holds locked before it looks for whose rows they are and
 # publishes the other streams (their claims are deleted; the held streams' wait for a later pass)
@@ -107,6 +117,15 @@ def _pieces(claims: list[store.SourceClaim], sends: list[_Send], batch_size: int
     return pieces
 
 
+def _shares(sources: list[str]) -> list[list[str]]:
+    """``sources`` in :data:`SHARES` disjoint shares when there are :data:`SHARED_FROM` or more (else one): a share's
+    batch is claimed while Redis appends the one before."""
+    if len(sources) < SHARED_FROM:
+        return [sources]
+    size = -(-len(sources) // SHARES)
+    return [sources[k : k + size] for k in range(0, len(sources), size)]
+
+
 @dataclass(frozen=True)
 class Spread:
     """What a pass over many sources did: records published, whether more is ready now, the sources (of those it
@@ -151,29 +170,38 @@ class SpreadPasses:
             published, kept, more_saved = self._resend(conn, sources, packed=packed)
         waiting = {self.publisher.stream_of(s) for s in kept}
         fresh = [s for s in sources if self.publisher.stream_of(s) not in waiting]
-        batch = self._claim(conn, fresh)
+        shares = _shares(fresh) if self.pipeline_batches > 1 else [fresh]
+        batch = self._claim(conn, shares.pop(0))
         conn.commit()  # the claims are saved before anything of them reaches Redis
-        full = False
+        full = False  # a batch since the last claim across every source took all it could: more may be waiting
         for i in range(self.pipeline_batches):
+            while not batch.claims and shares:
+                batch = self._claim(conn, shares.pop(0))
+                conn.commit()
             claims = batch.claims
             if not claims:
                 break
             self.publisher.faults.crash("streamer.crash_after_claim")
             # full: the claim took all it could (records or bytes), or a source its most (more may be waiting)
-            full = (
+            full = full or (
                 batch.cut
                 or sum(c.count for c in claims) >= self.limit
                 or any(c.count >= self.batch_size for c in claims)
             )
-            more = full and i + 1 < self.pipeline_batches and not self._late(started)
-            done, stuck, batch = self._publish(conn, claims, packed=packed, then=fresh if more else None)
+            go_on = i + 1 < self.pipeline_batches and not self._late(started)
+            beside = shares.pop(0) if shares and go_on else None
+            again = go_on and full and not shares and beside is None
+            done, stuck, batch = self._publish(
+                conn, claims, packed=packed, then=fresh if again else None, beside=beside
+            )
+            full = full and not again
             published += done
             kept |= stuck
             waiting |= {self.publisher.stream_of(s) for s in stuck}
             fresh = [s for s in fresh if self.publisher.stream_of(s) not in waiting]
-        # more is ready when the last batch was full or saved claims are left behind the batch re-sent (those held
-        # by another session's row locks wait for the next pass, after a poll interval)
-        return Spread(published, full or more_saved, kept)
+        # more is ready when a batch was full or saved claims are left behind the batch re-sent (those held
+        # by another session's row locks wait for the next pass, after a poll interval), or a share was not claimed
+        return Spread(published, full or more_saved or bool(shares), kept)
 
     def _claim(self, conn: psycopg.Connection[Any], fresh: list[str]) -> store.Across:
         """A new batch across ``fresh``, in the caller's transaction (none without sources)."""
@@ -246,6 +274,7 @@ class SpreadPasses:
         *,
         packed: bool,
         then: list[str] | None,
+        beside: list[str] | None = None,
     ) -> tuple[int, set[str], store.Across]:
         """Send ``claims`` (saved and committed) in one pipelined round trip per Redis node, from the last committed
         positions; then, in one transaction, delete them with their rows, save the positions and, with ``then``, claim
@@ -263,10 +292,11 @@ class SpreadPasses:
         last = {t: p - 1 for t, p in position.items()}
         try:
             conn.commit()  # the claims' positions are read; a batch in pieces is deleted while Redis appends
-            appended, done, kept = self._send_and_delete(conn, claims, sends, last, identity)
-            held = {publisher.stream_of(s) for s in kept}  # a held stream's new records wait behind its claims
-            fresh = [s for s in then or () if publisher.stream_of(s) not in held]
-            ahead = self._claim(conn, fresh)
+            appended, done, kept, ahead = self._send_and_delete(conn, claims, sends, last, identity, beside)
+            if ahead is None:  # not claimed while Redis appended
+                held = {publisher.stream_of(s) for s in kept}  # a held stream's new records wait behind its claims
+                fresh = [s for s in beside or then or () if publisher.stream_of(s) not in held]
+                ahead = self._claim(conn, fresh)
             conn.commit()
         except BaseException:
             publisher.forget_positions()
@@ -282,7 +312,8 @@ class SpreadPasses:
         sends: list[_Send],
         last: dict[str, int],
         identity: store.ProducerIdentity,
-    ) -> tuple[int, set[str], set[str]]:
+        beside: list[str] | None,
+    ) -> tuple[int, set[str], set[str], store.Across | None]:
         """Send the batch and delete what Redis confirmed, with the positions, in the caller's transaction (left open):
         returns the entries appended, the targets saved and the sources kept (held). In pieces (:data:`PIECES`) when
         the batch holds two batches' worth or more and no stream of it was held at the last delete: each piece's
@@ -293,7 +324,7 @@ class SpreadPasses:
         pieces = _pieces(claims, sends, self.batch_size)
         if len(pieces) > 1 and not self._held & {publisher.stream_of(c.source) for c in claims}:
             try:
-                appended, whole = self._overlapped(conn, pieces, identity)
+                appended, whole, ahead = self._overlapped(conn, pieces, identity, beside)
                 publisher.faults.crash("streamer.crash_after_publish")
             except BaseException:
                 with contextlib.suppress(psycopg.Error):
@@ -302,19 +333,24 @@ class SpreadPasses:
             publisher.forget_positions(last)  # re-read from Postgres unless this commit succeeds
             if whole:
                 self._held = set()
-                return appended, set(last), set()
+                return appended, set(last), set(), ahead
         else:
+            ahead = None
             batches = [(s.target, s.first, s.payload) for s in sends]
             appended = publisher.send_batches(batches, identity, self.batch_size)
             publisher.faults.crash("streamer.crash_after_publish")
             publisher.forget_positions(last)
         targets = [(s.claim, s.target, s.payload) for s in sends]
         done, kept = self._delete_confirmed(conn, claims, targets, last, epoch, wait_first=len(pieces) == 1)
-        return appended, done, kept
+        return appended, done, kept, ahead
 
     def _overlapped(
-        self, conn: psycopg.Connection[Any], pieces: list[list[_Send]], identity: store.ProducerIdentity
-    ) -> tuple[int, bool]:
+        self,
+        conn: psycopg.Connection[Any],
+        pieces: list[list[_Send]],
+        identity: store.ProducerIdentity,
+        beside: list[str] | None,
+    ) -> tuple[int, bool, store.Across | None]:
         """Send ``pieces`` in the helper thread, one after another, and delete each piece's claims here once Redis
         confirmed it, then save the positions (one statement: rows locked in name order, as every writer of them
         does). Returns the entries appended and whether every piece was deleted (False: a delete met rows another
@@ -324,11 +360,14 @@ class SpreadPasses:
         confirmed: queue.SimpleQueue[int | BaseException] = queue.SimpleQueue()
         stop = threading.Event()
         self.publisher.connect()  # connect (and check) here, not in the helper thread
-        store.open_while_sending(conn)
         future = self.helper.get().submit(self._send_pieces, pieces, identity, confirmed, stop)
-        until = time.monotonic() + min(LOCK_WAIT, self.pass_seconds or LOCK_WAIT)
-        appended, whole, upto, refused = 0, True, dict[str, int](), None
+        appended, whole, upto, refused, ahead = 0, True, dict[str, int](), None, None
         try:
+            if beside is not None:  # the next share's claim, saved (committed) before anything of it is sent
+                ahead = self._claim(conn, beside)
+                conn.commit()
+            store.open_while_sending(conn)
+            until = time.monotonic() + min(LOCK_WAIT, self.pass_seconds or LOCK_WAIT)
             for piece in pieces:
                 got = confirmed.get()
                 if isinstance(got, BaseException):
@@ -353,7 +392,7 @@ class SpreadPasses:
         future.result()
         if whole:
             store.save_positions(conn, identity.epoch, upto)
-        return appended, whole
+        return appended, whole, ahead
 
     def _send_pieces(
         self,
