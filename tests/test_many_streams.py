@@ -774,3 +774,23 @@ def test_a_streamer_that_let_go_of_its_streams_reads_their_positions_again(
             conn.commit()
         assert first.drain(timeout=60) == 3
     _assert_each_once_in_order(rds, names, 9)
+
+
+@pytest.mark.parametrize("scan_bytes", [0, 64 << 20], ids=["big table: scanned on loosely", "small table: read once"])
+def test_the_sources_of_many_streams_are_found_whole_by_either_path(
+    settings: Settings, pg: Any, monkeypatch: pytest.MonkeyPatch, scan_bytes: int
+) -> None:
+    """The loose index scan that finds the staged sources stops at SKIP_UP_TO of them (lowered here to 4); past them a
+    small table is read once (its sources hashed) and a big one (SCAN_BYTES lowered to 0 here) is scanned on, loosely,
+    from the last source found: either way every source is found, once, the default stream's '' included."""
+    from unilog.store import staging
+
+    monkeypatch.setattr(staging, "SKIP_UP_TO", 4)
+    monkeypatch.setattr(staging, "SCAN_BYTES", scan_bytes)
+    names = [f"f-{k:02d}" for k in range(13)]
+    _stage(settings, names, per_stream=3)
+    with psycopg.connect(settings.conninfo) as conn:
+        emit_many(conn, [{"action": "a", "object": "o", "data": {}}])  # no stream: the default one, staged as ''
+        conn.commit()
+    found = store.staged_sources(pg)
+    assert len(found) == len(set(found)) and set(found) == {*names, ""}, found

@@ -35,20 +35,40 @@ def staged_columns(records: list[tuple[Any, ...]]) -> tuple[list[Any], ...]:
     return tuple(list(column) for column in zip(*records, strict=True))
 
 
+# Finding the sources: a loose index scan (one probe a source) is what a big backlog of few streams needs (reading the
+# table would read every row, each pass); over many sources of few rows each, a probe a source costs more than reading
+# the rows once (10,000 sources of 5 rows: 65-110 ms against 20). So the loose scan stops at SKIP_UP_TO sources; past
+# them, a table of at most SCAN_BYTES is read once (its sources hashed), a bigger one scanned on, loosely.
+SKIP_UP_TO = 1000
+SCAN_BYTES = 64 << 20
+
+_SKIP = """
+    WITH RECURSIVE s AS (
+        (SELECT stream, 1 AS k FROM staged_log_records {after} ORDER BY stream LIMIT 1)
+        UNION ALL
+        SELECT (SELECT r.stream FROM staged_log_records r WHERE r.stream > s.stream ORDER BY r.stream LIMIT 1), s.k + 1
+        FROM s WHERE s.stream IS NOT NULL AND s.k < %(up_to)s
+    )
+    SELECT stream FROM s WHERE stream IS NOT NULL
+"""
+_SKIP_FIRST = _SKIP.format(after="")
+_SKIP_AFTER = _SKIP.format(after="WHERE stream > %(after)s")
+
+
 def staged_sources(conn: psycopg.Connection[Any]) -> list[str]:
-    """Distinct values of ``staged_log_records.stream``, found with a loose index scan (fast on big backlogs)."""
-    rows = conn.execute(
-        """
-        WITH RECURSIVE s AS (
-            (SELECT stream FROM staged_log_records ORDER BY stream LIMIT 1)
-            UNION ALL
-            SELECT (SELECT r.stream FROM staged_log_records r WHERE r.stream > s.stream ORDER BY r.stream LIMIT 1)
-            FROM s WHERE s.stream IS NOT NULL
-        )
-        SELECT stream FROM s WHERE stream IS NOT NULL
-        """
-    ).fetchall()
-    return [r[0] for r in rows]
+    """Distinct values of ``staged_log_records.stream`` (in no particular order): by a loose index scan, or by one
+    read of a small table holding many of them (see :data:`SKIP_UP_TO`)."""
+    found = [r[0] for r in conn.execute(_SKIP_FIRST, {"up_to": SKIP_UP_TO}).fetchall()]
+    if len(found) < SKIP_UP_TO:
+        return found
+    size = conn.execute("SELECT pg_relation_size('staged_log_records'::regclass)").fetchone()
+    if size is not None and size[0] <= SCAN_BYTES:
+        return [r[0] for r in conn.execute("SELECT stream FROM staged_log_records GROUP BY stream").fetchall()]
+    while True:
+        more = [r[0] for r in conn.execute(_SKIP_AFTER, {"after": found[-1], "up_to": SKIP_UP_TO}).fetchall()]
+        found += more
+        if len(more) < SKIP_UP_TO:
+            return found
 
 
 def has_staged(conn: psycopg.Connection[Any], source: str) -> bool:
