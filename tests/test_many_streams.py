@@ -565,21 +565,27 @@ def test_a_batch_across_streams_is_deleted_piece_by_piece_while_redis_appends_th
     _assert_each_once_in_order(rds, names, 2)
 
 
-def test_a_share_of_the_streams_is_claimed_while_redis_appends_the_one_before_and_a_crash_re_sends_each_once(
+def test_a_share_of_the_streams_is_claimed_and_sent_while_the_one_before_is_sent_and_deleted_and_a_crash_re_sends_once(
     settings: Settings, pg: Any, rds: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Over many streams (SHARED_FROM, lowered here) a pass claims its first batch over one share of them and the
-    next share's batch while Redis appends the first one's pieces: the first piece's send waits until the second
-    share's claims are saved (a streamer that claimed it only after the first batch was deleted keeps it waiting,
-    and this test fails). A crash after the first share was sent leaves both shares' claims saved; the successor
-    re-sends them: every record once, in order."""
+    """Over many streams (SHARED_FROM, lowered here) a pass claims its first batch over one share of them, and the
+    next share's batch while Redis appends the first one's pieces; Redis appends the second right after the first,
+    while the first is deleted. Here the first piece's send waits until the second share's claims are saved, and the
+    first share's last delete waits until the second share's send has begun: a streamer that claimed or sent the
+    second share only after the first was deleted keeps one of them waiting, and this test fails. A crash after the
+    first share was sent (the second maybe partly) leaves the claims saved; the successor re-sends them: every
+    record once, in order."""
     from unilog.stream import capture_spread
 
     monkeypatch.setattr(capture_spread, "SHARED_FROM", 4)
     names = [f"s-{k:03d}" for k in range(40)]
     first, second = names[:20], names[20:]  # the sources in name order, cut in SHARES (2) shares
-    total = _stage(settings, names, per_stream=3)
-    send_batches, saw = Publisher.send_batches, []
+    total = _stage(settings, names, per_stream=3)  # 60 records a share: PIECES pieces of batch_size 10 or more
+    send_batches, delete_across, claim_across = Publisher.send_batches, store.delete_across, store.claim_across
+    claimed: list[list[str]] = []
+    saw: dict[str, bool] = {}
+    deletes = [0]
+    second_sent = threading.Event()
 
     def second_share_saved() -> bool:
         with psycopg.connect(settings.conninfo, autocommit=True) as conn:
@@ -587,31 +593,38 @@ def test_a_share_of_the_streams_is_claimed_while_redis_appends_the_one_before_an
         return {r[0] for r in rows} >= set(second)
 
     def send(self: Publisher, batches: Any, identity: Any, per_call: Any) -> int:
-        if not saw:  # the first piece of the first share
-            assert {t for t, _first, _payload in batches} <= set(first), batches
+        targets = {t for t, _first, _payload in batches}
+        if targets <= set(second):
+            second_sent.set()
+        elif "claimed" not in saw:  # the first piece of the first share
             deadline = time.monotonic() + 10
             while not second_share_saved() and time.monotonic() < deadline:
                 time.sleep(0.05)
-            saw.append(second_share_saved())
+            saw["claimed"] = second_share_saved()
         return send_batches(self, batches, identity, per_call)
 
-    claim_across, claimed = store.claim_across, []
+    def delete(conn: Any, claims: list[int], **kw: Any) -> int | None:
+        deletes[0] += 1
+        if deletes[0] == PIECES:  # the first share's last piece
+            saw["sent"] = second_sent.wait(10)
+        return delete_across(conn, claims, **kw)
 
     def claim(conn: Any, sources: list[str], *args: Any, **kw: Any) -> Any:
         claimed.append(sorted(sources))
         return claim_across(conn, sources, *args, **kw)
 
     monkeypatch.setattr(Publisher, "send_batches", send)
+    monkeypatch.setattr(store, "delete_across", delete)
     monkeypatch.setattr(store, "claim_across", claim)
     faults = Faults(script={"streamer.crash_after_publish": [True]})
     crashing = Streamer(settings, StreamerConfig(batch_size=10), faults=faults, name="crashing")
     with crashing, pytest.raises(InjectedCrash):
         crashing.run_once()
     assert claimed == [first, second], "a batch over each share"
-    assert saw == [True], "the second share was claimed while Redis appended the first"
+    assert saw == {"claimed": True, "sent": True}, "the second share claimed, then sent, while the first was in flight"
     saved = dict(pg.execute("SELECT source, records FROM unilog_claims").fetchall())
     assert saved == dict.fromkeys(names, 3), saved
-    assert sum(rds.xlen(n) for n in first) == 60 and sum(rds.xlen(n) for n in second) == 0
+    assert sum(rds.xlen(n) for n in first) == 60 and sum(rds.xlen(n) for n in second) <= 60
     with Streamer(settings, StreamerConfig(batch_size=10), name="successor") as streamer:
         assert streamer.drain(timeout=60) == total
     assert pg.execute("SELECT count(*) FROM unilog_claims").fetchone()[0] == 0

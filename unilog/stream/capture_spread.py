@@ -36,6 +36,7 @@ import structlog
 from .. import engine, routing, store, tracing
 from ..errors import ClaimIncomplete, PublishError
 from .publisher import Publisher
+from .spread_parts import Helper, Ready, Send, Sending
 
 log = structlog.get_logger(__name__)
 
@@ -65,39 +66,7 @@ SHARED_FROM = 1000
 LOCK_WAIT = 1.0
 
 
-class Helper:
-    """The one thread a table capture sends to Redis in while its own thread works in Postgres, made on first use.
-    Shared by the capture and its passes over many sources without either referring to the other: a capture in a
-    reference cycle would outlive its last use until a full garbage collection, its session (and the stream locks
-    it holds) with it (``Streamer(settings).drain()`` in a script, then another streamer)."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-
-    def get(self) -> concurrent.futures.ThreadPoolExecutor:
-        if self._pool is None:
-            self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=self.name)
-        return self._pool
-
-    def shutdown(self) -> None:
-        """Stop the thread (idle: a pass waits for its sends before it returns or raises)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
-
-
-@dataclass(frozen=True, slots=True)
-class _Send:
-    """One claim's payload for one target stream, from position ``first``."""
-
-    claim: int
-    target: str
-    first: int
-    payload: engine.Packed
-
-
-def _pieces(claims: list[store.SourceClaim], sends: list[_Send], batch_size: int) -> list[list[_Send]]:
+def _pieces(claims: list[store.SourceClaim], sends: list[Send], batch_size: int) -> list[list[Send]]:
     """``sends`` (in claim order) cut into up to :data:`PIECES` pieces of about equal records, a claim's sends never
     split; one piece when the batch holds less than two batches' worth."""
     records = sum(c.count for c in claims)
@@ -105,7 +74,7 @@ def _pieces(claims: list[store.SourceClaim], sends: list[_Send], batch_size: int
     if count < 2:
         return [sends]
     share = -(-records // count)
-    pieces: list[list[_Send]] = [[]]
+    pieces: list[list[Send]] = [[]]
     filled = 0
     for i, send in enumerate(sends):
         starts_claim = i == 0 or sends[i - 1].claim != send.claim
@@ -158,6 +127,8 @@ class SpreadPasses:
         self.limit = DEPTH * batch_size  # records a batch claims at most
         self.before, self.pass_seconds = before, pass_seconds
         self._held: set[str] = set()  # streams whose rows another session held locked at the last delete
+        self._ahead: Ready | None = None  # the next share's batch, sent while the batch before it is deleted
+        self._partitions: dict[str, int] = {}  # the shares' streams' partition counts, read at the pass's start
 
     def run(self, conn: psycopg.Connection[Any], sources: list[str], saved: set[str], *, packed: bool) -> Spread:
         """One pass over ``sources`` (owned: their streams' buckets held), ``saved`` those with saved claims. One batch
@@ -171,8 +142,33 @@ class SpreadPasses:
         waiting = {self.publisher.stream_of(s) for s in kept}
         fresh = [s for s in sources if self.publisher.stream_of(s) not in waiting]
         shares = _shares(fresh) if self.pipeline_batches > 1 else [fresh]
+        if len(shares) > 1:  # read now: a share made ready while the helper thread sends may not call Redis
+            self._partitions = self.publisher.partitions_of({self.publisher.stream_of(s) for s in fresh})
         batch = self._claim(conn, shares.pop(0))
         conn.commit()  # the claims are saved before anything of them reaches Redis
+        try:
+            published, full = self._batches(conn, batch, shares, fresh, waiting, kept, packed, started, published)
+        finally:
+            self._halt()  # a batch sent ahead and not settled (the pass failed): its claims stay saved
+        # more is ready when a batch was full or saved claims are left behind the batch re-sent (those held
+        # by another session's row locks wait for the next pass, after a poll interval), or a share was not claimed
+        return Spread(published, full or more_saved or bool(shares), kept)
+
+    def _batches(
+        self,
+        conn: psycopg.Connection[Any],
+        batch: store.Across,
+        shares: list[list[str]],
+        fresh: list[str],
+        waiting: set[str],
+        kept: set[str],
+        packed: bool,
+        started: float,
+        published: int,
+    ) -> tuple[int, bool]:
+        """:meth:`run`'s batches, from the first one claimed (``shares``: the shares not claimed yet, consumed;
+        ``waiting`` and ``kept`` grow with the streams held). Returns the records published in all and whether a
+        batch was full."""
         full = False  # a batch since the last claim across every source took all it could: more may be waiting
         for i in range(self.pipeline_batches):
             while not batch.claims and shares:
@@ -181,7 +177,10 @@ class SpreadPasses:
             claims = batch.claims
             if not claims:
                 break
-            self.publisher.faults.crash("streamer.crash_after_claim")
+            ready, self._ahead = self._ahead, None
+            if ready is None:  # not made ready and sent while the batch before it was deleted
+                self.publisher.faults.crash("streamer.crash_after_claim")
+                ready = self._ready(conn, claims, packed)
             # full: the claim took all it could (records or bytes), or a source its most (more may be waiting)
             full = full or (
                 batch.cut
@@ -191,17 +190,13 @@ class SpreadPasses:
             go_on = i + 1 < self.pipeline_batches and not self._late(started)
             beside = shares.pop(0) if shares and go_on else None
             again = go_on and full and not shares and beside is None
-            done, stuck, batch = self._publish(
-                conn, claims, packed=packed, then=fresh if again else None, beside=beside
-            )
+            done, stuck, batch = self._publish(conn, ready, packed=packed, then=fresh if again else None, beside=beside)
             full = full and not again
             published += done
             kept |= stuck
             waiting |= {self.publisher.stream_of(s) for s in stuck}
             fresh = [s for s in fresh if self.publisher.stream_of(s) not in waiting]
-        # more is ready when a batch was full or saved claims are left behind the batch re-sent (those held
-        # by another session's row locks wait for the next pass, after a poll interval), or a share was not claimed
-        return Spread(published, full or more_saved or bool(shares), kept)
+        return published, full
 
     def _claim(self, conn: psycopg.Connection[Any], fresh: list[str]) -> store.Across:
         """A new batch across ``fresh``, in the caller's transaction (none without sources)."""
@@ -240,18 +235,24 @@ class SpreadPasses:
         published, stuck = 0, set[str]()
         if got:
             log.info("re-sending saved claims", claims=len(got), sources=len({c.source for c in got}))
-            published, stuck, _ = self._publish(conn, got, packed=packed, then=None)
+            published, stuck, _ = self._publish(conn, self._ready(conn, got, packed), packed=packed, then=None)
         conn.commit()
         behind = {source for claim, source, _count in pending if claim not in take}
         return published, behind | stuck, bool(behind)
 
     def _targets(
-        self, conn: psycopg.Connection[Any], claims: list[store.SourceClaim], packed: bool
+        self,
+        conn: psycopg.Connection[Any],
+        claims: list[store.SourceClaim],
+        packed: bool,
+        partitions: dict[str, int] | None = None,
     ) -> list[tuple[int, str, engine.Packed]]:
         """Each claim's payloads per target stream, in claim order: ``(claim, target, payload)``. A partitioned
-        stream's claim (or any, without ``packed``) is read again as rows and split by key."""
+        stream's claim (or any, without ``packed``) is read again as rows and split by key. ``partitions``: the
+        streams' partition counts, read before (no Redis call here: the helper thread may be sending)."""
         publisher = self.publisher
-        partitions = publisher.partitions_of({publisher.stream_of(c.source) for c in claims})
+        if partitions is None:
+            partitions = publisher.partitions_of({publisher.stream_of(c.source) for c in claims})
         out: list[tuple[int, str, engine.Packed]] = []
         for c in claims:
             stream = publisher.stream_of(c.source)
@@ -267,32 +268,66 @@ class SpreadPasses:
             out += [(c.claim, t, payload) for t, payload in routing.split(stream, partitions[stream], got.rows).items()]
         return out
 
-    def _publish(
+    def _ready(
         self,
         conn: psycopg.Connection[Any],
         claims: list[store.SourceClaim],
+        packed: bool,
+        partitions: dict[str, int] | None = None,
+    ) -> Ready:
+        """``claims`` (saved and committed) made ready to send: their payloads per target, from the last positions
+        (read here, committed); ``partitions`` as :meth:`_targets` takes them."""
+        publisher, began = self.publisher, time.perf_counter()
+        identity = publisher.identity()
+        targets = self._targets(conn, claims, packed, partitions)
+        position = publisher.next_seqs(conn, {t for _c, t, _p in targets}, identity.epoch)
+        sends: list[Send] = []
+        for claim, target, payload in targets:
+            sends.append(Send(claim, target, position[target], payload))
+            position[target] += payload.count
+        conn.commit()  # the claims' positions are read; a batch in pieces is deleted while Redis appends
+        last = {t: p - 1 for t, p in position.items()}
+        return Ready(claims, sends, last, identity, _pieces(claims, sends, self.batch_size), began)
+
+    def _start(self, ready: Ready) -> None:
+        """Hand ``ready``'s pieces to the helper thread (after what it sends now)."""
+        self.publisher.connect()  # connect (and check) here, not in the helper thread
+        confirmed: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        stop = threading.Event()
+        future = self.helper.get().submit(self._send_pieces, ready.pieces, ready.identity, confirmed, stop)
+        ready.sending = Sending(future, confirmed, stop)
+
+    def _halt(self) -> None:
+        """Stop the batch sent ahead, if any (after its piece in flight: never two threads on one client); its claims
+        stay saved, for a later pass to re-send under the same positions."""
+        ready, self._ahead = self._ahead, None
+        if ready is None or ready.sending is None:
+            return
+        sending, ready.sending = ready.sending, None
+        sending.stop.set()
+        sending.future.cancel()
+        concurrent.futures.wait([sending.future])
+        if not sending.future.cancelled() and sending.future.exception() is not None:
+            log.warning("sending a batch ahead failed too", error=str(sending.future.exception()))
+
+    def _publish(
+        self,
+        conn: psycopg.Connection[Any],
+        ready: Ready,
         *,
         packed: bool,
         then: list[str] | None,
         beside: list[str] | None = None,
     ) -> tuple[int, set[str], store.Across]:
-        """Send ``claims`` (saved and committed) in one pipelined round trip per Redis node, from the last committed
-        positions; then, in one transaction, delete them with their rows, save the positions and, with ``then``, claim
-        the next batch of those sources. A stream with rows another session holds locked keeps its claims of the
-        batch and its positions (its claims are re-sent, under the same positions, by a later pass); the others go
-        on. Returns the records deleted, the sources of the claims kept, and the next batch (empty: none)."""
-        publisher, began = self.publisher, time.perf_counter()
-        identity = publisher.identity()
-        targets = self._targets(conn, claims, packed)
-        position = publisher.next_seqs(conn, {t for _c, t, _p in targets}, identity.epoch)
-        sends: list[_Send] = []
-        for claim, target, payload in targets:
-            sends.append(_Send(claim, target, position[target], payload))
-            position[target] += payload.count
-        last = {t: p - 1 for t, p in position.items()}
+        """Send ``ready`` in one pipelined round trip per Redis node (or in pieces), from the last committed
+        positions; then, in one transaction, delete its claims with their rows, save the positions and, with
+        ``then``, claim the next batch of those sources (with ``beside``, the next share's batch is claimed while this
+        one is sent). A stream with rows another session holds locked keeps its claims of the batch and its
+        positions (its claims are re-sent, under the same positions, by a later pass); the others go on. Returns the
+        records deleted, the sources of the claims kept, and the next batch (empty: none)."""
+        publisher, claims, last, began = self.publisher, ready.claims, ready.last, ready.began
         try:
-            conn.commit()  # the claims' positions are read; a batch in pieces is deleted while Redis appends
-            appended, done, kept, ahead = self._send_and_delete(conn, claims, sends, last, identity, beside)
+            appended, done, kept, ahead = self._send_and_delete(conn, ready, beside, packed)
             if ahead is None:  # not claimed while Redis appended
                 held = {publisher.stream_of(s) for s in kept}  # a held stream's new records wait behind its claims
                 fresh = [s for s in beside or then or () if publisher.stream_of(s) not in held]
@@ -306,13 +341,7 @@ class SpreadPasses:
         return sum(c.count for c in claims if c.source not in kept), kept, ahead
 
     def _send_and_delete(
-        self,
-        conn: psycopg.Connection[Any],
-        claims: list[store.SourceClaim],
-        sends: list[_Send],
-        last: dict[str, int],
-        identity: store.ProducerIdentity,
-        beside: list[str] | None,
+        self, conn: psycopg.Connection[Any], ready: Ready, beside: list[str] | None, packed: bool
     ) -> tuple[int, set[str], set[str], store.Across | None]:
         """Send the batch and delete what Redis confirmed, with the positions, in the caller's transaction (left open):
         returns the entries appended, the targets saved and the sources kept (held). In pieces (:data:`PIECES`) when
@@ -320,11 +349,13 @@ class SpreadPasses:
         claims are deleted here while Redis appends the next, and a piece is sent only after every piece before it
         was confirmed (a refused one ends the sending: nothing after it reaches Redis out of order). On any failure
         the transaction is rolled back (nothing deleted) after the sends ended: never two threads on one client."""
-        publisher, epoch = self.publisher, identity.epoch
-        pieces = _pieces(claims, sends, self.batch_size)
-        if len(pieces) > 1 and not self._held & {publisher.stream_of(c.source) for c in claims}:
+        publisher, claims, sends, last, pieces = self.publisher, ready.claims, ready.sends, ready.last, ready.pieces
+        identity, epoch = ready.identity, ready.identity.epoch
+        if ready.sending is not None or (
+            len(pieces) > 1 and not self._held & {publisher.stream_of(c.source) for c in claims}
+        ):
             try:
-                appended, whole, ahead = self._overlapped(conn, pieces, identity, beside)
+                appended, whole, ahead = self._overlapped(conn, ready, beside, packed)
                 publisher.faults.crash("streamer.crash_after_publish")
             except BaseException:
                 with contextlib.suppress(psycopg.Error):
@@ -345,11 +376,7 @@ class SpreadPasses:
         return appended, done, kept, ahead
 
     def _overlapped(
-        self,
-        conn: psycopg.Connection[Any],
-        pieces: list[list[_Send]],
-        identity: store.ProducerIdentity,
-        beside: list[str] | None,
+        self, conn: psycopg.Connection[Any], ready: Ready, beside: list[str] | None, packed: bool
     ) -> tuple[int, bool, store.Across | None]:
         """Send ``pieces`` in the helper thread, one after another, and delete each piece's claims here once Redis
         confirmed it, then save the positions (one statement: rows locked in name order, as every writer of them
@@ -357,15 +384,18 @@ class SpreadPasses:
         session holds locked and rolled the transaction back; the caller settles the batch as
         :meth:`_delete_confirmed` does). The deletes share one lock wait, as one delete did. Raises what the sends
         raised, after they ended."""
-        confirmed: queue.SimpleQueue[int | BaseException] = queue.SimpleQueue()
-        stop = threading.Event()
-        self.publisher.connect()  # connect (and check) here, not in the helper thread
-        future = self.helper.get().submit(self._send_pieces, pieces, identity, confirmed, stop)
+        if ready.sending is None:
+            self._start(ready)
+        assert ready.sending is not None
+        pieces, identity = ready.pieces, ready.identity
+        confirmed, stop, future = ready.sending.confirmed, ready.sending.stop, ready.sending.future
+        ready.sending = None  # the error a send raises is held by its future: no cycle through the batch
         appended, whole, upto, refused, ahead = 0, True, dict[str, int](), None, None
         try:
             if beside is not None:  # the next share's claim, saved (committed) before anything of it is sent
                 ahead = self._claim(conn, beside)
                 conn.commit()
+                self._send_ahead(conn, ahead, packed)
             store.open_while_sending(conn)
             until = time.monotonic() + min(LOCK_WAIT, self.pass_seconds or LOCK_WAIT)
             for piece in pieces:
@@ -385,6 +415,7 @@ class SpreadPasses:
             raise
         concurrent.futures.wait([future])
         if refused is not None:
+            self._halt()
             try:
                 raise refused  # nothing after the refused piece was sent
             finally:
@@ -394,9 +425,22 @@ class SpreadPasses:
             store.save_positions(conn, identity.epoch, upto)
         return appended, whole, ahead
 
+    def _send_ahead(self, conn: psycopg.Connection[Any], ahead: store.Across, packed: bool) -> None:
+        """Make the next share's batch (just claimed, committed) ready and, in pieces, hand it to the helper thread to
+        send after the batch it sends now: Redis appends it while this thread deletes the batch before (its streams
+        are none of that batch's)."""
+        if not ahead.claims:
+            return
+        self.publisher.faults.crash("streamer.crash_after_claim")
+        partitions = {self.publisher.stream_of(c.source): 1 for c in ahead.claims} | self._partitions
+        ready = self._ready(conn, ahead.claims, packed, partitions)
+        if len(ready.pieces) > 1 and not self._held & {self.publisher.stream_of(c.source) for c in ready.claims}:
+            self._start(ready)
+        self._ahead = ready
+
     def _send_pieces(
         self,
-        pieces: list[list[_Send]],
+        pieces: list[list[Send]],
         identity: store.ProducerIdentity,
         confirmed: queue.SimpleQueue[Any],
         stop: threading.Event,
@@ -413,7 +457,7 @@ class SpreadPasses:
                 confirmed.put(exc)
                 raise
 
-    def _delete_piece(self, conn: psycopg.Connection[Any], piece: list[_Send], wait: float) -> bool:
+    def _delete_piece(self, conn: psycopg.Connection[Any], piece: list[Send], wait: float) -> bool:
         """Delete a confirmed piece's claims with their rows in the open transaction, waiting ``wait`` seconds at most
         for rows another session holds locked; False when some are held (the transaction rolled back)."""
         claims = sorted({s.claim for s in piece})

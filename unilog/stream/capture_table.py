@@ -33,8 +33,9 @@ from ..config import STREAM_NAME_RE
 from ..errors import ClaimIncomplete, PublishError
 from ..store.claims import Claim, Cursor
 from .capture import BatchResult
-from .capture_spread import Helper, SpreadPasses
+from .capture_spread import SpreadPasses
 from .publisher import Publisher
+from .spread_parts import Helper
 
 log = structlog.get_logger(__name__)
 

@@ -1,0 +1,69 @@
+"""The parts of a table-mode batch across streams that its passes hand between threads
+(:mod:`unilog.stream.capture_spread`): what is sent per target, a batch made ready to send, its sending in the helper
+thread, and the helper thread itself."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import queue
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from .. import engine, store
+
+
+class Helper:
+    """The one thread a table capture sends to Redis in while its own thread works in Postgres, made on first use.
+    Shared by the capture and its passes over many sources without either referring to the other: a capture in a
+    reference cycle would outlive its last use until a full garbage collection, its session (and the stream locks
+    it holds) with it (``Streamer(settings).drain()`` in a script, then another streamer)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+    def get(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=self.name)
+        return self._pool
+
+    def shutdown(self) -> None:
+        """Stop the thread (idle: a pass waits for its sends before it returns or raises)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """One claim's payload for one target stream, from position ``first``."""
+
+    claim: int
+    target: str
+    first: int
+    payload: engine.Packed
+
+
+@dataclass(frozen=True, slots=True)
+class Sending:
+    """A batch's pieces being sent in the helper thread: each piece's appended entries (or the error that ended the
+    sending) arrive in ``confirmed``; ``stop`` ends it before the next piece."""
+
+    future: concurrent.futures.Future[None]
+    confirmed: queue.SimpleQueue[Any]
+    stop: threading.Event
+
+
+@dataclass(slots=True)
+class Ready:
+    """A saved batch made ready to send: its sends from their positions, in claim order, cut in pieces; ``sending``
+    once handed to the helper thread (the next share's batch is, while the batch before it is still deleted)."""
+
+    claims: list[store.SourceClaim]
+    sends: list[Send]
+    last: dict[str, int]  # target -> its last position in the batch
+    identity: store.ProducerIdentity
+    pieces: list[list[Send]]
+    began: float
+    sending: Sending | None = None
