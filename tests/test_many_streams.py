@@ -807,3 +807,17 @@ def test_the_sources_of_many_streams_are_found_whole_by_either_path(
         conn.commit()
     found = store.staged_sources(pg)
     assert len(found) == len(set(found)) and set(found) == {*names, ""}, found
+
+
+def test_the_stream_locks_another_session_holds_are_found_among_thousands_of_names(settings: Settings) -> None:
+    """A streamer of every stream that took a bucket whole still leaves the streams whose own lock another session
+    holds (a streamer limited to listed streams, or one of a version before buckets): the other sessions' locks are
+    read once and matched against the names (no look at the lock table per name), its own locks never count."""
+    names = [f"h-{k:04d}" for k in range(3000)]
+    with psycopg.connect(settings.conninfo, autocommit=True) as other, psycopg.connect(settings.conninfo) as mine:
+        assert store.stream_locks_held_elsewhere(mine, names) == set()
+        assert store.try_stream_lock(other, names[7]) and store.try_stream_lock(other, names[2999])
+        assert store.try_stream_lock(mine, names[8])
+        assert store.stream_locks_held_elsewhere(mine, names) == {names[7], names[2999]}
+        assert store.stream_locks_held_elsewhere(other, names) == {names[8]}
+        assert store.stream_locks_held_elsewhere(mine, names[:5]) == set()
