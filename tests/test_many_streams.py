@@ -631,6 +631,84 @@ def test_a_share_of_the_streams_is_claimed_and_sent_while_the_one_before_is_sent
     _assert_each_once_in_order(rds, names, 3)
 
 
+def test_the_default_streams_two_sources_stay_in_one_share_and_each_record_is_published_once(
+    settings: Settings, pg: Any, rds: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A row staged with no stream and one naming the default stream are the same stream's. Over many streams
+    (SHARED_FROM lowered here) the sources are cut in shares by stream: cut by source name, '' sorts first and the
+    default stream's name (``test-stream``) after the ``s-...`` streams, in the other share, whose positions would be
+    read before the first share's were saved and reused; Redis skipped the second share's records as already there
+    and their rows were deleted: lost."""
+    from unilog.stream import capture_spread
+
+    monkeypatch.setattr(capture_spread, "SHARED_FROM", 4)
+    names = [f"s-{k:03d}" for k in range(40)]
+    assert max(names) < settings.stream  # the default stream's own name sorts after the others
+    _stage(settings, names, per_stream=3)
+    records = [{"action": "a", "object": "o", "data": {"i": i}} for i in range(6)]  # no stream: the default one
+    named = [{"action": "a", "object": "o", "data": {"i": i}, "stream": settings.stream} for i in range(6, 12)]
+    with psycopg.connect(settings.conninfo) as conn:
+        emit_many(conn, records[:3])
+        emit_many(conn, named[:3])
+        emit_many(conn, records[3:])
+        emit_many(conn, named[3:])
+        conn.commit()
+    sources = {r[0] for r in pg.execute("SELECT DISTINCT stream FROM staged_log_records").fetchall()}
+    assert {"", settings.stream} <= sources
+    with Streamer(settings, StreamerConfig(batch_size=10), name="shares") as streamer:
+        assert streamer.drain(timeout=60) == 40 * 3 + 12
+    entries = rds.xrange(settings.stream)
+    assert [int(f["seq"]) for _, f in entries] == list(range(1, 13))
+    assert sorted(json.loads(f["data"])["i"] for _, f in entries) == list(range(12))
+    assert pg.execute("SELECT count(*) FROM staged_log_records").fetchone()[0] == 0
+    _assert_each_once_in_order(rds, names, 3)
+
+
+def test_a_streamer_whose_batch_sent_ahead_failed_too_ends_its_session_when_dropped(
+    settings: Settings, pg: Any, rds: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis refuses the first share's first piece, and the second share's batch, queued behind it, fails too before
+    the pass stops it (held here until it did). The caller drops the streamer: its session must end with its last
+    reference. The second send's error, left in its queue, held the helper's frame, which holds the queue and the
+    streamer's passes: a cycle that kept the streamer until a full garbage collection."""
+    from unilog.stream import capture_spread, spread_parts
+
+    monkeypatch.setattr(capture_spread, "SHARED_FROM", 4)
+    names = [f"s-{k:03d}" for k in range(40)]
+    first, second = set(names[:20]), set(names[20:])
+    _stage(settings, names, per_stream=3)
+    queued, second_failed = threading.Event(), threading.Event()
+    start, end = capture_spread.SpreadPasses._start, spread_parts.Sending.end
+
+    def started(self: Any, ready: Any) -> None:
+        start(self, ready)
+        if {c.source for c in ready.claims} <= second:
+            queued.set()
+
+    def send(self: Publisher, batches: Any, identity: Any, per_call: Any) -> int:
+        targets = {t for t, _first, _payload in batches}
+        if targets <= second:
+            second_failed.set()
+            raise InjectedCrash("the second share's send (test)")
+        assert targets <= first and queued.wait(10), "the second share was queued behind the first"
+        raise InjectedCrash("the first share's first piece (test)")
+
+    def ended(self: Any) -> Any:
+        second_failed.wait(10)
+        return end(self)
+
+    monkeypatch.setattr(capture_spread.SpreadPasses, "_start", started)
+    monkeypatch.setattr(Publisher, "send_batches", send)
+    monkeypatch.setattr(spread_parts.Sending, "end", ended)
+    with refcounting_only():
+        dropped(
+            lambda: Streamer(settings, StreamerConfig(batch_size=10), name="ahead").drain(timeout=60), InjectedCrash
+        )
+        assert second_failed.is_set()
+        assert_sessions_end(pg, "unilog-ahead", "the dropped streamer's session")
+    assert pg.execute("SELECT count(*) FROM unilog_claims").fetchone()[0] == 40  # both shares' claims saved
+
+
 def test_rows_held_in_a_later_piece_keep_only_their_stream_back(
     settings: Settings, pg: Any, rds: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -27,6 +27,7 @@ import contextlib
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,13 +87,20 @@ def _pieces(claims: list[store.SourceClaim], sends: list[Send], batch_size: int)
     return pieces
 
 
-def _shares(sources: list[str]) -> list[list[str]]:
-    """``sources`` in :data:`SHARES` disjoint shares when there are :data:`SHARED_FROM` or more (else one): a share's
-    batch is claimed while Redis appends the one before."""
+def _shares(sources: list[str], stream_of: Callable[[str], str]) -> list[list[str]]:
+    """``sources`` in :data:`SHARES` disjoint shares of their streams when there are :data:`SHARED_FROM` or more (else
+    one): a share's batch is claimed while Redis appends the one before. A stream's sources stay in one share (a row
+    staged with no stream and one naming the default stream are the same stream's: in two shares, the second share's
+    positions would be read before the first's were saved, and reused)."""
     if len(sources) < SHARED_FROM:
         return [sources]
-    size = -(-len(sources) // SHARES)
-    return [sources[k : k + size] for k in range(0, len(sources), size)]
+    streams = sorted({stream_of(s) for s in sources})
+    size = -(-len(streams) // SHARES)
+    share_of = {stream: k // size for k, stream in enumerate(streams)}
+    shares: list[list[str]] = [[] for _ in range(-(-len(streams) // size))]
+    for source in sources:
+        shares[share_of[stream_of(source)]].append(source)
+    return shares
 
 
 @dataclass(frozen=True)
@@ -141,7 +149,7 @@ class SpreadPasses:
             published, kept, more_saved = self._resend(conn, sources, packed=packed)
         waiting = {self.publisher.stream_of(s) for s in kept}
         fresh = [s for s in sources if self.publisher.stream_of(s) not in waiting]
-        shares = _shares(fresh) if self.pipeline_batches > 1 else [fresh]
+        shares = _shares(fresh, self.publisher.stream_of) if self.pipeline_batches > 1 else [fresh]
         if len(shares) > 1:  # read now: a share made ready while the helper thread sends may not call Redis
             self._partitions = self.publisher.partitions_of({self.publisher.stream_of(s) for s in fresh})
         batch = self._claim(conn, shares.pop(0))
@@ -171,7 +179,7 @@ class SpreadPasses:
         batch was full."""
         full = False  # a batch since the last claim across every source took all it could: more may be waiting
         for i in range(self.pipeline_batches):
-            while not batch.claims and shares:
+            while not batch.claims and shares and (i == 0 or not self._late(started)):
                 batch = self._claim(conn, shares.pop(0))
                 conn.commit()
             claims = batch.claims
@@ -304,11 +312,9 @@ class SpreadPasses:
         if ready is None or ready.sending is None:
             return
         sending, ready.sending = ready.sending, None
-        sending.stop.set()
-        sending.future.cancel()
-        concurrent.futures.wait([sending.future])
-        if not sending.future.cancelled() and sending.future.exception() is not None:
-            log.warning("sending a batch ahead failed too", error=str(sending.future.exception()))
+        error = sending.end()
+        if error is not None:
+            log.warning("sending a batch ahead failed too", error=str(error))
 
     def _publish(
         self,
@@ -408,10 +414,11 @@ class SpreadPasses:
                 for s in piece:
                     upto[s.target] = s.first + s.payload.count - 1
         except BaseException:
-            stop.set()  # what is left is not sent: it would be re-sent anyway
-            concurrent.futures.wait([future])
-            if future.exception() is not None:
-                log.warning("sending a piece of a batch failed too", error=str(future.exception()))
+            # what is left is not sent: it would be re-sent anyway
+            error = Sending(future, confirmed, stop).end()
+            if error is not None:
+                log.warning("sending a piece of a batch failed too", error=str(error))
+            del error
             raise
         concurrent.futures.wait([future])
         if refused is not None:

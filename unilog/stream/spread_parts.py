@@ -54,6 +54,20 @@ class Sending:
     confirmed: queue.SimpleQueue[Any]
     stop: threading.Event
 
+    def end(self) -> BaseException | None:
+        """Stop the sending after its piece in flight and wait for it; return what ended it in error (None: nothing,
+        or it was never begun). What the helper put in ``confirmed`` is dropped: an error left there would hold the
+        helper's frame, which holds the queue, a cycle that kept a dropped streamer (its sessions) alive."""
+        self.stop.set()
+        self.future.cancel()
+        concurrent.futures.wait([self.future])
+        while True:
+            try:
+                self.confirmed.get_nowait()
+            except queue.Empty:
+                break
+        return None if self.future.cancelled() else self.future.exception()
+
 
 @dataclass(slots=True)
 class Ready:
