@@ -709,6 +709,40 @@ def test_a_streamer_whose_batch_sent_ahead_failed_too_ends_its_session_when_drop
     assert pg.execute("SELECT count(*) FROM unilog_claims").fetchone()[0] == 40  # both shares' claims saved
 
 
+def test_a_stream_named_like_a_partition_of_another_stays_in_its_share_and_each_record_is_published_once(
+    settings: Settings, pg: Any, rds: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stream ``orders`` has two partitions: its records of partition 1 go to the stream ``orders.p1``, which is also
+    a stream name staged here. Over many streams (SHARED_FROM lowered here) the two stay in one share: in name order
+    they fall in different ones, and the second share's positions on ``orders.p1`` were read before the first's were
+    saved, reused, and the second's records skipped by Redis as already there (their rows deleted: lost)."""
+    from unilog.engine import RedisStreams, connect
+    from unilog.routing import partition_of
+    from unilog.stream import capture_spread
+
+    monkeypatch.setattr(capture_spread, "SHARED_FROM", 4)
+    RedisStreams(connect(settings.redis_url)).set_partitions("orders", 2)
+    names = [f"m-{k:03d}" for k in range(20)] + [f"z-{k:03d}" for k in range(20)]
+    _stage(settings, names, per_stream=3)
+    keys = [f"k-{i}" for i in range(10)]
+    assert {partition_of(k, 2) for k in keys} == {0, 1}
+    orders = [
+        {"action": "a", "object": "o", "data": {"i": i}, "stream": "orders", "key": k} for i, k in enumerate(keys)
+    ]
+    named = [{"action": "a", "object": "o", "data": {"i": 100 + i}, "stream": "orders.p1"} for i in range(5)]
+    with psycopg.connect(settings.conninfo) as conn:
+        emit_many(conn, orders[:5] + named[:3] + orders[5:] + named[3:])
+        conn.commit()
+    with Streamer(settings, StreamerConfig(batch_size=10), name="partitions") as streamer:
+        assert streamer.drain(timeout=60) == 40 * 3 + 15
+    into_p1 = sum(1 for k in keys if partition_of(k, 2) == 1) + len(named)
+    entries = rds.xrange("orders.p1")
+    assert [int(f["seq"]) for _, f in entries] == list(range(1, into_p1 + 1)), entries
+    assert rds.xlen("orders.p0") == sum(1 for k in keys if partition_of(k, 2) == 0)
+    assert pg.execute("SELECT count(*) FROM staged_log_records").fetchone()[0] == 0
+    _assert_each_once_in_order(rds, names, 3)
+
+
 def test_rows_held_in_a_later_piece_keep_only_their_stream_back(
     settings: Settings, pg: Any, rds: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import queue
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -87,19 +88,26 @@ def _pieces(claims: list[store.SourceClaim], sends: list[Send], batch_size: int)
     return pieces
 
 
+# A partition's target is named ``<stream>.p<k>`` (routing.partition_stream), which a stream's own name may also be: the
+# stream a name's targets may share a target with, its name without such suffixes
+_PARTITION_SUFFIXES = re.compile(r"(\.p[0-9]+)+$")
+
+
 def _shares(sources: list[str], stream_of: Callable[[str], str]) -> list[list[str]]:
-    """``sources`` in :data:`SHARES` disjoint shares of their streams when there are :data:`SHARED_FROM` or more (else
-    one): a share's batch is claimed while Redis appends the one before. A stream's sources stay in one share (a row
-    staged with no stream and one naming the default stream are the same stream's: in two shares, the second share's
-    positions would be read before the first's were saved, and reused)."""
+    """``sources`` in :data:`SHARES` disjoint shares when there are :data:`SHARED_FROM` or more (else one): a share's
+    batch is claimed while Redis appends the one before, its positions read before the one before saved its own, so
+    no target may be in two shares. Sources that may send to one target stay in one share: a row staged with no
+    stream and one naming the default stream (the same stream), and a stream ``x`` with one named like a partition of
+    it (``x.p1``, where ``x``'s partition 1 goes). In two shares, their positions were reused and records lost."""
     if len(sources) < SHARED_FROM:
         return [sources]
-    streams = sorted({stream_of(s) for s in sources})
-    size = -(-len(streams) // SHARES)
-    share_of = {stream: k // size for k, stream in enumerate(streams)}
-    shares: list[list[str]] = [[] for _ in range(-(-len(streams) // size))]
+    root = {source: _PARTITION_SUFFIXES.sub("", stream_of(source)) for source in sources}
+    roots = sorted(set(root.values()))
+    size = -(-len(roots) // SHARES)
+    share_of = {name: k // size for k, name in enumerate(roots)}
+    shares: list[list[str]] = [[] for _ in range(-(-len(roots) // size))]
     for source in sources:
-        shares[share_of[stream_of(source)]].append(source)
+        shares[share_of[root[source]]].append(source)
     return shares
 
 
