@@ -743,6 +743,26 @@ def test_a_stream_named_like_a_partition_of_another_stays_in_its_share_and_each_
     _assert_each_once_in_order(rds, names, 3)
 
 
+def test_a_pass_past_its_share_of_the_deadline_claims_no_further_share(
+    settings: Settings, pg: Any, rds: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pass that used its share of the deadline claims no more (the next pass goes on at once): over many streams
+    (SHARED_FROM lowered here) with every pass late, a pass publishes its first share's batch only and says more is
+    ready, the second share following in the next pass. Before, a first batch that ended late left its pass to claim
+    and publish the second share as well."""
+    from unilog.stream import capture_spread
+
+    monkeypatch.setattr(capture_spread, "SHARED_FROM", 4)
+    monkeypatch.setattr(capture_spread.SpreadPasses, "_late", lambda self, started: True)
+    names = [f"s-{k:03d}" for k in range(40)]
+    total = _stage(settings, names, per_stream=3)
+    with Streamer(settings, StreamerConfig(batch_size=10), name="late") as streamer:
+        first = streamer.run_once()
+        assert (first.published, first.waiting) == (60, True), first  # one share: 20 streams of 3
+        assert first.published + streamer.drain(timeout=60) == total
+    _assert_each_once_in_order(rds, names, 3)
+
+
 def test_rows_held_in_a_later_piece_keep_only_their_stream_back(
     settings: Settings, pg: Any, rds: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
