@@ -91,7 +91,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     lane: dict[int, str] = {}
     heavy_time: dict[str, float] = {}
     for item in items:
-        if item.path.stem in CORE:
+        if item.path.stem in CORE and not item.get_closest_marker("slow"):  # the inner loop leaves the long runs out
             item.add_marker(pytest.mark.core)
         shares = _shares_a_module_fixture(item)
         if _heavy(item) or (shares and item.path.stem in heavy_modules):

@@ -116,6 +116,7 @@ def test_the_workers_are_the_ones_named_here() -> None:
         "AsyncPartitionedConsumer",
         "MultiConsumer",
         "AsyncMultiConsumer",
+        "ServerWait",
     }
     paragraph = DOC[DOC.index("## The worker contract") :]
     assert all(f"`{name}`" in paragraph for name in names - {"AsyncConsumer", "AsyncGroupConsumer"}), names

@@ -55,7 +55,19 @@ from unilog.errors import (
 from unilog.faults import NO_FAULTS, Faults
 from unilog.harness.proxy import FaultProxy
 from unilog.health import HEALTH
-from unilog.runtime import DEFAULT_HOOKS, AsyncLinks, AsyncWorker, Hook, Hooks, Links, Verdict, Worker, decide, policy
+from unilog.runtime import (
+    DEFAULT_HOOKS,
+    AsyncLinks,
+    AsyncWorker,
+    Hook,
+    Hooks,
+    Links,
+    Verdict,
+    Worker,
+    decide,
+    fatal,
+    policy,
+)
 from unilog.runtime.hooks import HealthHook, LogHook
 
 FACES = ["sync", "async"]
@@ -761,3 +773,58 @@ def test_a_server_unreachable_at_start_is_waited_for_by_run_and_stops_a_drain_at
         run.stop()
     assert run.error is None, repr(run.error)
     assert heard.events.count(("heard", "connected")) == 1
+
+
+# -- issue 45: waiting for the servers outside a worker's loop is the loop itself ---------------------------------------
+
+
+@pytest.mark.parametrize("exc", FAILURES, ids=lambda exc: type(exc).__name__)
+def test_waiting_for_the_servers_retries_what_a_loop_reconnects_after_and_raises_the_rest(
+    exc: BaseException, settings: Settings
+) -> None:
+    """``wait_for_servers`` (a consumer placing its group, a backfill's cursor, the Spark source and sink) was a
+    second retry loop with its own classification. It now runs the step as a worker of the one loop: a step that
+    fails once with ``exc`` is retried (``/readyz`` unready meanwhile) exactly when ``decide`` has the loop of a
+    worker with no handler (the streamer's) retry after ``exc`` (``transient``: when it reconnects first); any other failure is raised at once, the step
+    called once."""
+    from unilog.runtime.policy import transient
+    from unilog.runtime.waiting import wait_for_servers
+
+    worker = Streamer(settings)
+    try:
+        action = decide(worker, exc).action
+    finally:
+        worker.close()
+    assert transient(exc) == (action == "reconnect")
+    calls: list[bool] = []
+
+    def step() -> str:
+        calls.append(HEALTH.ready()[0])
+        if len(calls) == 1:
+            raise exc
+        return "answered"
+
+    if action in ("reconnect", "retry"):
+        assert wait_for_servers(step, name="conformance wait", max_backoff=0.1) == "answered"
+        assert calls == [True, False], "/readyz is held back while the wait retries"
+        assert HEALTH.ready()[0]
+    else:
+        with pytest.raises(type(fatal(exc) or exc)):
+            wait_for_servers(step, name="conformance wait", max_backoff=0.1)
+        assert len(calls) == 1
+
+
+def test_waiting_for_the_servers_gives_up_after_its_time_with_the_last_failure() -> None:
+    from unilog.runtime.waiting import wait_for_servers
+
+    calls: list[float] = []
+
+    def step() -> None:
+        calls.append(time.monotonic())
+        raise ConnectionError(f"refused, try {len(calls)}")
+
+    with pytest.raises(ConnectionError, match="refused, try") as raised:
+        wait_for_servers(step, name="conformance give-up", max_backoff=0.1, give_up_after=0.35)
+    assert 3 <= len(calls) <= 6, calls
+    assert str(raised.value) == f"refused, try {len(calls)}"
+    assert HEALTH.ready()[0], "a wait that gave up holds /readyz back no longer"

@@ -73,3 +73,21 @@ def test_the_end_to_end_runs_are_spread_over_two_lanes_by_their_times() -> None:
     assert set(lanes.values()) == {"end-to-end-1", "end-to-end-2"}
     load = {lane: sum(t for unit, t in times.items() if lanes[unit] == lane) for lane in set(lanes.values())}
     assert sorted(load.values()) == [633.0, 650.0], load  # chaos and junk; the rest
+
+
+def test_the_inner_loops_modules_exist_and_leave_the_slow_runs_out() -> None:
+    """``pytest -m core`` (CONTRIBUTING.md's inner loop) names its modules in ``tests/conftest.py``'s ``CORE``: a
+    module renamed or removed would drop out of it silently, and a slow end-to-end run in a core module would make
+    the minute several. In the core modules, every test is either core or slow, never both."""
+    from conftest import CORE
+
+    here = Path(__file__).parent
+    assert sorted(name for name in CORE if not (here / f"{name}.py").exists()) == []
+    mixed = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0", "-p", "no:cacheprovider", "-m",
+         "(core and slow) or (not core and not slow)", *(f"tests/{name}.py" for name in sorted(CORE))],
+        cwd=here.parent, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert mixed.returncode == 5, (
+        "tests neither core nor slow, or both:\n" + mixed.stdout[-3000:] + mixed.stderr[-2000:]
+    )

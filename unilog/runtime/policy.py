@@ -55,12 +55,24 @@ def fatal(exc: BaseException) -> UnilogError | None:
 
 
 def transient(exc: BaseException) -> bool:
-    """Whether ``exc`` is a failure a long-running process waits out, outside a worker's loop as the loop does in it
-    (:func:`decide`'s ``reconnect``): a server unreachable, restarting, ending the session, loading its data, failing
-    over or a standby; not a configuration, a server's refusal no retry can fix, or data loss."""
-    if isinstance(exc, (DataLoss, ConfigurationError, PolicyStop, *FATAL)):
+    """Whether ``exc`` is a failure a long-running process waits out (what :func:`decide` reconnects after): a server
+    unreachable, restarting, ending the session, loading its data, failing over or a standby; not a configuration,
+    a server's refusal no retry can fix, or data loss. Asked of :func:`decide` itself, for a worker that has no
+    handler and does not restart after a crash, so the two cannot disagree."""
+    return decide(_OUTSIDE, exc).action == "reconnect"
+
+
+class _Outside:
+    """What :func:`decide` reads of a worker, for a failure outside any worker's pass."""
+
+    retryable = TRANSIENT
+    restart_after_crash = False
+
+    def is_handler_failure(self, exc: Exception) -> bool:
         return False
-    return isinstance(exc, TRANSIENT)
+
+
+_OUTSIDE = _Outside()
 
 
 @dataclass(frozen=True)
