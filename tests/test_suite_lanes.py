@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 GROUPED = """
 import os, time, pytest
 
@@ -75,6 +77,7 @@ def test_the_end_to_end_runs_are_spread_over_two_lanes_by_their_times() -> None:
     assert sorted(load.values()) == [633.0, 650.0], load  # chaos and junk; the rest
 
 
+@pytest.mark.slow(light=True)  # a collection of its own: 7-13 s of the default run for a check of the suite's set-up
 def test_the_inner_loops_modules_exist_and_leave_the_slow_runs_out() -> None:
     """``pytest -m core`` (CONTRIBUTING.md's inner loop) names its modules in ``tests/conftest.py``'s ``CORE``: a
     module renamed or removed would drop out of it silently, and a slow end-to-end run in a core module would make
