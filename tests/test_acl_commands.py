@@ -143,6 +143,8 @@ def _publish_and_read(api: RedisStreams, mon: Monitor, rds: Any, s: str) -> None
         api.publish("not-a-stream", "p", 1, 1, rows)
     with mon.window("high_water"):
         assert api.high_water(s, "p") == (1, 2)
+    with mon.window("high_waters"):
+        assert api.high_waters([s, s + "-none"], "p") == {s: (1, 2), s + "-none": None}
     with mon.window("unsaved_entries"):
         assert [e["seq"] for e in api.unsaved_entries(s, "p", 1, 0, 2)] == ["1", "2"]
     with mon.window("memory"):

@@ -616,3 +616,33 @@ def test_a_dropped_streamer_releases_its_locks_and_slot_without_close(wal: Setti
         assert Streamer(settings).drain(timeout=10) == 0
     finally:
         gc.enable()
+
+
+def test_a_switch_is_refused_while_a_streamer_publishes_naming_a_few_of_its_streams(
+    settings: Settings, pg: Any, rds: redis.Redis
+) -> None:
+    """A mode switch settles the batches in flight in the mode that sent them, so it refuses while a streamer holds
+    streams; the line names three of them and counts the rest (one statement reads every stream's holders: it was a
+    statement per stream, 3.8 s of a switch over 10,000 streams). Once the streamer stops, the switch goes through."""
+    if pg.execute("SHOW wal_level").fetchone()[0] != "logical":
+        pytest.skip("wal_level is not logical")
+    pg.execute(
+        "INSERT INTO staged_log_records (action, object, data, stream) "
+        "SELECT 'create', 'ride', '{}'::jsonb, format('switch-%s', lpad(n::text, 3, '0')) FROM generate_series(1, 300) n"
+    )
+    running = streamer(settings)
+    try:
+        assert running.drain() == 300
+        with pytest.raises(ConfigurationError) as refused:
+            enable_wal(settings)
+        line = str(refused.value)
+        assert line.startswith(
+            "streamers are running on this database (switch-001, switch-002, switch-003 and 297 more streams): stop "
+        ), line
+        assert "\n" not in line
+        assert capture_status(settings)["mode"] == "table"
+    finally:
+        running.close()
+    enable_wal(settings)
+    assert capture_status(settings)["mode"] == "wal"
+    disable_wal(settings)

@@ -307,11 +307,25 @@ class Publishing(Adapter):
     @issues("hget")
     def high_water(self, stream: str, producer: str) -> tuple[int, int] | None:
         """The producer's high-water (epoch, seq) on ``stream``, or None."""
-        mark = self.client.hget(hwm_key(stream), producer)
-        if not mark:
-            return None
-        epoch, _, seq = to_str(mark).partition(":")
-        return int(epoch), int(seq)
+        return _high_water(self.client.hget(hwm_key(stream), producer))
+
+    @issues("hget")
+    def high_waters(self, streams: Sequence[str], producer: str) -> dict[str, tuple[int, int] | None]:
+        """:meth:`high_water` of each of ``streams``, in one pipelined round trip (one per node on a cluster), not
+        one per stream: settling a mode switch over ten thousand streams read their marks one at a time."""
+        if not streams:
+            return {}
+        pipe = self.client.pipeline(transaction=False)
+        for stream in streams:
+            pipe.hget(hwm_key(stream), producer)
+        return {stream: _high_water(mark) for stream, mark in zip(streams, pipe.execute(), strict=True)}
+
+
+def _high_water(mark: Any) -> tuple[int, int] | None:
+    if not mark:
+        return None
+    epoch, _, seq = to_str(mark).partition(":")
+    return int(epoch), int(seq)
 
 
 # the head of one stream's part in a publish_many.lua call: its first seq, stride and count as RESP bulk strings

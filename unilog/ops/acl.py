@@ -34,6 +34,7 @@ USES: dict[str, tuple[Callable[..., Any], ...]] = {
         R.publish,
         R.publish_many,
         R.high_water,
+        R.high_waters,
         R.unsaved_entries,
         R.partitions,
         R.partitions_many,

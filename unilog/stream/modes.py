@@ -97,7 +97,9 @@ def _refuse_running(conn: psycopg.Connection[Any], exiting: float = 5.0) -> None
     # alone still active, with no stream lock held, is waited out for ``exiting`` seconds before it counts as running
     deadline = time.monotonic() + exiting
     while True:
-        running = [s for s, _e, _q in store.published_positions(conn) if store.stream_lock_holders(conn, s)]
+        published = sorted({stream for stream, _e, _q in store.published_positions(conn)})
+        holders = store.stream_lock_holders_many(conn, published)  # one statement, not one per stream
+        running = [stream for stream in published if holders[stream]]
         current = store.capture_slot(conn)
         state = store.slot_state(conn, current.slot) if current else None
         conn.commit()
@@ -105,9 +107,10 @@ def _refuse_running(conn: psycopg.Connection[Any], exiting: float = 5.0) -> None
             break
         time.sleep(0.1)
     if running or (state and state["active_pid"]):
+        held = ", ".join(running[:3]) + (f" and {len(running) - 3:,} more streams" if len(running) > 3 else "")
         raise ConfigurationError(
-            f"streamers are running on this database ({', '.join(running) or 'the WAL slot'}): stop them, switch the "
-            "capture mode, then start them (a batch in flight must be settled by the mode that sent it)"
+            f"streamers are running on this database ({held or 'the WAL slot'}): stop them, switch the capture mode, "
+            "then start them (a batch in flight must be settled by the mode that sent it)"
         )
 
 

@@ -187,10 +187,10 @@ class Publisher:
         count = self.partitions(stream)
         targets = [stream] if count <= 1 else [routing.partition_stream(stream, i) for i in range(count)]
         saved = store.last_published_seqs(conn, targets, identity.epoch)
-        api = self._redis()
+        marks = self._redis().high_waters(targets, identity.producer_id)
         ahead = {}
         for target in targets:
-            mark = api.high_water(target, identity.producer_id)
+            mark = marks[target]
             if mark is not None and mark[0] == identity.epoch and mark[1] > saved[target]:
                 ahead[target] = mark[1]
         if ahead:
@@ -331,8 +331,9 @@ def settle_unsaved(
     no one can re-read: everything it held is a staged row by then (rows, or messages recovered as rows)."""
     positions = store.published_positions(conn)
     plan: dict[str, tuple[int, list[dict[str, str]]]] = {}
+    marks = api.high_waters([stream for stream, _e, _s in positions], identity.producer_id)
     for stream, epoch, last_seq in positions:
-        mark = api.high_water(stream, identity.producer_id)
+        mark = marks[stream]
         if epoch == identity.epoch and mark is not None and mark > (epoch, last_seq):
             entries = api.unsaved_entries(stream, identity.producer_id, epoch, last_seq, mark[1])
             if len(entries) != mark[1] - last_seq:
@@ -354,8 +355,9 @@ def unsaved_batches(
     """Streams where Redis holds positions of ``identity`` past what Postgres saved (``positions``: stream, epoch,
     last position, as :func:`unilog.store.published_positions` reads them): a batch sent and not yet saved."""
     doubtful = []
+    marks = api.high_waters([stream for stream, _e, _s in positions], identity.producer_id)
     for stream, epoch, last_seq in positions:
-        mark = api.high_water(stream, identity.producer_id)
+        mark = marks[stream]
         if epoch == identity.epoch and mark is not None and mark > (epoch, last_seq):
             doubtful.append(stream)
     return doubtful
