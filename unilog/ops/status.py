@@ -8,10 +8,8 @@ shows how much of the stream it holds (:func:`unilog.stream.retention.held`)."""
 
 from __future__ import annotations
 
-import gc
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from typing import Any
 
 from .. import engine, store
@@ -30,22 +28,10 @@ def collect_status(settings: Settings, since: Mapping[str, str] | None = None) -
     Every stream is read in a few pipelined round trips per kind of read (:meth:`~unilog.engine.RedisStreams.survey`)
     and its publishers in one statement, so the report's cost follows the entries it counts, not the streams: 10,000
     streams are read in about as many round trips as 500."""
-    with _no_cyclic_gc():
+    # a report over 10,000 streams builds some 100,000 containers, none in a cycle and all alive until it is
+    # returned: the cyclic collector's passes over them (and the whole heap) found nothing, some 40 % of its time
+    with engine.no_gc():
         return _collect(settings, since)
-
-
-@contextmanager
-def _no_cyclic_gc() -> Iterator[None]:
-    """The cyclic garbage collector paused meanwhile (if it runs, and back on after). A report over 10,000 streams
-    builds some 100,000 containers, none in a cycle and all alive until it is returned; the collector's passes over
-    them (and the whole heap) found nothing and took some 40 % of the report's time."""
-    was_on = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_on:
-            gc.enable()
 
 
 def _collect(settings: Settings, since: Mapping[str, str] | None) -> dict[str, Any]:
