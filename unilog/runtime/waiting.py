@@ -22,7 +22,7 @@ from .. import engine
 from ..health import HEALTH
 from ._sync.loop import Worker, serve
 from .hooks import Hook
-from .policy import TRANSIENT, Verdict
+from .policy import Verdict
 
 log = structlog.get_logger("unilog.runtime")
 
@@ -31,11 +31,13 @@ T = TypeVar("T")
 
 class WaitHook(Hook):
     """A :class:`ServerWait`'s only hook: one line per failure the loop waits out, and ``/readyz`` held back under
-    the wait's name until the step succeeds or its failure is raised."""
+    the wait's name until the step succeeds or its failure is raised. A failure the loop stops at is raised here as
+    it was (a driver's refusal keeps its type and traceback for a Spark job's own handlers, where the loop would
+    raise its one-line error), and so is any failure past ``give_up_after``, whatever the policy's verdict."""
 
     def on_failure(self, worker: Any, exc: BaseException, verdict: Verdict, delay: float) -> None:
-        if verdict.action == "stop":
-            return  # raised: the caller's to report
+        if verdict.action == "stop" or worker.given_up():
+            raise exc
         error = " ".join(str(exc).split()) or type(exc).__name__
         advice = {"hint": hint} if (hint := engine.hint(exc)) else {}
         log.error("waiting for the servers; retrying", step=worker.name, error=error, retry_in=delay,
@@ -49,7 +51,7 @@ class WaitHook(Hook):
 class ServerWait(Worker, Generic[T]):
     """A worker whose one pass is ``step()``; the loop stops it once the step succeeded (:attr:`result`). It holds
     no connection of its own (the step opens what it needs), so reconnecting drops nothing; past ``give_up_after``
-    seconds of failures no failure is retryable any more, and the loop raises the last one."""
+    seconds of failures its hook raises the next one."""
 
     kind: ClassVar[str] = "server wait"
     default_hooks: ClassVar[tuple[Hook, ...]] = (WaitHook(),)
@@ -62,11 +64,9 @@ class ServerWait(Worker, Generic[T]):
         self._give_up_at = None if give_up_after is None else time.monotonic() + give_up_after
         self.done, self.result = Event(), None
 
-    @property
-    def retryable(self) -> tuple[type[BaseException], ...]:  # type: ignore[override]
-        if self._give_up_at is not None and time.monotonic() > self._give_up_at:
-            return ()
-        return TRANSIENT
+    def given_up(self) -> bool:
+        """Whether ``give_up_after`` seconds have passed since the wait began."""
+        return self._give_up_at is not None and time.monotonic() > self._give_up_at
 
     @property
     def label(self) -> dict[str, Any]:
