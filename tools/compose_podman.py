@@ -107,20 +107,44 @@ def check_tools() -> None:
 def prepare_podman(conf: Path = CONTAINERS_CONF) -> None:
     """Give containers no default rlimits (this sandbox refuses Podman's), unless the file already decides."""
     text = conf.read_text() if conf.exists() else ""
-    if re.search(r"^\s*default_ulimits\s*=", text, re.MULTILINE):
+    if not re.search(r"^\s*default_ulimits\s*=", text, re.MULTILINE):
+        _set_in_conf(conf, text, "containers", "default_ulimits = []")
+
+
+def prepare_runtime(conf: Path = CONTAINERS_CONF) -> None:
+    """Podman's default runtime, crun, refuses to create a container on a host whose cgroups are in hybrid mode (v1
+    controllers beside a cgroup2 mount: "cgroups in hybrid mode not supported"); runc runs them. When a container of
+    the base cannot start for that reason, runc is installed and the file names no runtime, it gets ``[engine]
+    runtime = "runc"``; a container that cannot start for any other reason makes Podman :class:`Unusable` here."""
+    probe = subprocess.run(["podman", "run", "--rm", BASE_IMAGE, "true"], capture_output=True, text=True, timeout=300)
+    if probe.returncode == 0:
         return
+    output = " ".join((probe.stdout + probe.stderr).split())
+    text = conf.read_text() if conf.exists() else ""
+    named = re.search(r"^\s*runtime\s*=", text, re.MULTILINE)
+    if "cgroups in hybrid mode" not in output or shutil.which("runc") is None or named:
+        raise Unusable(f"podman cannot start a container here: {output[-300:]}")
+    _set_in_conf(conf, text, "engine", 'runtime = "runc"')
+    again = subprocess.run(["podman", "run", "--rm", BASE_IMAGE, "true"], capture_output=True, text=True, timeout=300)
+    if again.returncode != 0:
+        tail = " ".join((again.stdout + again.stderr).split())[-300:]
+        raise Unusable(f"podman cannot start a container here, with runc either: {tail}")
+
+
+def _set_in_conf(conf: Path, text: str, section: str, line: str) -> None:
+    """Add ``line`` under ``[section]`` of containers.conf (``text``, its content), the section made if missing."""
     parser = configparser.ConfigParser()
     with contextlib.suppress(configparser.Error):
         parser.read_string(text)
-    if parser.has_section("containers"):
-        text = re.sub(r"^\[containers\]\s*$", "[containers]\ndefault_ulimits = []", text, count=1, flags=re.M)
+    if parser.has_section(section):
+        text = re.sub(rf"^\[{section}\]\s*$", f"[{section}]\n{line}", text, count=1, flags=re.M)
     else:
-        text += "\n[containers]\ndefault_ulimits = []\n"
+        text += f"\n[{section}]\n{line}\n"
     try:
         conf.parent.mkdir(parents=True, exist_ok=True)
         conf.write_text(text)
     except OSError as exc:
-        raise Unusable(f"{conf} needs `default_ulimits = []` under [containers] and cannot be written: {exc}") from None
+        raise Unusable(f"{conf} needs `{line}` under [{section}] and cannot be written: {exc}") from None
 
 
 def image_exists(tag: str) -> bool:
@@ -165,6 +189,7 @@ def build_images(rebuild: bool = False) -> dict[str, float]:
     took: dict[str, float] = {}
     if rebuild or not image_exists(BASE_IMAGE):
         took[BASE_IMAGE] = replace_image(BASE_IMAGE, build_base)
+    prepare_runtime()  # the stand-ins' builds run containers of the base
     for tag, folder in STANDIN_IMAGES.values():
         if rebuild or not image_exists(tag):
             # no trust-store mount here: their packages' scripts write /etc/ssl/certs (and they need no pip)
