@@ -3,10 +3,10 @@ consumer placing a new group, a backfill reading its cursor) or beside it (the S
 
 :func:`wait_for_servers` runs a step until it succeeds, through the one loop (:func:`unilog.runtime.serve`), the one
 policy (:func:`unilog.runtime.policy.decide`) and the one back-off, as a :class:`ServerWait` worker whose only
-pass is the step: there is no second retry loop. A failure the loop would reconnect after (a server unreachable,
-restarting, ending the session, failing over) is one log line, ``/readyz`` unready and a retry after the back-off;
-the loop raises any other failure at once. A burst (``--once``) does not call it: it stops at the first failure,
-with its exit code.
+pass is the step: there is no second retry loop. A failure the loop would retry (a server unreachable, restarting,
+ending the session, failing over; a dead letter too few replicas acknowledged) is one log line, ``/readyz`` unready
+and a retry after the back-off; any other failure is raised at once, as the step raised it. A burst (``--once``)
+does not call it: it stops at the first failure, with its exit code.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def wait_for_servers(
     **label: Any,
 ) -> T:
     """``step()``, retried after the loop's back-off (0.1 s doubling up to ``max_backoff``) while the policy would
-    reconnect after its failure; each failure is one line (``waiting for the servers; retrying``, with ``name``,
+    retry after its failure; each failure is one line (``waiting for the servers; retrying``, with ``name``,
     ``label`` and the error) and holds ``/readyz`` back under ``name`` until the step succeeds. ``give_up_after``
     seconds of failures: the last one is raised."""
     wait: ServerWait[T] = ServerWait(step, name, label, max_backoff, give_up_after)
