@@ -631,6 +631,52 @@ def test_a_share_of_the_streams_is_claimed_and_sent_while_the_one_before_is_sent
     _assert_each_once_in_order(rds, names, 3)
 
 
+def test_the_partition_counts_are_read_while_the_first_share_is_claimed_and_a_failed_read_re_sends_once(
+    settings: Settings, pg: Any, rds: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over many streams (SHARED_FROM, lowered here) a pass reads its streams' partition counts from Redis in the
+    helper thread while Postgres claims the first share's batch: here the read waits until that claim has begun, so
+    a streamer that read them before claiming (Redis idle meanwhile) fails this test. A read Redis fails fails the
+    pass after the claim was committed: its claims stay saved, and the next pass re-sends them, every record once,
+    in order."""
+    from unilog.stream import capture_spread
+
+    monkeypatch.setattr(capture_spread, "SHARED_FROM", 4)
+    names = [f"p-{k:03d}" for k in range(40)]
+    total = _stage(settings, names, per_stream=2)
+    partitions_of, claim_across = Publisher.partitions_of, store.claim_across
+    claiming = threading.Event()
+    seen: list[tuple[str, bool]] = []
+    failing = [True]
+
+    def read(self: Publisher, streams: Any) -> dict[str, int]:
+        if len(set(streams)) == len(names):  # the pass's read of every stream's count
+            seen.append((threading.current_thread().name, claiming.wait(10)))
+            if failing[0]:
+                failing[0] = False
+                raise redis.ConnectionError("injected: Redis went away while the counts were read")
+        return partitions_of(self, streams)
+
+    def claim(conn: Any, sources: list[str], *args: Any, **kw: Any) -> Any:
+        claiming.set()
+        return claim_across(conn, sources, *args, **kw)
+
+    monkeypatch.setattr(Publisher, "partitions_of", read)
+    monkeypatch.setattr(store, "claim_across", claim)
+    first = Streamer(settings, StreamerConfig(batch_size=10), name="first")
+    with first, pytest.raises(redis.ConnectionError, match="injected"):
+        first.run_once()
+    [(thread, while_claiming)] = seen
+    assert thread != threading.main_thread().name and while_claiming, "read in the helper while Postgres claimed"
+    saved = pg.execute("SELECT count(*) FROM unilog_claims").fetchone()[0]
+    assert saved == len(names) // 2, "the first share's claims were committed before the read failed"
+    assert sum(rds.xlen(n) for n in names) == 0
+    with Streamer(settings, StreamerConfig(batch_size=10), name="successor") as streamer:
+        assert streamer.drain(timeout=60) == total
+    assert pg.execute("SELECT count(*) FROM unilog_claims").fetchone()[0] == 0
+    _assert_each_once_in_order(rds, names, 2)
+
+
 def test_the_default_streams_two_sources_stay_in_one_share_and_each_record_is_published_once(
     settings: Settings, pg: Any, rds: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

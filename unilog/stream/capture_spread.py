@@ -158,10 +158,7 @@ class SpreadPasses:
         waiting = {self.publisher.stream_of(s) for s in kept}
         fresh = [s for s in sources if self.publisher.stream_of(s) not in waiting]
         shares = _shares(fresh, self.publisher.stream_of) if self.pipeline_batches > 1 else [fresh]
-        if len(shares) > 1:  # read now: a share made ready while the helper thread sends may not call Redis
-            self._partitions = self.publisher.partitions_of({self.publisher.stream_of(s) for s in fresh})
-        batch = self._claim(conn, shares.pop(0))
-        conn.commit()  # the claims are saved before anything of them reaches Redis
+        batch = self._first_claim(conn, shares, fresh)
         try:
             published, full = self._batches(conn, batch, shares, fresh, waiting, kept, packed, started, published)
         finally:
@@ -213,6 +210,27 @@ class SpreadPasses:
             waiting |= {self.publisher.stream_of(s) for s in stuck}
             fresh = [s for s in fresh if self.publisher.stream_of(s) not in waiting]
         return published, full
+
+    def _first_claim(self, conn: psycopg.Connection[Any], shares: list[list[str]], fresh: list[str]) -> store.Across:
+        """The first share's batch, claimed and committed (the claims are saved before anything of them reaches
+        Redis). Over several shares, the streams' partition counts are read now (a share made ready while the helper
+        thread sends may not call Redis), in the helper thread while Postgres claims: over ten thousand new streams
+        that read was 30 ms of a drain's start, with Redis idle. The helper is idle then (a pass's sends ended with
+        the pass before), and this thread waits for the read whatever the claim does."""
+        reading = None
+        if len(shares) > 1:
+            self.publisher.connect()  # connected (and checked) in this thread, not the helper's
+            streams = {self.publisher.stream_of(s) for s in fresh}
+            reading = self.helper.get().submit(self.publisher.partitions_of, streams)
+        try:
+            batch = self._claim(conn, shares.pop(0))
+            conn.commit()
+        finally:
+            if reading is not None:
+                concurrent.futures.wait([reading])
+        if reading is not None:
+            self._partitions = reading.result()
+        return batch
 
     def _claim(self, conn: psycopg.Connection[Any], fresh: list[str]) -> store.Across:
         """A new batch across ``fresh``, in the caller's transaction (none without sources)."""
@@ -447,8 +465,9 @@ class SpreadPasses:
         if not ahead.claims:
             return
         self.publisher.faults.crash("streamer.crash_after_claim")
-        partitions = {self.publisher.stream_of(c.source): 1 for c in ahead.claims} | self._partitions
-        ready = self._ready(conn, ahead.claims, packed, partitions)
+        # every share's streams were read with the first share's claim: a stream missing there is a defect, never
+        # taken as unpartitioned (its records would go to the stream, not its partitions)
+        ready = self._ready(conn, ahead.claims, packed, self._partitions)
         if len(ready.pieces) > 1 and not self._held & {self.publisher.stream_of(c.source) for c in ready.claims}:
             self._start(ready)
         self._ahead = ready

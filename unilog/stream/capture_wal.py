@@ -48,6 +48,7 @@ from .capture import BatchResult
 from .capture_table import TableCapture
 from .guard import GUARD_INTERVAL, guard
 from .publisher import Publisher
+from .wal_batch import Caps, records_by_stream, spread, staged_ids
 
 log = structlog.get_logger(__name__)
 
@@ -62,12 +63,6 @@ MAX_MESSAGES = 50_000  # messages taken from the socket per read (fewer when dec
 WAL_DEPTH = 16
 PIECES = 4  # parts a deep batch's streams are encoded and sent in (each a batch's worth of records at least)
 ARRIVING = 0.5  # seconds a stream just opened waits for a backlog that is arriving, at most
-SPREAD = 8  # a batch is spread when it has fewer than this many records per stream, on 100 streams or more
-
-
-def spread(streams: int, records: int) -> bool:
-    """Whether a batch of ``records`` over ``streams`` streams is spread (see :data:`WAL_DEPTH`)."""
-    return streams >= 100 and streams * SPREAD > records
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,14 +276,14 @@ class WalCapture:
         markers: list[str] = []
         confirm, finished = None, 0
         room = self._room
-        counts: dict[str, int] | None = {} if room > self.batch_size else None
+        caps = Caps(self.batch_size, self.publisher.stream_of(""), rows) if room > self.batch_size else None
         plains: set[str | None] = set()
         while self._pending and room > 0:
             head = self._pending[0]
             part = head.rows[self._head_offset : self._head_offset + room]
             whole = len(part)
-            if counts is not None and whole:
-                part = self._capped(part, counts)
+            if caps is not None and whole:
+                part = caps.capped(part)
                 if not part:
                     break  # its first row's stream has batch_size records in the batch already
             if not xids or xids[-1] != head.xid:
@@ -321,18 +316,6 @@ class WalCapture:
         if spread(streams, seen):
             self._room = self.batch_size * WAL_DEPTH
             self._arriving(reader)
-
-    def _capped(self, part: tuple[WalRow, ...], counts: dict[str, int]) -> tuple[WalRow, ...]:
-        """The rows of ``part`` before the first that would give its stream more than ``batch_size`` records in
-        the batch (``counts``: the batch's records per stream so far, updated)."""
-        cap, default = self.batch_size, self.publisher.stream_of("")
-        for i, row in enumerate(part):
-            stream = row[0] or default  # a row staged with no stream goes to the default one, by its name too
-            n = counts.get(stream, 0) + 1
-            if n > cap:
-                return part[:i]
-            counts[stream] = n
-        return part
 
     def _publish(self, conn: psycopg.Connection[Any], reader: ReplicationStream) -> BatchResult:
         """Publish up to ``pipeline_batches`` batches of whole committed transactions' records not published yet.
@@ -375,12 +358,14 @@ class WalCapture:
         started = time.perf_counter()
         rows, confirm, finished, xids, plain, markers = self._take_batch()
         fresh, mark = self._fresh(conn, rows, xids, plain)
-        by_stream = {publisher.stream_of(plain): fresh} if plain is not None and fresh else _by_stream(publisher, fresh)
+        by_stream = (
+            {publisher.stream_of(plain): fresh} if plain is not None and fresh else records_by_stream(publisher, fresh)
+        )
         self._room = self.batch_size * (WAL_DEPTH if spread(len(by_stream), len(fresh)) else 1)
         if publisher.owns_all(conn, by_stream) != set(by_stream):  # one statement for the batch's new buckets
             return None
         partitions = publisher.partitions_of(by_stream)  # one round trip for the streams due for a look
-        ids = [] if plain is not None else [row[0] for _s, row, *_ in fresh if row is not None]
+        ids = [] if plain is not None else staged_ids(fresh)
         planned = before.last_seqs if before is not None else {}
         return _Batch(
             started, len(rows), len(fresh), by_stream, ids, mark, confirm, finished, markers, publisher.identity(),
@@ -422,7 +407,7 @@ class WalCapture:
     ) -> tuple[list[WalRow], tuple[int, int] | None]:
         """The records of a batch not published yet, and the mark of its last record message (None: it has none).
         A row is fresh while it is still staged (looked up by id); a message while it comes after the saved mark."""
-        ids = [] if plain is not None else [row[0] for _s, row, *_ in rows if row is not None]
+        ids = [] if plain is not None else staged_ids(rows)
         if not ids and rows and rows[0][2] is not None and rows[0][2] > self._mark:  # messages only, all new: the
             return rows, rows[-1][2]  # usual batch (each message has a mark, and marks only grow along a batch)
         existing = store.existing_ids(conn, ids, xids) if ids else set()
@@ -571,20 +556,3 @@ class WalCapture:
             self._helper.shutdown(wait=True)
             self._helper = None
         self.predrain.close()
-
-
-def _by_stream(publisher: Publisher, records: list[WalRow]) -> dict[str, list[WalRow]]:
-    """A batch's records by target stream, in batch order (one stream, the usual case, found without a loop here)."""
-    sources = {stream for stream, *_ in records}
-    if len(sources) == 1:
-        return {publisher.stream_of(sources.pop()): records}
-    by_stream: dict[str, list[WalRow]] = {}
-    default = publisher.stream_of("")  # inline: a call per record was a tenth of a batch over ten thousand streams
-    for r in records:
-        stream = r[0] or default
-        rows = by_stream.get(stream)
-        if rows is None:
-            by_stream[stream] = [r]
-        else:
-            rows.append(r)
-    return by_stream

@@ -36,8 +36,9 @@ PARTITION_RECHECK = 10.0  # seconds between looks at an unpartitioned stream's s
 
 
 class Publisher:
-    """One streamer's publishing services, shared by its captures. Not thread-safe, except :meth:`send_all`, which a
-    capture may run in a helper thread while its own thread uses nothing else of the Redis client.
+    """One streamer's publishing services, shared by its captures. Not thread-safe, except :meth:`send_all` and
+    :meth:`partitions_of`, which a capture may run in a helper thread while its own thread uses nothing else of the
+    Redis client, nor of this publisher.
 
     ``redis`` returns the streamer's Redis client (connecting it if needed); ``default_stream`` is the stream of
     records staged without one; ``faults`` may be replaced between passes.
