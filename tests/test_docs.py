@@ -39,6 +39,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.mark.slow(seconds=15, light=True)  # a MkDocs build: 12 s of the default run
 def test_the_site_builds_in_strict_mode(site: Path) -> None:
     for page in ("index.html", "reference/api/index.html", "reference/cli/index.html", "benchmarks/results/index.html"):
         assert (site / page).is_file(), page

@@ -32,6 +32,7 @@ def test_d(): record("d")
 """
 
 
+@pytest.mark.slow(seconds=15, light=True)  # a pytest run of its own: 11 s of the default run
 def test_a_group_runs_on_one_worker(tmp_path: Path) -> None:
     (tmp_path / "test_grouped.py").write_text(GROUPED)
     log = tmp_path / "lanes.log"
