@@ -34,6 +34,15 @@ STREAMS = 3000
 STREAM_BUCKETS = 64  # unilog.store.STREAM_BUCKETS: the most ownership locks a streamer takes, whatever the streams
 
 
+@pytest.fixture
+def one_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pass claims its sources in one share, however many (for a test of a batch's pieces and claims, which shares
+    would cut differently; the shares have tests of their own)."""
+    from unilog.stream import capture_spread
+
+    monkeypatch.setattr(capture_spread, "SHARED_FROM", 1 << 30)
+
+
 def _stage(settings: Settings, names: list[str], per_stream: int = 1) -> int:
     """``per_stream`` records on each of ``names``, staged with ``emit_many`` in transactions of 1,000, spread
     round-robin (each stream's records carry ascending ``i``)."""
@@ -276,6 +285,7 @@ def test_a_streamer_of_listed_streams_does_not_stall_the_other_streams_of_its_bu
     assert pg.execute("SELECT count(*) FROM staged_log_records").fetchone()[0] == 0
 
 
+@pytest.mark.usefixtures("one_share")
 def test_a_crash_after_a_batch_across_streams_was_sent_re_sends_it_once(settings: Settings, pg: Any, rds: Any) -> None:
     """One claim covers the batch's streams (a claim saved per stream, all in one statement, before anything is
     sent); a crash between the send and the delete leaves them all saved, and the next streamer re-sends them under
@@ -342,6 +352,7 @@ def test_a_row_naming_an_invalid_stream_stays_staged_and_names_no_other(unilog_s
     rds.close()
 
 
+@pytest.mark.usefixtures("one_share")
 def test_a_batch_refused_in_its_last_script_call_is_re_sent_once(settings: Settings, pg: Any, rds: Any) -> None:
     """A batch across streams goes in several script calls; Redis refusing one (here: a stream whose mark is of a
     later epoch) fails the pass after the calls before it were appended. Nothing is deleted; once the refusal is
@@ -370,9 +381,12 @@ def test_a_batch_refused_in_its_last_script_call_is_re_sent_once(settings: Setti
     assert pg.execute("SELECT count(*) FROM unilog_claims").fetchone()[0] == 0
 
 
+@pytest.mark.usefixtures("one_share")
 def test_a_batch_across_streams_claims_at_most_a_batch_of_each(settings: Settings, pg: Any, rds: Any) -> None:
-    """A batch across streams claims among the lowest DEPTH batches' worth of ids at most ``batch_size`` records of each
-    stream (its lowest: its part goes in one script call, which this bounds); the rest of it follows in order."""
+    """A batch across streams claims at most ``batch_size`` records of each stream (its lowest: its part goes in one
+    script call, which this bounds); the rest of it follows in order. Over few streams (``batch_size`` of each fit in
+    the batch), a stream whose records hold the lowest ids does not hold the others back: each gives its lowest. A
+    claim that took the lowest DEPTH batches' worth of ids first took one record of each other stream here."""
     big = DEPTH * 5 - 10  # the lowest ids: a claim by ids alone would take all of it
     _stage(settings, ["big"], per_stream=big)
     total = big + _stage(settings, [f"s-{k}" for k in range(10)], per_stream=3)
@@ -380,10 +394,27 @@ def test_a_batch_across_streams_claims_at_most_a_batch_of_each(settings: Setting
     with Streamer(settings, StreamerConfig(batch_size=5), faults=faults) as crashing, pytest.raises(InjectedCrash):
         crashing.run_once()
     claimed = dict(pg.execute("SELECT source, records FROM unilog_claims").fetchall())
-    assert claimed == {"big": 5} | {f"s-{k}": 1 for k in range(10)}, claimed  # the lowest DEPTH x 5 ids
+    assert claimed == {"big": 5} | {f"s-{k}": 3 for k in range(10)}, claimed
     with Streamer(settings, StreamerConfig(batch_size=5), name="successor") as streamer:
         assert streamer.drain(timeout=60) == total
     assert [json.loads(f["data"])["i"] for _id, f in rds.xrange("big")] == list(range(big))
+
+
+def test_a_claim_over_few_streams_reads_no_row_beyond_the_ones_it_takes(settings: Settings, pg: Any) -> None:
+    """A claim over few streams (``batch_size`` of each fit in the batch) reads each stream's lowest rows by its index
+    range: none of the table's other rows. Read in id order, each claim over two streams of 300 records read the
+    ``limit`` lowest ids (160 rows here) for 10 of each, and over a larger table as much of it as the limit allows
+    (``pg_stat_xact_user_tables``: the rows this transaction read)."""
+    total = _stage(settings, ["a", "b"], per_stream=300)
+    with psycopg.connect(settings.conninfo) as conn:
+        across = store.claim_across(conn, ["a", "b"], DEPTH * 10, per_source=10)
+        read = conn.execute(
+            "SELECT coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0) FROM pg_stat_xact_user_tables "
+            "WHERE relname = 'staged_log_records'"
+        ).fetchone()[0]
+        conn.rollback()
+    assert {c.source: c.count for c in across.claims} == {"a": 10, "b": 10}
+    assert read <= 2 * 10 + 2, f"{read} staged rows read for 20 (of {total})"
 
 
 def test_saved_claims_of_one_stream_re_sent_in_a_batch_across_streams_keep_their_order(
@@ -526,6 +557,7 @@ def test_a_claim_across_streams_saves_each_streams_runs_of_consecutive_ids(setti
     }
 
 
+@pytest.mark.usefixtures("one_share")
 def test_a_batch_across_streams_is_deleted_piece_by_piece_while_redis_appends_the_next(
     settings: Settings, pg: Any, rds: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -809,6 +841,7 @@ def test_a_pass_past_its_share_of_the_deadline_claims_no_further_share(
     _assert_each_once_in_order(rds, names, 3)
 
 
+@pytest.mark.usefixtures("one_share")
 def test_rows_held_in_a_later_piece_keep_only_their_stream_back(
     settings: Settings, pg: Any, rds: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -843,6 +876,7 @@ def test_rows_held_in_a_later_piece_keep_only_their_stream_back(
     _assert_each_once_in_order(rds, names, 2)
 
 
+@pytest.mark.usefixtures("one_share")
 def test_a_piece_redis_refused_ends_the_sending_and_deletes_nothing(
     settings: Settings, pg: Any, rds: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

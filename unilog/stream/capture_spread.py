@@ -58,10 +58,11 @@ PIECES = 4
 # A pass over this many sources or more cuts them in SHARES disjoint shares (in name order) and claims the next share's
 # batch while Redis appends the one before (the claim's commit first): Postgres's part of a batch (the claim, the
 # biggest) no longer waits for Redis's, nor Redis's for it. A share's sources are none of another's, so no claim takes
-# a row of another's batch, and each source's records still go in claim order. Fewer sources gain less than the
-# second claim's scan costs.
+# a row of another's batch, and each source's records still go in claim order. From ten sources: 50,000 records over
+# 10 and 100 streams drained at 0.83x and 0.79x of one stream's rate in shares, 0.68x and 0.71x in one (medians of
+# three rounds, bench/RESULTS.md); over fewer, a share is a source or two, and the second claim gained nothing.
 SHARES = 2
-SHARED_FROM = 1000
+SHARED_FROM = 10
 
 # Seconds a batch's delete waits for a row another session holds locked before it looks for whose rows they are and
 # publishes the other streams (their claims are deleted; the held streams' wait for a later pass)
@@ -195,11 +196,7 @@ class SpreadPasses:
                 self.publisher.faults.crash("streamer.crash_after_claim")
                 ready = self._ready(conn, claims, packed)
             # full: the claim took all it could (records or bytes), or a source its most (more may be waiting)
-            full = full or (
-                batch.cut
-                or sum(c.count for c in claims) >= self.limit
-                or any(c.count >= self.batch_size for c in claims)
-            )
+            full = full or (batch.cut or batch.filled or any(c.count >= self.batch_size for c in claims))
             go_on = i + 1 < self.pipeline_batches and not self._late(started)
             beside = shares.pop(0) if shares and go_on else None
             again = go_on and full and not shares and beside is None
