@@ -1,6 +1,7 @@
-"""``many_streams`` (issue 46): one backlog spread over 1, 100, 1,000 and 10,000 streams, drained by one streamer in
-burst mode (what ``unilog streamer --once`` runs), in table and in WAL capture mode. Compare each count's rate with
-one stream's, of the same mode and the same run: the drain's cost should follow the records, not the streams.
+"""``many_streams`` (issue 46): one backlog spread over 1, 2, 10, 100, 1,000 and 10,000 streams (two: ``orders`` and
+``payments`` side by side), drained by one streamer in burst mode (what ``unilog streamer --once`` runs), in table and
+in WAL capture mode. Compare each count's rate with one stream's, of the same mode and the same run: the drain's cost
+should follow the records, not the streams.
 
 The full run adds a Redis Cluster of three shards (table mode, 1 and 1,000 streams): the streams land in every
 shard's slots, and a batch's script calls go to each node in one pipelined round trip.
@@ -25,7 +26,7 @@ from unilog.stream.modes import disable_wal, enable_wal
 from .core import QUICK, Profile, Results, in_fresh_process, interleaved, log
 from .env import BenchEnv, Urls
 
-COUNTS = (1, 100, 1_000, 10_000)
+COUNTS = (1, 2, 10, 100, 1_000, 10_000)
 QUICK_COUNTS = (1, 1_000)
 SIZE, QUICK_SIZE = 50_000, 10_000
 

@@ -249,7 +249,7 @@ MANY_STREAMS_RATIOS = (
     *(
         ("many_streams", "records/s", f"{mode} {count:,} streams", f"{mode} 1 stream", " (the records over streams)")
         for mode in ("table", "wal")
-        for count in (100, 1_000, 10_000)
+        for count in (2, 10, 100, 1_000, 10_000)
     ),
     ("many_streams", "records/s", "cluster 1,000 streams", "cluster 1 stream", " (a Redis Cluster of 3 shards)"),
     *(
