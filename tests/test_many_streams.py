@@ -841,6 +841,51 @@ def test_a_pass_past_its_share_of_the_deadline_claims_no_further_share(
     _assert_each_once_in_order(rds, names, 3)
 
 
+def test_late_passes_start_at_the_next_share_so_a_busy_share_keeps_no_other_waiting(
+    settings: Settings, pg: Any, rds: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With every pass late (past its share of the deadline), a pass claims its first share only. Over many streams
+    (SHARED_FROM lowered here) whose first share in name order gets new records before every pass, the second share
+    is published all the same: each pass starts at the next share. Before, every pass started at the first share, and
+    the second waited as long as the first had records."""
+    from unilog.stream import capture_spread
+
+    monkeypatch.setattr(capture_spread, "SHARED_FROM", 4)
+    monkeypatch.setattr(capture_spread.SpreadPasses, "_late", lambda self, started: True)
+    names = [f"t-{k:03d}" for k in range(40)]
+    first, second = names[:20], names[20:]
+    _stage(settings, names, per_stream=1)
+    with Streamer(settings, StreamerConfig(batch_size=10), name="turns") as streamer:
+        for _ in range(4):
+            _stage(settings, first, per_stream=1)  # the first share is never out of records
+            streamer.run_once()
+    assert all(rds.xlen(n) == 1 for n in second), "the second share was published"
+
+
+def test_a_claim_over_few_sources_takes_rows_staged_with_no_stream_once(settings: Settings, pg: Any) -> None:
+    """A claim over few sources reads each by its index range: rows staged with no stream ('') are a source of their
+    own, beside rows naming the default stream, each giving its lowest ``per_source`` rows once."""
+    records = [
+        {"action": "a", "object": "o", "data": {"i": i}, "stream": stream}
+        for i in range(8)
+        for stream in (None, settings.stream, "other")
+    ]
+    with psycopg.connect(settings.conninfo) as conn:
+        emit_many(conn, records)
+        conn.commit()
+        across = store.claim_across(conn, ["", settings.stream, "other"], DEPTH * 5, per_source=5)
+        claimed = {c.source: [json.loads(d)["i"] for d in _bodies(c)] for c in across.claims}
+        conn.rollback()
+    assert claimed == {"": [0, 1, 2, 3, 4], settings.stream: [0, 1, 2, 3, 4], "other": [0, 1, 2, 3, 4]}, claimed
+
+
+def _bodies(claim: Any) -> list[str]:
+    """The ``data`` of each record of a packed claim (its first RESP bulk string of each ``stride``)."""
+    parts = claim.body.split(b"\r\n")
+    bulks = [parts[k + 1].decode() for k in range(0, len(parts) - 1, 2)]
+    return bulks[:: claim.stride]
+
+
 @pytest.mark.usefixtures("one_share")
 def test_rows_held_in_a_later_piece_keep_only_their_stream_back(
     settings: Settings, pg: Any, rds: Any, monkeypatch: pytest.MonkeyPatch

@@ -146,6 +146,7 @@ class SpreadPasses:
         self._held: set[str] = set()  # streams whose rows another session held locked at the last delete
         self._ahead: Ready | None = None  # the next share's batch, sent while the batch before it is deleted
         self._partitions: dict[str, int] = {}  # the shares' streams' partition counts, read at the pass's start
+        self._turn = 0  # passes that cut their sources in shares: the share a pass starts at
 
     def run(self, conn: psycopg.Connection[Any], sources: list[str], saved: set[str], *, packed: bool) -> Spread:
         """One pass over ``sources`` (owned: their streams' buckets held), ``saved`` those with saved claims. One batch
@@ -159,6 +160,11 @@ class SpreadPasses:
         waiting = {self.publisher.stream_of(s) for s in kept}
         fresh = [s for s in sources if self.publisher.stream_of(s) not in waiting]
         shares = _shares(fresh, self.publisher.stream_of) if self.pipeline_batches > 1 else [fresh]
+        if len(shares) > 1:
+            # each pass starts at the next share: a late pass claims its first share only, and the same first share
+            # each pass kept the others waiting for as long as it had records
+            turn = self._turn % len(shares)
+            shares, self._turn = shares[turn:] + shares[:turn], self._turn + 1
         batch = self._first_claim(conn, shares, fresh)
         try:
             published, full = self._batches(conn, batch, shares, fresh, waiting, kept, packed, started, published)
