@@ -400,6 +400,29 @@ def test_a_batch_across_streams_claims_at_most_a_batch_of_each(settings: Setting
     assert [json.loads(f["data"])["i"] for _id, f in rds.xrange("big")] == list(range(big))
 
 
+def test_few_streams_go_as_one_streams_batches_each_once_in_order(
+    settings: Settings, pg: Any, rds: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A backlog over fewer than SPREAD_FROM streams (``orders`` and ``payments`` side by side) goes as each stream's
+    own batches, claimed by its own cursor while Redis appends the batch before: no claim across them, which cost
+    twice a stream's claim a record with nothing overlapping it (0.5x one stream's rate over two streams). Every
+    record once, in order."""
+    calls: list[list[str]] = []
+    claim_across = store.claim_across
+
+    def across(conn: Any, sources: list[str], *args: Any, **kw: Any) -> Any:
+        calls.append(sources)
+        return claim_across(conn, sources, *args, **kw)
+
+    monkeypatch.setattr(store, "claim_across", across)
+    names = ["orders", "payments"]
+    total = _stage(settings, names, per_stream=60)
+    with Streamer(settings, StreamerConfig(batch_size=10), name="few") as streamer:
+        assert streamer.drain(timeout=60) == total
+    assert calls == [], "no claim across the streams"
+    _assert_each_once_in_order(rds, names, 60)
+
+
 def test_a_claim_over_few_streams_reads_no_row_beyond_the_ones_it_takes(settings: Settings, pg: Any) -> None:
     """A claim over few streams (``batch_size`` of each fit in the batch) reads each stream's lowest rows by its index
     range: none of the table's other rows. Read in id order, each claim over two streams of 300 records read the
@@ -446,6 +469,9 @@ def test_a_batch_across_streams_stops_at_its_byte_budget_and_the_rest_follows(
     byte budget of data (the first record always), says more is ready, and the next batches take the rest, each
     stream in order. The budget is lowered here so that a few records of a kilobyte cross it."""
     from unilog.store import spread
+    from unilog.stream import capture_table
+
+    monkeypatch.setattr(capture_table, "SPREAD_FROM", 2)  # its four streams claimed across, as many streams are
 
     names = [f"b-{k}" for k in range(4)]
     records = [

@@ -276,6 +276,16 @@ class PublishError(UnilogError):
     """Redis rejected or did not confirm a batch; the staged records were kept and will be re-sent."""
 
 
+class RowsHeld(PublishError):
+    """A published batch's staged rows are held locked by another session past the streamer's wait: its claim stays
+    saved (re-sent under the same positions, deduplicated) and its stream waits while the pass goes on with the
+    others."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(f"the staged rows of {stream} are held locked by another session; its records wait")
+        self.stream = stream
+
+
 class RedisOutOfMemory(PublishError):
     """Redis refused a batch because it reached ``maxmemory``, or the streamer paused before it would (back-pressure):
     the records stay staged in Postgres and are published once Redis has room."""

@@ -317,10 +317,26 @@ _DELETE_CLAIMED = f"""
 """
 
 
-def delete_claimed(conn: psycopg.Connection[Any], claim: int, epoch: int, last_seqs: dict[str, int]) -> int:
+def delete_claimed(
+    conn: psycopg.Connection[Any],
+    claim: int,
+    epoch: int,
+    last_seqs: dict[str, int],
+    *,
+    lock_wait: float | None = None,
+) -> int | None:
     """Delete a published claim and its rows, and advance each target stream's position, in the caller's
     transaction. Returns the number of rows deleted; the caller must check it equals the claim's count (fewer means
-    another session deleted some)."""
-    row = conn.execute(_DELETE_CLAIMED, (claim,)).fetchone()
-    save_positions(conn, epoch, last_seqs)
+    another session deleted some). With ``lock_wait``, a row another session holds locked is waited for that many
+    seconds at most: then None is returned, the caller's transaction rolled back (the claim stays saved)."""
+    if lock_wait:  # at least 1 ms: a lock_timeout of 0 would wait for ever
+        conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{max(1, int(lock_wait * 1000))}ms",))
+    try:
+        row = conn.execute(_DELETE_CLAIMED, (claim,)).fetchone()
+        save_positions(conn, epoch, last_seqs)
+    except psycopg.errors.LockNotAvailable:
+        if not lock_wait:
+            raise
+        conn.rollback()
+        return None
     return int(row[0]) if row else 0
