@@ -322,6 +322,28 @@ def test_a_saved_claim_that_lost_rows_stops_the_streamer_in_one_line(settings: S
     assert isinstance(stopped.value, DataLoss)
 
 
+def test_a_saved_claim_of_the_default_streams_name_goes_before_rows_staged_with_no_stream(
+    settings: Settings, pg: Any, rds: redis.Redis
+) -> None:
+    """The same two sources of one stream the other way round: the saved claim is of rows naming the default stream,
+    and the successor's other source, rows staged with no stream (''), sorts first. Published each as its own stream's
+    batches, '' claimed under the position the saved claim was sent with: Redis skipped it as already there (lost),
+    then the saved claim went again (twice). Two sources of one stream drain across them, the saved claim first."""
+    with psycopg.connect(settings.conninfo) as conn:
+        emit(conn, action="update", object="item", key="a", data={"val": 1}, stream=settings.stream)
+    faults = Faults(script={"streamer.crash_after_publish": [True]})
+    with streamer(settings, faults) as s, pytest.raises(InjectedCrash):
+        s.run_once()
+    with psycopg.connect(settings.conninfo) as conn:
+        emit(conn, action="update", object="item", key="b", data={"val": 1})  # no stream: the default stream
+        emit(conn, action="update", object="item", key="a", data={"val": 2}, stream=settings.stream)
+    with streamer(settings, name="successor") as s:
+        s.drain(timeout=10)
+    got = [(seq, key, data["val"]) for seq, key, data in entries(rds, settings.stream)]
+    assert sorted((key, val) for _, key, val in got) == [("a", 1), ("a", 2), ("b", 1)], got
+    assert [seq for seq, _, _ in got] == [1, 2, 3]
+
+
 def test_two_sources_of_one_stream_re_send_a_saved_claim_before_the_other_claims(
     settings: Settings, pg: Any, rds: redis.Redis
 ) -> None:

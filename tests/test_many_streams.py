@@ -423,6 +423,32 @@ def test_few_streams_go_as_one_streams_batches_each_once_in_order(
     _assert_each_once_in_order(rds, names, 60)
 
 
+def test_a_few_streams_pass_counts_what_it_published_before_a_batch_met_held_rows(
+    settings: Settings, pg: Any, rds: Any
+) -> None:
+    """Over few streams, one stream's third batch meets rows another session holds: its first two batches were
+    published (deleted), the held one's claim stays saved, and the other stream goes on. The pass counts all it
+    published (a drain adds it up); released, the held records follow, each once, in order."""
+    total = _stage(settings, ["a-long"], per_stream=40) + _stage(settings, ["b-short"], per_stream=5)
+    holder = psycopg.connect(settings.conninfo)
+    try:
+        holder.execute(
+            "SELECT id FROM staged_log_records WHERE id IN (SELECT id FROM staged_log_records WHERE stream = 'a-long' "
+            "ORDER BY id OFFSET 20 LIMIT 10) FOR UPDATE"  # rows an OFFSET skips would be locked too
+        ).fetchall()
+        config = StreamerConfig(batch_size=10, pipeline_batches=4, max_backoff=0.2)
+        with Streamer(settings, config, name="held") as streamer:
+            first = streamer.run_once()
+            assert first.published == 20 + 5, first
+            assert rds.xlen("b-short") == 5
+            holder.rollback()
+            assert first.published + streamer.drain(timeout=60) == total
+    finally:
+        holder.close()
+    _assert_each_once_in_order(rds, ["a-long"], 40)
+    _assert_each_once_in_order(rds, ["b-short"], 5)
+
+
 def test_a_claim_over_few_streams_reads_no_row_beyond_the_ones_it_takes(settings: Settings, pg: Any) -> None:
     """A claim over few streams (``batch_size`` of each fit in the batch) reads each stream's lowest rows by its index
     range: none of the table's other rows. Read in id order, each claim over two streams of 300 records read the

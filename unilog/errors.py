@@ -284,6 +284,7 @@ class RowsHeld(PublishError):
     def __init__(self, stream: str) -> None:
         super().__init__(f"the staged rows of {stream} are held locked by another session; its records wait")
         self.stream = stream
+        self.published = 0  # records of the stream published (deleted) in the same pass before it
 
 
 class RedisOutOfMemory(PublishError):

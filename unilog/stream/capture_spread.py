@@ -1,4 +1,5 @@
-"""Table mode over many sources: a batch is claimed across every owned source in one statement, published in one
+"""Table mode over many sources (:data:`unilog.stream.capture_table.SPREAD_FROM` or more, or a few that may send
+to one stream): a batch is claimed across every owned source in one statement, published in one
 pipelined round trip per Redis node, and deleted with its positions in one statement, so a backlog spread over ten
 thousand streams costs what the same records on one stream cost, not a claim, a send and a delete per stream.
 
@@ -92,6 +93,13 @@ def _pieces(claims: list[store.SourceClaim], sends: list[Send], batch_size: int)
 # A partition's target is named ``<stream>.p<k>`` (routing.partition_stream), which a stream's own name may also be: the
 # stream a name's targets may share a target with, its name without such suffixes
 _PARTITION_SUFFIXES = re.compile(r"(\.p[0-9]+)+$")
+
+
+def one_target_each(sources: list[str], stream_of: Callable[[str], str]) -> bool:
+    """Whether no two of ``sources`` may send to one target stream (as :func:`_shares` groups them: a row staged with
+    no stream and one naming the default stream; a stream ``x`` and one named like a partition of it, ``x.p1``)."""
+    roots = [_PARTITION_SUFFIXES.sub("", stream_of(source)) for source in sources]
+    return len(set(roots)) == len(roots)
 
 
 def _shares(sources: list[str], stream_of: Callable[[str], str]) -> list[list[str]]:

@@ -33,7 +33,7 @@ from ..config import STREAM_NAME_RE
 from ..errors import ClaimIncomplete, PublishError, RowsHeld
 from ..store.claims import Claim, Cursor
 from .capture import BatchResult
-from .capture_spread import LOCK_WAIT, SpreadPasses
+from .capture_spread import LOCK_WAIT, SpreadPasses, one_target_each
 from .publisher import Publisher
 from .spread_parts import Helper
 
@@ -137,14 +137,18 @@ class TableCapture:
         return False
 
     def run_once(self, conn: psycopg.Connection[Any]) -> BatchResult:
-        """Publish what is staged: over many sources, batches across them all (:class:`~unilog.stream.
-        capture_spread.SpreadPasses`: one claim, one send and one delete a batch, whatever the number of streams);
-        over one, its batches pipelined (saved claims first, then new ones). A pass is bounded (``pipeline_batches``
-        batches, and a share of its deadline), so its Postgres calls end well within the deadline."""
+        """Publish what is staged: over many sources (:data:`SPREAD_FROM`), or a few that may send to one stream,
+        batches across them all (:class:`~unilog.stream.capture_spread.SpreadPasses`: one claim, one send and one
+        delete a batch, whatever the number of streams); over fewer, each source's batches pipelined (saved claims
+        first, then new ones), a source whose rows another session holds waiting while the others go on. A pass is
+        bounded (``pipeline_batches`` batches a source, and a share of its deadline), so its Postgres calls end well
+        within the deadline."""
         if self._packed_fetch is None:
             self._packed_fetch = store.packed_fetch_supported(conn)
         ordered = self._ordered(conn)
-        if len(ordered) >= SPREAD_FROM:
+        if len(ordered) >= SPREAD_FROM or not one_target_each(ordered, self.publisher.stream_of):
+            # sources that may send to one stream go across: its saved claims are re-sent in the order they were made,
+            # whichever source made them, and no other batch of it is claimed meanwhile (positions never reused)
             return self._spread_pass(conn, ordered)
         if not ordered:
             return BatchResult(0, False, False)
@@ -179,13 +183,13 @@ class TableCapture:
         its claim saved and publishes nothing this pass (a line says so once, until it publishes again)."""
         try:
             done = self._publish_batch(conn, source, stream)
-        except RowsHeld:
+        except RowsHeld as held:
             if source not in self._held:
                 self._held.add(source)
                 log.warning("staged rows held by another session; the stream waits", stream=stream)
             if self._saved is not None:
                 self._saved.add(source)
-            return 0
+            return held.published  # its batches deleted before the held one
         self._held.discard(source)
         if not self._pending.get(source) and self._saved is not None:
             self._saved.discard(source)
@@ -298,9 +302,11 @@ class TableCapture:
             published += self._delete_sent(conn, sent)
             conn.commit()
             self._deleted(sent)
-        except BaseException:
+        except BaseException as exc:
             publisher.forget_positions()
             self._forget(source)  # the claims in the table are the truth: read them again
+            if isinstance(exc, RowsHeld):
+                exc.published = published  # committed before it
             raise
         return published
 
