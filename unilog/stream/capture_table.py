@@ -179,8 +179,9 @@ class TableCapture:
         return BatchResult(published, full, len(owned) < len(streams))
 
     def _source_pass(self, conn: psycopg.Connection[Any], source: str, stream: str) -> int:
-        """One source's batches of a pass (:meth:`_publish_batch`); a source whose rows another session holds keeps
-        its claim saved and publishes nothing this pass (a line says so once, until it publishes again)."""
+        """One source's batches of a pass (:meth:`_publish_batch`); returns the records published. A source whose rows
+        another session holds keeps the held batch's claim saved and stops there this pass, counting the batches
+        deleted before it (a line says so once, until it publishes again)."""
         try:
             done = self._publish_batch(conn, source, stream)
         except RowsHeld as held:
