@@ -26,8 +26,9 @@ from unilog.faults import Faults
 from unilog.harness.chaos.report import recoveries
 from unilog.harness.supervisor import Fleet
 from unilog.runtime import Hook
-from unilog.stream.capture_spread import DEPTH, PIECES
+from unilog.stream.capture_spread import DEPTH
 from unilog.stream.publisher import Publisher
+from unilog.stream.spread_parts import PIECES
 from unilog.wire import hwm_key
 
 STREAMS = 3000
@@ -869,6 +870,45 @@ def test_a_stream_named_like_a_partition_of_another_stays_in_its_share_and_each_
     entries = rds.xrange("orders.p1")
     assert [int(f["seq"]) for _, f in entries] == list(range(1, into_p1 + 1)), entries
     assert rds.xlen("orders.p0") == sum(1 for k in keys if partition_of(k, 2) == 0)
+    assert pg.execute("SELECT count(*) FROM staged_log_records").fetchone()[0] == 0
+    _assert_each_once_in_order(rds, names, 3)
+
+
+def test_held_rows_of_a_stream_named_like_a_partition_hold_back_the_partitioned_stream_too(
+    settings: Settings, pg: Any, rds: Any
+) -> None:
+    """Stream ``orders`` has two partitions, and ``orders.p1`` is also a stream name staged here, whose rows another
+    session holds locked. Both send to the stream ``orders.p1``: the held claims keep ``orders``'s claims of the batch
+    back with them (its positions on ``orders.p1`` are past the held records'). Before, ``orders``'s claims were
+    settled and its positions saved past the held records', which a later pass re-sent under new positions: twice."""
+    from unilog.engine import RedisStreams, connect
+    from unilog.routing import partition_of
+
+    RedisStreams(connect(settings.redis_url)).set_partitions("orders", 2)
+    names = [f"m-{k:03d}" for k in range(20)]
+    _stage(settings, names, per_stream=3)
+    keys = [f"k-{i}" for i in range(10)]
+    orders = [
+        {"action": "a", "object": "o", "data": {"i": i}, "stream": "orders", "key": k} for i, k in enumerate(keys)
+    ]
+    named = [{"action": "a", "object": "o", "data": {"i": 100 + i}, "stream": "orders.p1"} for i in range(5)]
+    with psycopg.connect(settings.conninfo) as conn:
+        emit_many(conn, named + orders)
+        conn.commit()
+    holder = _lock_rows_of(settings, "orders.p1")
+    try:
+        with Streamer(settings, StreamerConfig(batch_size=10, max_backoff=0.2), name="named") as streamer:
+            assert streamer.run_once().published == 20 * 3, "orders waits with the held stream"
+            holder.rollback()
+            assert streamer.drain(timeout=60) == 15
+    finally:
+        holder.close()
+    into_p1 = sum(1 for k in keys if partition_of(k, 2) == 1) + len(named)
+    entries = rds.xrange("orders.p1")
+    assert [int(f["seq"]) for _, f in entries] == list(range(1, into_p1 + 1)), entries
+    assert sorted(json.loads(f["data"])["i"] for _, f in entries) == sorted(
+        [i for i, k in enumerate(keys) if partition_of(k, 2) == 1] + [100 + i for i in range(5)]
+    )
     assert pg.execute("SELECT count(*) FROM staged_log_records").fetchone()[0] == 0
     _assert_each_once_in_order(rds, names, 3)
 

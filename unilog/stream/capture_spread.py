@@ -26,7 +26,6 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import queue
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -39,7 +38,7 @@ import structlog
 from .. import engine, routing, store, tracing
 from ..errors import ClaimIncomplete, PublishError
 from .publisher import Publisher
-from .spread_parts import Helper, Ready, Send, Sending
+from .spread_parts import Helper, Ready, Send, Sending, pieces_of, root_of
 
 log = structlog.get_logger(__name__)
 
@@ -49,12 +48,6 @@ log = structlog.get_logger(__name__)
 # of 5,000 records spans 5,000 streams, one record each; eight times deeper, the same streams carry eight times the
 # records for about the same cost (bench/RESULTS.md, issue 46). Redis still serves other clients between calls.
 DEPTH = 16
-
-# A batch of at least two batches' worth of records is sent in up to this many pieces (whole claims, in claim order,
-# one pipelined round trip each, in the helper thread), and the claims of each piece Redis confirmed are deleted here
-# while Redis appends the next: the delete no longer waits for the whole send (Postgres and Redis each have a core),
-# as one stream's batches overlap (capture_table). More pieces are more round trips and statements for less overlap.
-PIECES = 4
 
 # A pass over this many sources or more cuts them in SHARES disjoint shares (in name order) and claims the next share's
 # batch while Redis appends the one before (the claim's commit first): Postgres's part of a batch (the claim, the
@@ -70,35 +63,15 @@ SHARED_FROM = 10
 LOCK_WAIT = 1.0
 
 
-def _pieces(claims: list[store.SourceClaim], sends: list[Send], batch_size: int) -> list[list[Send]]:
-    """``sends`` (in claim order) cut into up to :data:`PIECES` pieces of about equal records, a claim's sends never
-    split; one piece when the batch holds less than two batches' worth."""
-    records = sum(c.count for c in claims)
-    count = min(PIECES, records // batch_size)
-    if count < 2:
-        return [sends]
-    share = -(-records // count)
-    pieces: list[list[Send]] = [[]]
-    filled = 0
-    for i, send in enumerate(sends):
-        starts_claim = i == 0 or sends[i - 1].claim != send.claim
-        if starts_claim and filled >= share and pieces[-1]:
-            pieces.append([])
-            filled = 0
-        pieces[-1].append(send)
-        filled += send.payload.count
-    return pieces
-
-
-# A partition's target is named ``<stream>.p<k>`` (routing.partition_stream), which a stream's own name may also be: the
-# stream a name's targets may share a target with, its name without such suffixes
-_PARTITION_SUFFIXES = re.compile(r"(\.p[0-9]+)+$")
+def lock_wait(pass_seconds: float | None) -> float:
+    """Seconds a delete waits for held rows: :data:`LOCK_WAIT`, well within a pass's share of the deadline."""
+    return min(LOCK_WAIT, pass_seconds or LOCK_WAIT)
 
 
 def one_target_each(sources: list[str], stream_of: Callable[[str], str]) -> bool:
     """Whether no two of ``sources`` may send to one target stream (as :func:`_shares` groups them: a row staged with
     no stream and one naming the default stream; a stream ``x`` and one named like a partition of it, ``x.p1``)."""
-    roots = [_PARTITION_SUFFIXES.sub("", stream_of(source)) for source in sources]
+    roots = [root_of(stream_of(source)) for source in sources]
     return len(set(roots)) == len(roots)
 
 
@@ -110,7 +83,7 @@ def _shares(sources: list[str], stream_of: Callable[[str], str]) -> list[list[st
     it (``x.p1``, where ``x``'s partition 1 goes). In two shares, their positions were reused and records lost."""
     if len(sources) < SHARED_FROM:
         return [sources]
-    root = {source: _PARTITION_SUFFIXES.sub("", stream_of(source)) for source in sources}
+    root = {source: root_of(stream_of(source)) for source in sources}
     roots = sorted(set(root.values()))
     size = -(-len(roots) // SHARES)
     share_of = {name: k // size for k, name in enumerate(roots)}
@@ -165,8 +138,8 @@ class SpreadPasses:
         kept: set[str] = set()
         if saved:
             published, kept, more_saved = self._resend(conn, sources, packed=packed)
-        waiting = {self.publisher.stream_of(s) for s in kept}
-        fresh = [s for s in sources if self.publisher.stream_of(s) not in waiting]
+        waiting = {self._root(s) for s in kept}
+        fresh = [s for s in sources if self._root(s) not in waiting]
         shares = _shares(fresh, self.publisher.stream_of) if self.pipeline_batches > 1 else [fresh]
         if len(shares) > 1:
             # each pass starts at the next share: a late pass claims its first share only, and the same first share
@@ -218,8 +191,8 @@ class SpreadPasses:
             full = full and not again
             published += done
             kept |= stuck
-            waiting |= {self.publisher.stream_of(s) for s in stuck}
-            fresh = [s for s in fresh if self.publisher.stream_of(s) not in waiting]
+            waiting |= {self._root(s) for s in stuck}
+            fresh = [s for s in fresh if self._root(s) not in waiting]
         return published, full
 
     def _first_claim(self, conn: psycopg.Connection[Any], shares: list[list[str]], fresh: list[str]) -> store.Across:
@@ -246,6 +219,12 @@ class SpreadPasses:
     def _claim(self, conn: psycopg.Connection[Any], fresh: list[str]) -> store.Across:
         """A new batch across ``fresh``, in the caller's transaction (none without sources)."""
         return store.claim_across(conn, fresh, self.limit, self.before, self.batch_size) if fresh else store.Across([])
+
+    def _root(self, source: str) -> str:
+        """What rows held keep back with ``source``'s (:func:`root_of` its stream): every source that may send to a
+        target of its. Keyed by stream, a stream ``x.p1`` held let ``x``'s claims of the batch be deleted and its
+        positions on ``x.p1`` saved past the held records', which a later pass re-sent under new positions: twice."""
+        return root_of(self.publisher.stream_of(source))
 
     def _late(self, started: float) -> bool:
         """Whether the pass used its share of the deadline: it claims no more (the next pass goes on at once)."""
@@ -332,7 +311,7 @@ class SpreadPasses:
             position[target] += payload.count
         conn.commit()  # the claims' positions are read; a batch in pieces is deleted while Redis appends
         last = {t: p - 1 for t, p in position.items()}
-        return Ready(claims, sends, last, identity, _pieces(claims, sends, self.batch_size), began)
+        return Ready(claims, sends, last, identity, pieces_of(claims, sends, self.batch_size), began)
 
     def _start(self, ready: Ready) -> None:
         """Hand ``ready``'s pieces to the helper thread (after what it sends now)."""
@@ -372,8 +351,8 @@ class SpreadPasses:
         try:
             appended, done, kept, ahead = self._send_and_delete(conn, ready, beside, packed)
             if ahead is None:  # not claimed while Redis appended
-                held = {publisher.stream_of(s) for s in kept}  # a held stream's new records wait behind its claims
-                fresh = [s for s in beside or then or () if publisher.stream_of(s) not in held]
+                held = {self._root(s) for s in kept}  # a held stream's new records wait behind its claims
+                fresh = [s for s in beside or then or () if self._root(s) not in held]
                 ahead = self._claim(conn, fresh)
             conn.commit()
         except BaseException:
@@ -394,9 +373,7 @@ class SpreadPasses:
         the transaction is rolled back (nothing deleted) after the sends ended: never two threads on one client."""
         publisher, claims, sends, last, pieces = self.publisher, ready.claims, ready.sends, ready.last, ready.pieces
         identity, epoch = ready.identity, ready.identity.epoch
-        if ready.sending is not None or (
-            len(pieces) > 1 and not self._held & {publisher.stream_of(c.source) for c in claims}
-        ):
+        if ready.sending is not None or (len(pieces) > 1 and not self._held & {self._root(c.source) for c in claims}):
             try:
                 appended, whole, ahead = self._overlapped(conn, ready, beside, packed)
                 publisher.faults.crash("streamer.crash_after_publish")
@@ -440,7 +417,7 @@ class SpreadPasses:
                 conn.commit()
                 self._send_ahead(conn, ahead, packed)
             store.open_while_sending(conn)
-            until = time.monotonic() + min(LOCK_WAIT, self.pass_seconds or LOCK_WAIT)
+            until = time.monotonic() + lock_wait(self.pass_seconds)
             for piece in pieces:
                 got = confirmed.get()
                 if isinstance(got, BaseException):
@@ -479,7 +456,7 @@ class SpreadPasses:
         # every share's streams were read with the first share's claim: a stream missing there is a defect, never
         # taken as unpartitioned (its records would go to the stream, not its partitions)
         ready = self._ready(conn, ahead.claims, packed, self._partitions)
-        if len(ready.pieces) > 1 and not self._held & {self.publisher.stream_of(c.source) for c in ready.claims}:
+        if len(ready.pieces) > 1 and not self._held & {self._root(c.source) for c in ready.claims}:
             self._start(ready)
         self._ahead = ready
 
@@ -530,24 +507,23 @@ class SpreadPasses:
     ) -> tuple[set[str], set[str]]:
         """Delete the claims Redis confirmed, with their rows, and save their targets' positions, in the caller's
         transaction; a stream whose rows are not all locked here (another session holds some) keeps all of its
-        claims of the batch and its positions. Returns the targets saved and the sources kept. Without ``wait_first``
+        claims of the batch and its positions, and so does every stream that may share a target with it
+        (:meth:`_root`). Returns the targets saved and the sources kept. Without ``wait_first``
         (a delete waited already), the rows are locked at once, skipping those held."""
-        publisher = self.publisher
         records = sum(c.count for c in claims)
-        wait = min(LOCK_WAIT, self.pass_seconds or LOCK_WAIT)  # well within the pass's deadline
-        streams = {publisher.stream_of(c.source) for c in claims}
+        streams = {self._root(c.source) for c in claims}
         deleted = None
         # a stream held at the last look is looked at again at once, not waited for
         if wait_first and not self._held & streams:
-            deleted = store.delete_across(conn, [c.claim for c in claims], lock_wait=wait)
+            deleted = store.delete_across(conn, [c.claim for c in claims], lock_wait=lock_wait(self.pass_seconds))
         held: set[str] = set()
         if deleted is None:  # rows another session holds locked: find whose, and let the other streams go on
             locked = store.lock_across(conn, [c.claim for c in claims])
             claimed: dict[str, int] = {}
             for c in claims:
                 claimed[c.source] = claimed.get(c.source, 0) + c.count
-            held = {publisher.stream_of(s) for s, count in claimed.items() if locked.get(s, 0) != count}
-            settled = [c for c in claims if publisher.stream_of(c.source) not in held]
+            held = {self._root(s) for s, count in claimed.items() if locked.get(s, 0) != count}
+            settled = [c for c in claims if self._root(c.source) not in held]
             records = sum(c.count for c in settled)
             deleted = store.delete_across(conn, [c.claim for c in settled]) if settled else 0
         if deleted != records:
@@ -556,7 +532,7 @@ class SpreadPasses:
                 f"deleted {deleted} of {records} published records: another streamer is publishing the same "
                 "streams without their locks; the records will be re-sent and deduplicated by position"
             )
-        kept = {c.source for c in claims if publisher.stream_of(c.source) in held}
+        kept = {c.source for c in claims if self._root(c.source) in held}
         self._held = held
         source_of = {c.claim: c.source for c in claims}
         done = {t for claim, t, _p in targets if source_of[claim] not in kept}

@@ -33,7 +33,7 @@ from ..config import STREAM_NAME_RE
 from ..errors import ClaimIncomplete, PublishError, RowsHeld
 from ..store.claims import Claim, Cursor
 from .capture import BatchResult
-from .capture_spread import LOCK_WAIT, SpreadPasses, one_target_each
+from .capture_spread import SpreadPasses, lock_wait, one_target_each
 from .publisher import Publisher
 from .spread_parts import Helper
 
@@ -158,7 +158,7 @@ class TableCapture:
         owned = publisher.owns_all(conn, streams)  # one statement for their buckets
         # over several sources a source whose rows another session holds waits (its claim saved) while the others go
         # on; alone, its delete waits as long as the deadline lets it
-        self._lock_wait = min(LOCK_WAIT, self.pass_seconds or LOCK_WAIT) if len(ordered) > 1 else None
+        self._lock_wait = lock_wait(self.pass_seconds) if len(ordered) > 1 else None
         started, published, full = time.monotonic(), 0, False
         ordered = [s for s in ordered if s not in self._held] + [s for s in ordered if s in self._held]  # held last
         for i, source in enumerate(ordered):

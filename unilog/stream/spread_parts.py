@@ -1,11 +1,12 @@
 """The parts of a table-mode batch across streams that its passes hand between threads
-(:mod:`unilog.stream.capture_spread`): what is sent per target, a batch made ready to send, its sending in the helper
-thread, and the helper thread itself."""
+(:mod:`unilog.stream.capture_spread`): what is sent per target, a batch made ready to send and cut in pieces, its
+sending in the helper thread, and the helper thread itself; and which streams may share a target."""
 
 from __future__ import annotations
 
 import concurrent.futures
 import queue
+import re
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -81,3 +82,39 @@ class Ready:
     pieces: list[list[Send]]
     began: float
     sending: Sending | None = None
+
+
+# A batch of at least two batches' worth of records is sent in up to this many pieces (whole claims, in claim order,
+# one pipelined round trip each, in the helper thread), and the claims of each piece Redis confirmed are deleted here
+# while Redis appends the next: the delete no longer waits for the whole send (Postgres and Redis each have a core),
+# as one stream's batches overlap (capture_table). More pieces are more round trips and statements for less overlap.
+PIECES = 4
+
+
+def pieces_of(claims: list[store.SourceClaim], sends: list[Send], batch_size: int) -> list[list[Send]]:
+    """``sends`` (in claim order) cut into up to :data:`PIECES` pieces of about equal records, a claim's sends never
+    split; one piece when the batch holds less than two batches' worth."""
+    records = sum(c.count for c in claims)
+    count = min(PIECES, records // batch_size)
+    if count < 2:
+        return [sends]
+    share = -(-records // count)
+    pieces: list[list[Send]] = [[]]
+    filled = 0
+    for i, send in enumerate(sends):
+        starts_claim = i == 0 or sends[i - 1].claim != send.claim
+        if starts_claim and filled >= share and pieces[-1]:
+            pieces.append([])
+            filled = 0
+        pieces[-1].append(send)
+        filled += send.payload.count
+    return pieces
+
+
+# A partition's target is named ``<stream>.p<k>`` (routing.partition_stream), which a stream's own name may also be
+_PARTITION_SUFFIXES = re.compile(r"(\.p[0-9]+)+$")
+
+
+def root_of(stream: str) -> str:
+    """The stream whose targets ``stream``'s may share: its name without partition suffixes (``x`` for ``x.p1``)."""
+    return _PARTITION_SUFFIXES.sub("", stream)
