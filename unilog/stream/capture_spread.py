@@ -139,7 +139,7 @@ class SpreadPasses:
         if saved:
             published, kept, more_saved = self._resend(conn, sources, packed=packed)
         waiting = {self._root(s) for s in kept}
-        fresh = [s for s in sources if self._root(s) not in waiting]
+        fresh = [s for s in sources if self._root(s) not in waiting] if waiting else sources
         shares = _shares(fresh, self.publisher.stream_of) if self.pipeline_batches > 1 else [fresh]
         if len(shares) > 1:
             # each pass starts at the next share: a late pass claims its first share only, and the same first share
@@ -191,8 +191,9 @@ class SpreadPasses:
             full = full and not again
             published += done
             kept |= stuck
-            waiting |= {self._root(s) for s in stuck}
-            fresh = [s for s in fresh if self._root(s) not in waiting]
+            if stuck:
+                waiting |= {self._root(s) for s in stuck}
+                fresh = [s for s in fresh if self._root(s) not in waiting]
         return published, full
 
     def _first_claim(self, conn: psycopg.Connection[Any], shares: list[list[str]], fresh: list[str]) -> store.Across:
@@ -352,7 +353,7 @@ class SpreadPasses:
             appended, done, kept, ahead = self._send_and_delete(conn, ready, beside, packed)
             if ahead is None:  # not claimed while Redis appended
                 held = {self._root(s) for s in kept}  # a held stream's new records wait behind its claims
-                fresh = [s for s in beside or then or () if self._root(s) not in held]
+                fresh = [s for s in beside or then or () if self._root(s) not in held] if held else beside or then or []
                 ahead = self._claim(conn, fresh)
             conn.commit()
         except BaseException:

@@ -117,4 +117,5 @@ _PARTITION_SUFFIXES = re.compile(r"(\.p[0-9]+)+$")
 
 def root_of(stream: str) -> str:
     """The stream whose targets ``stream``'s may share: its name without partition suffixes (``x`` for ``x.p1``)."""
-    return _PARTITION_SUFFIXES.sub("", stream)
+    # most names have no ".p" at all: the regular expression over ten thousand streams cost a pass 13 ms
+    return _PARTITION_SUFFIXES.sub("", stream) if ".p" in stream else stream
