@@ -94,6 +94,28 @@ def test_script_cache_flush_is_recovered(streams: RedisStreams) -> None:
     assert streams.publish("s", "p1", 1, 2, rows(2)).appended == 1
 
 
+def _noscript_refusals(api: RedisStreams) -> int:
+    """The calls the server refused as NOSCRIPT since it started (``INFO errorstats``)."""
+    return int(api.client.info("errorstats").get("errorstat_NOSCRIPT", {}).get("count", 0))
+
+
+def test_a_pipeline_of_script_calls_loads_its_script_first_and_recovers_a_flushed_cache(streams: RedisStreams) -> None:
+    """publish_many's first pipeline of script calls on a server with an empty script cache loads the script first:
+    no call of it is refused. Refused, Redis still ran the later calls of the pipeline, one whose bytes it had not
+    read when the retry's SCRIPT LOAD came in with the script loaded: sent again, its records were skipped as present
+    (correct, and a line per stream of them). A cache flushed later is still recovered by the retry."""
+    streams.client.script_flush()
+    refused = _noscript_refusals(streams)
+    batches = [(f"s{k}", 1, rows(1, 2)) for k in range(6)]
+    results = streams.publish_many(batches, "p1", 1, per_call=4)  # two calls, one pipeline
+    assert [(r.appended, r.skipped) for r in results] == [(2, 0)] * 6
+    assert _noscript_refusals(streams) == refused, "no call met an empty script cache"
+    streams.client.script_flush()
+    results = streams.publish_many([(f"s{k}", 3, rows(3)) for k in range(6)], "p1", 1, per_call=4)
+    assert [(r.appended, r.skipped) for r in results] == [(1, 0)] * 6
+    assert all(seqs(streams, f"s{k}") == [1, 2, 3] for k in range(6))
+
+
 def test_publish_many_in_calls_reports_only_what_was_not_appended_whole(streams: RedisStreams) -> None:
     """publish_many's batches go in script calls of about ``per_call`` records (a stream's batch never split); each
     call's reply names only the streams with entries skipped, a gap, or a mark on a deleted stream ignored."""

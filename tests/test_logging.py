@@ -135,3 +135,34 @@ def test_waiting_for_a_rewound_stream_is_logged_once_per_episode() -> None:
         watch.check(None, "5-0")  # and lost again: a new episode
     waits = [e for e in logs if e["event"].startswith("stream ends below the checkpoint")]
     assert len(waits) == 2, waits
+
+
+def test_a_batch_across_streams_logs_one_line_for_its_skipped_positions_and_one_for_its_gaps(
+    settings: Settings,
+) -> None:
+    """A batch across many streams sent again (after a failover, say) is skipped as present by Redis: one line says
+    how many streams and records, naming the first, not a line per stream (ten thousand of them over ten thousand
+    streams). Positions Redis lost (a gap before the batch) are one error line the same way."""
+    from unilog.engine import Packed, RedisStreams, connect
+    from unilog.store import ProducerIdentity
+    from unilog.stream import sending
+
+    def payload(values: list[int]) -> Packed:
+        fields = [[b'{"n":%d}' % v, b"a", b"o", b"1700000000000", b""] for v in values]
+        return Packed(len(values), b"".join(b"$%d\r\n%s\r\n" % (len(f), f) for row in fields for f in row), 5)
+
+    api = RedisStreams(connect(settings.redis_url))
+    identity = ProducerIdentity("p-logs", 1)
+    names = [f"logs-{k:03d}" for k in range(40)]
+    try:
+        batches = [(name, 1, payload([1, 2])) for name in names]
+        sending.send_many(api, batches, identity, 0, 1000, per_call=10)
+        with capture_logs() as logs:
+            sending.send_many(api, batches, identity, 0, 1000, per_call=10)  # sent again: every position present
+            sending.send_many(api, [(name, 6, payload([6])) for name in names], identity, 0, 1000, per_call=10)
+    finally:
+        api.close()
+    skipped = [e for e in logs if e["event"] == "re-sent positions skipped by the broker"]
+    assert [(e["streams"], e["skipped"], e["first"]) for e in skipped] == [(40, 80, "logs-000")], skipped
+    gaps = [e for e in logs if "missing confirmed positions" in e["event"]]
+    assert [(e["streams"], e["first"], e["high_water"], e["first_seq"]) for e in gaps] == [(40, "logs-000", 2, 6)]

@@ -75,6 +75,10 @@ class Publishing(Adapter):
 
     _sha = PUBLISH_SHA
 
+    def __init__(self, client: Any) -> None:
+        super().__init__(client)
+        self._loaded: set[str] = set()  # scripts this adapter loaded before its first pipeline of them
+
     @issues("info")
     def memory(self) -> MemoryUse:
         """How full Redis is (``INFO memory``: ``used_memory`` against ``maxmemory``; on a cluster, its primaries'
@@ -218,6 +222,11 @@ class Publishing(Adapter):
         encoded (at ten thousand streams the encoding was a quarter of the send, all of it before Redis started)."""
         written: list[bytes] = []
         pending: Iterator[bytes] | None = iter(commands)
+        if script not in self._loaded:
+            # loaded first: a new server's empty cache refused every call of the first pipeline, a batch's worth of
+            # records sent again whole once the script was loaded
+            self.client.script_load(script)
+            self._loaded.add(script)
         for attempt in (1, 2):
             conn = pool.get_connection()
             try:
@@ -230,10 +239,8 @@ class Publishing(Adapter):
                     conn.send_packed_command(
                         [_pack([b"WAIT", b"%d" % wait_replicas, b"%d" % wait_timeout_ms])], check_health=False
                     )
-                replies = [conn.read_response() for _ in range(count)]
-                replicas = int(conn.read_response()) if wait_replicas else 0
+                replies, replicas = _replies(conn, count, wait_replicas)
             except redis.exceptions.NoScriptError:
-                conn.disconnect()  # the replies after it are not read
                 if attempt == 2:
                     raise
                 self.client.script_load(script)
@@ -330,6 +337,25 @@ def _high_water(mark: Any) -> tuple[int, int] | None:
 
 # the head of one stream's part in a publish_many.lua call: its first seq, stride and count as RESP bulk strings
 _HEAD = b"$%d\r\n%b\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n"
+
+
+def _replies(conn: Any, count: int, wait_replicas: int) -> tuple[list[Any], int]:
+    """Read ``count`` script calls' replies (and a ``WAIT``'s, with ``wait_replicas``). A NOSCRIPT refusal is raised
+    once every reply is read: each call has run or been refused by then, so the script loaded after it lets no call
+    of this pipeline run as well (one Redis had not read yet did, then ran again when sent again: skipped as present,
+    correct, and a line per stream). Any other refusal is raised at once."""
+    replies: list[Any] = []
+    forgotten: redis.exceptions.NoScriptError | None = None
+    for _ in range(count):
+        try:
+            replies.append(conn.read_response())
+        except redis.exceptions.NoScriptError as exc:
+            forgotten = forgotten or exc
+            replies.append(None)
+    replicas = int(conn.read_response()) if wait_replicas else 0
+    if forgotten is not None:
+        raise forgotten
+    return replies, replicas
 
 
 def _together(head: list[bytes], batches: list[tuple[str, int, Packed]], producer: bytes, epoch: bytes) -> bytes:
