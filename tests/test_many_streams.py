@@ -18,6 +18,7 @@ import psycopg
 import pytest
 import redis
 from dropped import assert_sessions_end, dropped, refcounting_only
+from structlog.testing import capture_logs
 
 from unilog import Settings, Streamer, StreamerConfig, emit_many, store
 from unilog.cli.common import ExitCode
@@ -898,7 +899,10 @@ def test_held_rows_of_a_stream_named_like_a_partition_hold_back_the_partitioned_
     holder = _lock_rows_of(settings, "orders.p1")
     try:
         with Streamer(settings, StreamerConfig(batch_size=10, max_backoff=0.2), name="named") as streamer:
-            assert streamer.run_once().published == 20 * 3, "orders waits with the held stream"
+            with capture_logs() as logs:
+                assert streamer.run_once().published == 20 * 3, "orders waits with the held stream"
+            waits = [e for e in logs if e["event"] == "staged rows locked by another session: their streams wait"]
+            assert [(e["streams"], e["first"]) for e in waits] == [(1, "orders.p1")], "the held stream is named"
             holder.rollback()
             assert streamer.drain(timeout=60) == 15
     finally:

@@ -517,13 +517,14 @@ class SpreadPasses:
         # a stream held at the last look is looked at again at once, not waited for
         if wait_first and not self._held & streams:
             deleted = store.delete_across(conn, [c.claim for c in claims], lock_wait=lock_wait(self.pass_seconds))
-        held: set[str] = set()
+        held, stuck = set[str](), set[str]()
         if deleted is None:  # rows another session holds locked: find whose, and let the other streams go on
             locked = store.lock_across(conn, [c.claim for c in claims])
             claimed: dict[str, int] = {}
             for c in claims:
                 claimed[c.source] = claimed.get(c.source, 0) + c.count
-            held = {self._root(s) for s, count in claimed.items() if locked.get(s, 0) != count}
+            stuck = {self.publisher.stream_of(s) for s, count in claimed.items() if locked.get(s, 0) != count}
+            held = {root_of(s) for s in stuck}
             settled = [c for c in claims if self._root(c.source) not in held]
             records = sum(c.count for c in settled)
             deleted = store.delete_across(conn, [c.claim for c in settled]) if settled else 0
@@ -539,10 +540,10 @@ class SpreadPasses:
         done = {t for claim, t, _p in targets if source_of[claim] not in kept}
         store.save_positions(conn, epoch, {t: q for t, q in last.items() if t in done})
         if held:
-            log.warning(
+            log.warning(  # the streams whose rows are held (each with those sharing a target, counted in claims)
                 "staged rows locked by another session: their streams wait",
-                streams=len(held),
-                first=min(held),
+                streams=len(stuck),
+                first=min(stuck),
                 claims=sum(1 for c in claims if c.source in kept),
             )
         return done, kept

@@ -11,6 +11,10 @@ from ..errors import PublishError, RedisOutOfMemory
 log = structlog.get_logger(__name__)
 
 
+# Streams a batch's gap line names (Redis losing confirmed positions may touch every stream of a batch)
+GAPS_NAMED = 50
+
+
 def send(
     rds: engine.RedisStreams,
     stream: str,
@@ -64,9 +68,9 @@ def send_many(
     except (engine.RedisError, OSError) as exc:
         records = sum(payload.count for _s, _f, payload in batches)
         raise _refused(exc, f"a batch of {records} records for {len(batches)} streams") from exc
+    _logged_many(batches, results, identity)  # before a short acknowledgement raises: the re-send skips the gap
     for (stream, _first_seq, _payload), result in zip(batches, results, strict=True):
         _acknowledged(result, stream, wait_replicas, wait_timeout_ms)
-    _logged_many(batches, results, identity)
     return results
 
 
@@ -74,15 +78,17 @@ def _logged_many(
     batches: list[tuple[str, int, engine.Packed]], results: list[engine.PublishResult], identity: store.ProducerIdentity
 ) -> None:
     """One line for a batch across streams with gaps, one for its positions skipped (never a line per stream: a batch
-    over ten thousand streams re-sent after a failover wrote ten thousand), naming how many and the first."""
+    over ten thousand streams re-sent after a failover wrote ten thousand), naming how many and the first (a gap's
+    line names up to :data:`GAPS_NAMED` streams: each needs ``unilog reconcile``)."""
     pairs = list(zip(batches, results, strict=True))
-    gaps = [(stream, first, r.gap_after) for (stream, first, _p), r in pairs if r.gap_after is not None]
+    gaps = sorted((stream, first, r.gap_after) for (stream, first, _p), r in pairs if r.gap_after is not None)
     if gaps:
-        stream, first_seq, high_water = min(gaps)
+        stream, first_seq, high_water = gaps[0]
         log.error(
             "stream is missing confirmed positions: Redis lost data",  # one event name: the chaos report counts it
             streams=len(gaps),
             first=stream,
+            named=sorted({g[0] for g in gaps})[:GAPS_NAMED],
             producer=identity.producer_id,
             high_water=high_water,
             first_seq=first_seq,
@@ -120,7 +126,6 @@ def check(
 ) -> None:
     """Raise :class:`PublishError` unless ``wait_replicas`` replicas acknowledged the batch; log a gap (Redis lost
     confirmed positions) and positions the broker skipped as already present."""
-    _acknowledged(result, stream, wait_replicas, wait_timeout_ms)
     if result.gap_after is not None:
         log.error(
             "stream is missing confirmed positions: Redis lost data",
@@ -131,6 +136,7 @@ def check(
         )
     if result.skipped:
         log.info("re-sent positions skipped by the broker", stream=stream, skipped=result.skipped)
+    _acknowledged(result, stream, wait_replicas, wait_timeout_ms)  # after the gap's line: the re-send skips the gap
 
 
 def _acknowledged(result: engine.PublishResult, stream: str, wait_replicas: int, wait_timeout_ms: int) -> None:
