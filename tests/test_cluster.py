@@ -169,6 +169,27 @@ def seen_in(cluster: EmbeddedRedisCluster, stream: str) -> list[Any]:
         client.close()
 
 
+def test_a_streams_batches_in_one_pipeline_follow_each_other(cluster: EmbeddedRedisCluster) -> None:
+    """publish_many on a cluster sends each batch as a call of its own: a stream's later batches in the pipeline are
+    marked as following (publish.lua's '2') and appended after the one before, each once when sent again."""
+    from unilog.engine import RedisStreams, connect
+
+    def rows(*ns: int) -> list[tuple[str, str, str, int, str | None]]:
+        return [(f'{{"n":{n}}}', "a", "o", 1_700_000_000_000 + n, None) for n in ns]
+
+    api = RedisStreams(connect(cluster.cluster_url))
+    name = f"follows-{uuid.uuid4().hex[:8]}"
+    try:
+        batches = [(name, 1, rows(1, 2)), (f"{name}-b", 1, rows(1)), (name, 3, rows(3)), (name, 4, rows(4, 5))]
+        results = api.publish_many(batches, "p1", 1)
+        assert [r.appended for r in results] == [2, 1, 1, 2]
+        results = api.publish_many(batches, "p1", 1)
+        assert [(r.appended, r.skipped) for r in results] == [(0, 2), (0, 1), (0, 1), (0, 2)]
+        assert [int(f[b"seq"]) for _, f in api.client.xrange(name)] == [1, 2, 3, 4, 5]
+    finally:
+        api.close()
+
+
 def test_bulk_pages_read_the_same_from_a_cluster(cluster: EmbeddedRedisCluster) -> None:
     """The Spark source's reader: a cluster client's nodes parse XRANGE their own way; the pages come out alike."""
     from unilog import engine

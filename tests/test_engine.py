@@ -116,6 +116,32 @@ def test_a_pipeline_of_script_calls_loads_its_script_first_and_recovers_a_flushe
     assert all(seqs(streams, f"s{k}") == [1, 2, 3] for k in range(6))
 
 
+def test_a_batch_that_follows_a_refused_one_in_its_pipeline_is_refused(streams: RedisStreams) -> None:
+    """publish.lua's '2' marks a batch that follows another of its stream in one pipeline (publish_many on a Redis
+    Cluster sends a stream's batches as calls of their own): Redis runs a pipeline's later calls after a refused one,
+    and this one, appended past the gap, would have the refused one's records skipped as present when the batch is
+    sent again: lost. It is refused unless the positions before it are there, appended once they are."""
+    from unilog.engine import PUBLISH_LUA
+    from unilog.engine.publish import PUBLISH_SHA
+    from unilog.wire import hwm_key
+
+    def follows(first: int, *ns: int) -> None:
+        fields = [f for r in rows(*ns) for f in (r[0], r[1], r[2], str(r[3]), r[4] or "")]
+        streams.client.evalsha(PUBLISH_SHA, 2, "s", hwm_key("s"), "p1", "1", str(first), "2", "5", *fields)
+
+    streams.client.script_load(PUBLISH_LUA)
+    with pytest.raises(redis.ResponseError, match="UNILOG_NOT_FOLLOWING"):
+        follows(6, 6)  # nothing before it
+    streams.publish("s", "p1", 1, 1, rows(1, 2, 3, 4))
+    with pytest.raises(redis.ResponseError, match="UNILOG_NOT_FOLLOWING"):
+        follows(6, 6)  # position 5 missing
+    assert seqs(streams) == [1, 2, 3, 4]
+    streams.publish("s", "p1", 1, 5, rows(5))
+    follows(6, 6, 7)
+    follows(6, 6, 7)  # sent again: skipped as present
+    assert seqs(streams) == [1, 2, 3, 4, 5, 6, 7]
+
+
 def test_publish_many_in_calls_reports_only_what_was_not_appended_whole(streams: RedisStreams) -> None:
     """publish_many's batches go in script calls of about ``per_call`` records (a stream's batch never split); each
     call's reply names only the streams with entries skipped, a gap, or a mark on a deleted stream ignored."""

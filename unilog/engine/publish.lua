@@ -1,12 +1,15 @@
 -- The idempotent publish, sent by unilog/engine/publish.py (Publishing.publish; loaded there as package data).
 -- KEYS[1]: the stream; KEYS[2]: the high-water marks beside it. ARGV: producer, epoch, first seq, '1' to skip what
--- the mark says is already there ('0': append all), the fields per entry (the stride: 5; 7 with traceparent and
--- tracestate; 8 with those and the record's type, each maybe empty), then each entry's fields.
+-- the mark says is already there ('0': append all; '2': the same as '1' for a batch that follows one sent before it
+-- in the same pipeline, refused unless that one's positions are there: Redis runs a pipeline's later calls after a
+-- refused one, and this one appended past the gap would have the refused one's records skipped as present when sent
+-- again), the fields per entry (the stride: 5; 7 with traceparent and tracestate; 8 with those and the record's type,
+-- each maybe empty), then each entry's fields.
 -- Reply: {appended, skipped, gap (the mark when below first seq - 1, else -1), first id, last id}.
 local producer, epoch, first, stride = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[5])
 local n = (#ARGV - 5) / stride
-local skip, gap = 0, -1
-if ARGV[4] == '1' and redis.call('EXISTS', KEYS[1]) == 1 then
+local skip, gap, follows, known = 0, -1, ARGV[4] == '2', false
+if (ARGV[4] == '1' or follows) and redis.call('EXISTS', KEYS[1]) == 1 then
   local mark = redis.call('HGET', KEYS[2], producer)
   if mark then
     local sep = string.find(mark, ':', 1, true)
@@ -14,11 +17,16 @@ if ARGV[4] == '1' and redis.call('EXISTS', KEYS[1]) == 1 then
     if me > epoch then
       return redis.error_reply('UNILOG_STALE_EPOCH producer ' .. producer .. ' is at epoch ' .. me .. ', not ' .. epoch)
     elseif me == epoch then
+      known = true
       skip = ms - first + 1
       if skip < 0 then gap = ms; skip = 0 end
       if skip > n then skip = n end
     end
   end
+end
+if follows and (gap >= 0 or not known) then
+  return redis.error_reply('UNILOG_NOT_FOLLOWING positions of ' .. KEYS[1] .. ' before ' .. first .. ' are missing: the '
+                           .. 'batch before it in the pipeline was refused')
 end
 local first_id, last_id = false, false
 for i = skip, n - 1 do

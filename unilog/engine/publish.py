@@ -148,11 +148,13 @@ class Publishing(Adapter):
             by_pool.setdefault(id(pool), (pool, []))[1].append(i)
         results: list[PublishResult | None] = [None] * len(batches)
         for pool, indexes in by_pool.values():
-            commands = []
+            commands, sent = [], set()
             for i in indexes:
                 stream, first_seq, rows = batches[i]
                 batch = rows if isinstance(rows, Packed) else pack_rows(rows)
-                head = [producer, str(epoch), str(first_seq), "1", str(batch.stride)]
+                # a target's later batch is refused if the one before it was (publish.lua's '2'): never past a gap
+                head = [producer, str(epoch), str(first_seq), "2" if stream in sent else "1", str(batch.stride)]
+                sent.add(stream)
                 keys = [_b(stream), _b(hwm_key(stream))]
                 args = [b"EVALSHA", self._sha.encode(), b"2", *keys, *[_b(a) for a in head]]
                 commands += [_pack(args, more=batch.stride * batch.count), batch.body]
