@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -140,6 +141,39 @@ def test_a_batch_that_follows_a_refused_one_in_its_pipeline_is_refused(streams: 
     follows(6, 6, 7)
     follows(6, 6, 7)  # sent again: skipped as present
     assert seqs(streams) == [1, 2, 3, 4, 5, 6, 7]
+
+
+def test_a_batch_refused_as_following_one_that_met_an_empty_script_cache_is_sent_again_with_it(
+    streams: RedisStreams,
+) -> None:
+    """A pipeline's first call meets an empty script cache (NOSCRIPT), another client loads the script, and the
+    stream's next call, marked as following it, is refused for the positions missing before it: the replies say
+    NOSCRIPT, so the pipeline is sent again once the script is loaded (before, the refusal as following failed the
+    pass, naming the wrong cause)."""
+    from unilog.engine.publish import PUBLISH_LUA, PUBLISH_SHA, _replies
+    from unilog.wire import _pack, hwm_key
+
+    def call(first: int, mode: str, *ns: int) -> bytes:
+        fields = [f for r in rows(*ns) for f in (r[0], r[1], r[2], str(r[3]), r[4] or "")]
+        args = ["EVALSHA", PUBLISH_SHA, "2", "s", hwm_key("s"), "p1", "1", str(first), mode, "5", *fields]
+        return _pack([a.encode() for a in args])
+
+    streams.client.script_flush()
+    refused = _noscript_refusals(streams)
+    pool = streams.client.connection_pool
+    conn = pool.get_connection()
+    try:
+        conn.send_packed_command([call(1, "1", 1, 2)])
+        deadline = time.monotonic() + 30
+        while _noscript_refusals(streams) == refused:  # until Redis ran the first call: refused
+            assert time.monotonic() < deadline, "the first call was never run"
+        streams.client.script_load(PUBLISH_LUA)  # another client
+        conn.send_packed_command([call(3, "2", 3)])
+        with pytest.raises(redis.exceptions.NoScriptError):
+            _replies(conn, 2, 0)
+    finally:
+        pool.release(conn)
+    assert streams.client.exists("s") == 0
 
 
 def test_publish_many_in_calls_reports_only_what_was_not_appended_whole(streams: RedisStreams) -> None:

@@ -26,7 +26,7 @@ if (ARGV[4] == '1' or follows) and redis.call('EXISTS', KEYS[1]) == 1 then
 end
 if follows and (gap >= 0 or not known) then
   return redis.error_reply('UNILOG_NOT_FOLLOWING positions of ' .. KEYS[1] .. ' before ' .. first .. ' are missing: the '
-                           .. 'batch before it in the pipeline was refused')
+                           .. 'batch before it in the pipeline was refused, or the stream was removed meanwhile')
 end
 local first_id, last_id = false, false
 for i = skip, n - 1 do

@@ -45,6 +45,7 @@ class PublishResult:
 PUBLISH_SHA = hashlib.sha1(PUBLISH_LUA.encode()).hexdigest()
 
 # publish_many.lua: many streams' batches, each as publish.lua appends one, in one call on a single Redis
+NOT_FOLLOWING = "UNILOG_NOT_FOLLOWING"  # publish.lua's refusal of a batch whose positions before it are missing
 PUBLISH_MANY_LUA = (resources.files(__package__) / "publish_many.lua").read_text(encoding="utf-8")
 PUBLISH_MANY_SHA = hashlib.sha1(PUBLISH_MANY_LUA.encode()).hexdigest()
 
@@ -353,6 +354,12 @@ def _replies(conn: Any, count: int, wait_replicas: int) -> tuple[list[Any], int]
             replies.append(conn.read_response())
         except redis.exceptions.NoScriptError as exc:
             forgotten = forgotten or exc
+            replies.append(None)
+        except redis.exceptions.ResponseError as exc:
+            # a batch refused as following one NOSCRIPT refused (another client loaded the script between them) is
+            # sent again with it: the pipeline's failure is the NOSCRIPT's, retried here, not a failed pass
+            if forgotten is None or NOT_FOLLOWING not in str(exc):
+                raise
             replies.append(None)
     replicas = int(conn.read_response()) if wait_replicas else 0
     if forgotten is not None:
