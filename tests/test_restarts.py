@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -61,17 +62,30 @@ TABLE = "restart_rows"
 class Servers:
     pg: EmbeddedPostgres
     redis: EmbeddedRedis
+    held: dict[str, socket.socket] = field(default_factory=dict)
 
     def ensure_up(self) -> None:
+        for which in list(self.held):
+            self.held.pop(which).close()
         if self.pg.pid is None:
             self.pg.start()
         if self.redis.pid is None:
             self.redis.start()
 
     def down(self, which: str) -> None:
-        (self.pg if which == "postgres" else self.redis).stop()
+        server = self.pg if which == "postgres" else self.redis
+        server.stop()
+        # the port stays this test's while its server is down: another worker's new server took it once, and the
+        # server's start failed ("Address already in use"). Bound and never listening, it refuses connections as a
+        # stopped server's port does
+        held = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        held.bind(("127.0.0.1", server.port))
+        self.held[which] = held
 
     def up(self, which: str) -> None:
+        if which in self.held:
+            self.held.pop(which).close()
         (self.pg if which == "postgres" else self.redis).start()
 
     def restart(self, which: str) -> None:
