@@ -668,6 +668,7 @@ def test_a_share_of_the_streams_is_claimed_and_sent_while_the_one_before_is_sent
     first, second = names[:20], names[20:]  # the sources in name order, cut in SHARES (2) shares
     total = _stage(settings, names, per_stream=3)  # 60 records a share: PIECES pieces of batch_size 10 or more
     send_batches, delete_across, claim_across = Publisher.send_batches, store.delete_across, store.claim_across
+    read_across = store.read_across
     claimed: list[list[str]] = []
     saw: dict[str, bool] = {}
     deletes = [0]
@@ -699,14 +700,19 @@ def test_a_share_of_the_streams_is_claimed_and_sent_while_the_one_before_is_sent
         claimed.append(sorted(sources))
         return claim_across(conn, sources, *args, **kw)
 
+    def read(conn: Any, sources: list[str], *args: Any, **kw: Any) -> Any:  # the side session's (saved by the owner)
+        claimed.append(sorted(sources))
+        return read_across(conn, sources, *args, **kw)
+
     monkeypatch.setattr(Publisher, "send_batches", send)
     monkeypatch.setattr(store, "delete_across", delete)
     monkeypatch.setattr(store, "claim_across", claim)
+    monkeypatch.setattr(store, "read_across", read)
     faults = Faults(script={"streamer.crash_after_publish": [True]})
     crashing = Streamer(settings, StreamerConfig(batch_size=10), faults=faults, name="crashing")
     with crashing, pytest.raises(InjectedCrash):
         crashing.run_once()
-    assert claimed == [first, second], "a batch over each share"
+    assert sorted(claimed) == [first, second], "a batch over each share"
     assert saw == {"claimed": True, "sent": True}, "the second share claimed, then sent, while the first was in flight"
     saved = dict(pg.execute("SELECT source, records FROM unilog_claims").fetchall())
     assert saved == dict.fromkeys(names, 3), saved
@@ -1095,6 +1101,7 @@ def test_a_streamer_dropped_without_close_ends_its_session_at_once(
             == total
         )
         assert_sessions_end(pg, "unilog-dropped", "the dropped streamer's session")
+        assert_sessions_end(pg, "unilog-dropped-side", "the dropped streamer's side session")
 
 
 def test_a_streamer_whose_drain_failed_ends_its_session_when_dropped(settings: Settings, pg: Any, rds: Any) -> None:
@@ -1110,6 +1117,7 @@ def test_a_streamer_whose_drain_failed_ends_its_session_when_dropped(settings: S
             InjectedCrash,
         )
         assert_sessions_end(pg, "unilog-failed", "the failed streamer's session")
+        assert_sessions_end(pg, "unilog-failed-side", "the failed streamer's side session")
 
 
 def test_a_streamer_that_let_go_of_its_streams_reads_their_positions_again(

@@ -35,6 +35,7 @@ def cmd_streamer(args: argparse.Namespace) -> int:
         wait_timeout_ms=args.wait_timeout_ms,
         redis_memory_limit=args.redis_memory_limit / 100,
         pg_timeout=args.pg_timeout or None,
+        side_session=not args.one_session,
     )
     if args.horizon_warn_after is not None:
         print("unilog: --horizon-warn-after has no effect since unilog 0.11: no record waits for another transaction")
@@ -91,6 +92,12 @@ def add(sub: Any) -> None:
     p.add_argument("--max-len", type=positive_int, help="hard cap on stream length (may trim past slow consumers)")
     p.add_argument("--wait-replicas", type=int, default=0, help="WAIT for this many replicas before deleting")
     p.add_argument("--wait-timeout-ms", type=positive_int, default=1000)
+    p.add_argument(
+        "--one-session",
+        action="store_true",
+        help="one Postgres connection, not two: a backlog over many streams is claimed share after share in it "
+        "(by default a second session reads the next share meanwhile)",
+    )
     fault_args(p)
     metrics_args(p)
     p.set_defaults(func=cmd_streamer)

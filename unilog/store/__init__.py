@@ -154,13 +154,16 @@ from .snapshots import (
 )
 from .spread import (
     Across,
+    Read,
     SourceClaim,
     claim_across,
     delete_across,
     lock_across,
     open_while_sending,
     pending_across,
+    read_across,
     reclaim_across,
+    save_read,
     tune_streamer_session,
 )
 from .staging import (
@@ -235,6 +238,7 @@ __all__ = [
     "DeadlineExceeded",
     "Identity",
     "ProducerIdentity",
+    "Read",
     "Readiness",
     "Recovery",
     "ReplicationStream",
@@ -317,6 +321,7 @@ __all__ = [
     "producer_identity",
     "prune_watermarks",
     "published_positions",
+    "read_across",
     "read_checkpoint",
     "read_checkpoints",
     "read_committed",
@@ -343,6 +348,7 @@ __all__ = [
     "save_checkpoint",
     "save_checkpoints",
     "save_positions",
+    "save_read",
     "sessions_of",
     "set_emit_messages",
     "set_notify_trigger",

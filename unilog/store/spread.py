@@ -144,9 +144,41 @@ _FINAL = """
     FROM per p JOIN claimed c USING (part)
 """
 
+# A batch read, not saved (:func:`read_across`): :data:`_FINAL`'s row without claims (each part a source, saved with
+# its records), then the parts' claims to save as text, a line a part: "source lo,lo,.. hi,hi,.. records" (a stream
+# name holds no space; a row staged with no stream has ''), which :data:`SAVE_READ` inserts as it is (no array of
+# arrays to adapt: the runs of ten thousand sources); then the server's start time: a read saved on another server
+# (a session that reached a promoted standby while the other still reached the old primary) saves nothing.
+_READ_FINAL = """
+    SELECT (SELECT stride FROM shape),
+           (SELECT convert_to(string_agg(resp, '' ORDER BY part, id), 'UTF8') FROM packed),
+           NULL::bigint[], array_agg(p.source ORDER BY p.part), array_agg(p.n ORDER BY p.part),
+           array_agg(p.n ORDER BY p.part), array_agg(p.size ORDER BY p.part), array_agg(p.created ORDER BY p.part),
+           (SELECT c FROM cut),
+           (SELECT array_agg(part::text || ' ' || tp) FROM (
+                SELECT part, tp, row_number() OVER (PARTITION BY part ORDER BY id) AS k FROM packed WHERE tp <> ''
+            ) t WHERE k <= 128),
+           string_agg(p.source || ' ' || array_to_string(p.lo, ',') || ' ' || array_to_string(p.hi, ',') || ' '
+                      || p.n, E'\n' ORDER BY p.part),
+           pg_postmaster_start_time()::text
+    FROM per p
+"""
+
+SAVE_READ = """
+    INSERT INTO unilog_claims (source, lo, hi, records)
+    SELECT split_part(l, ' ', 1), string_to_array(split_part(l, ' ', 2), ',')::bigint[],
+           string_to_array(split_part(l, ' ', 3), ',')::bigint[], split_part(l, ' ', 4)::integer
+    FROM unnest(string_to_array(%s, E'\n')) WITH ORDINALITY AS u(l, k)
+    WHERE pg_postmaster_start_time()::text = %s
+    ORDER BY k
+    RETURNING source, claim
+"""
+
 CLAIM_ACROSS = _SCANNED + _NEW + _ENCODED + _SAVED + _FINAL
 CLAIM_FEW = _PER_SOURCE + _NEW + _ENCODED + _SAVED + _FINAL
 AGAIN_ACROSS = _AGAIN + _ENCODED + _FINAL
+READ_ACROSS = _SCANNED + _NEW + _ENCODED + _READ_FINAL
+READ_FEW = _PER_SOURCE + _NEW + _ENCODED + _READ_FINAL
 
 
 @dataclass(slots=True)  # not frozen: a batch makes one per stream, and a frozen one's __init__ costs six times more
@@ -201,6 +233,16 @@ def claim_across(
     transaction: it must commit before any of them is sent."""
     if not sources:
         return Across([])
+    statement, params = _claim_params(sources, limit, before, per_source, budget, read=False)
+    row = conn.execute(statement, params, binary=True, prepare=False).fetchone()
+    assert row is not None  # an aggregate without GROUP BY: always one row
+    return Across(_claims(row), bool(row[8]), sum(row[5] or ()) >= limit)
+
+
+def _claim_params(
+    sources: list[str], limit: int, before: str | None, per_source: int | None, budget: int | None, *, read: bool
+) -> tuple[str, dict[str, Any]]:
+    """A claim's (or, with ``read``, a read's) statement and parameters."""
     # one string, not a text[] of ten thousand elements (adapting those dominated the call): a stream name holds no
     # space (unilog.config.validate_stream_name); a row staged with no stream has '' (``blank``)
     names = " ".join(s for s in sources if s)
@@ -213,9 +255,54 @@ def claim_across(
         "budget": budget or BATCH_BYTES,
     }
     few = len(sources) * (per_source or limit) <= limit  # each source's index range, not a scan (_PER_SOURCE)
-    row = conn.execute(CLAIM_FEW if few else CLAIM_ACROSS, params, binary=True, prepare=False).fetchone()
+    if read:
+        return (READ_FEW if few else READ_ACROSS), params
+    return (CLAIM_FEW if few else CLAIM_ACROSS), params
+
+
+@dataclass(frozen=True)
+class Read:
+    """A batch across sources read and not saved (:func:`read_across`): what :func:`claim_across` would claim from
+    the same snapshot, to be saved by :func:`save_read`."""
+
+    row: Any  # the statement's row (as :func:`claim_across`'s, without claims), then its parts' claims as text
+    limit: int  # the records it could take
+
+
+def read_across(
+    conn: psycopg.Connection[Any],
+    sources: list[str],
+    limit: int,
+    before: str | None = None,
+    per_source: int | None = None,
+    budget: int | None = None,
+) -> Read:
+    """What :func:`claim_across` with the same arguments would claim, read and not saved: no row is written, so any
+    session may read it (a second one, while the streamer's own claims other sources). Its rows' ids are valid for
+    as long as nothing deletes rows of ``sources`` meanwhile: only their owner does, after it saved and sent them, so
+    the owner saves it (:func:`save_read`) before anything else of ``sources``; rows committed since its snapshot
+    are left to a later claim, as a claim leaves those committed after its own."""
+    if not sources:
+        return Read((None,) * 12, limit)
+    statement, params = _claim_params(sources, limit, before, per_source, budget, read=True)
+    row = conn.execute(statement, params, binary=True, prepare=False).fetchone()
     assert row is not None  # an aggregate without GROUP BY: always one row
-    return Across(_claims(row), bool(row[8]), sum(row[5] or ()) >= limit)
+    return Read(row, limit)
+
+
+def save_read(conn: psycopg.Connection[Any], read: Read) -> Across | None:
+    """Save ``read``'s claims (one per source) in the caller's transaction, which must commit before any of them is
+    sent, and return them as :func:`claim_across` does; None if ``conn`` is a session of another server than the
+    read's (nothing saved). The caller must own the sources and must not have deleted or claimed rows of them since
+    the read."""
+    row = read.row
+    if not row[3]:
+        return Across([])
+    claim_of = dict(conn.execute(SAVE_READ, (row[10], row[11]), prepare=False).fetchall())
+    if not claim_of:
+        return None
+    saved = (row[0], row[1], [claim_of[s] for s in row[3]], *row[3:10])  # the row as claim_across's
+    return Across(_claims(saved), bool(row[8]), sum(row[5] or ()) >= read.limit)
 
 
 def reclaim_across(conn: psycopg.Connection[Any], claims: list[int]) -> list[SourceClaim]:

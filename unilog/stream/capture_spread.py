@@ -38,6 +38,7 @@ import structlog
 from .. import engine, routing, store, tracing
 from ..errors import ClaimIncomplete, PublishError
 from .publisher import Publisher
+from .side_reads import SideReads
 from .spread_parts import Helper, Ready, Send, Sending, pieces_of, root_of
 
 log = structlog.get_logger(__name__)
@@ -119,8 +120,9 @@ class SpreadPasses:
         before: str | None,
         pass_seconds: float | None,
         helper: Helper,
+        side: SideReads | None = None,
     ) -> None:
-        self.publisher, self.helper = publisher, helper
+        self.publisher, self.helper, self.side = publisher, helper, side
         self.batch_size, self.pipeline_batches = batch_size, pipeline_batches
         self.limit = DEPTH * batch_size  # records a batch claims at most
         self.before, self.pass_seconds = before, pass_seconds
@@ -128,6 +130,7 @@ class SpreadPasses:
         self._ahead: Ready | None = None  # the next share's batch, sent while the batch before it is deleted
         self._partitions: dict[str, int] = {}  # the shares' streams' partition counts, read at the pass's start
         self._turn = 0  # passes that cut their sources in shares: the share a pass starts at
+        self._beside: tuple[list[str], concurrent.futures.Future[store.Read | None]] | None = None  # share, its read
 
     def run(self, conn: psycopg.Connection[Any], sources: list[str], saved: set[str], *, packed: bool) -> Spread:
         """One pass over ``sources`` (owned: their streams' buckets held), ``saved`` those with saved claims. One batch
@@ -151,6 +154,7 @@ class SpreadPasses:
             published, full = self._batches(conn, batch, shares, fresh, waiting, kept, packed, started, published)
         finally:
             self._halt()  # a batch sent ahead and not settled (the pass failed): its claims stay saved
+            self._beside = None  # a read not saved: nothing of it is claimed
         # more is ready when a batch was full or saved claims are left behind the batch re-sent (those held
         # by another session's row locks wait for the next pass, after a poll interval), or a share was not claimed
         return Spread(published, full or more_saved or bool(shares), kept)
@@ -203,6 +207,8 @@ class SpreadPasses:
         that read was 30 ms of a drain's start, with Redis idle. The helper is idle then (a pass's sends ended with
         the pass before), and this thread waits for the read whatever the claim does."""
         reading = None
+        if len(shares) > 1 and self.side is not None and self.pipeline_batches > 1:
+            self._beside = (shares[1], self.side.submit(shares[1], self.limit, self.before, self.batch_size))
         if len(shares) > 1:
             self.publisher.connect()  # connected (and checked) in this thread, not the helper's
             streams = {self.publisher.stream_of(s) for s in fresh}
@@ -220,6 +226,14 @@ class SpreadPasses:
     def _claim(self, conn: psycopg.Connection[Any], fresh: list[str]) -> store.Across:
         """A new batch across ``fresh``, in the caller's transaction (none without sources)."""
         return store.claim_across(conn, fresh, self.limit, self.before, self.batch_size) if fresh else store.Across([])
+
+    def _claim_beside(self, conn: psycopg.Connection[Any], fresh: list[str]) -> store.Across:
+        """The next share's batch (``fresh``), saved from the side session's read when that read this very share
+        (none of its sources left out since), else claimed here; a read of another share is dropped."""
+        beside, self._beside = self._beside, None
+        read = beside[1].result() if beside is not None and beside[0] is fresh else None
+        saved = store.save_read(conn, read) if read is not None else None  # None: read on another server
+        return saved if saved is not None else self._claim(conn, fresh)
 
     def _root(self, source: str) -> str:
         """What rows held keep back with ``source``'s (:func:`root_of` its stream): every source that may send to a
@@ -354,7 +368,7 @@ class SpreadPasses:
             if ahead is None:  # not claimed while Redis appended
                 held = {self._root(s) for s in kept}  # a held stream's new records wait behind its claims
                 fresh = [s for s in beside or then or () if self._root(s) not in held] if held else beside or then or []
-                ahead = self._claim(conn, fresh)
+                ahead = self._claim_beside(conn, fresh)
             conn.commit()
         except BaseException:
             publisher.forget_positions()
@@ -414,7 +428,7 @@ class SpreadPasses:
         appended, whole, upto, refused, ahead = 0, True, dict[str, int](), None, None
         try:
             if beside is not None:  # the next share's claim, saved (committed) before anything of it is sent
-                ahead = self._claim(conn, beside)
+                ahead = self._claim_beside(conn, beside)
                 conn.commit()
                 self._send_ahead(conn, ahead, packed)
             store.open_while_sending(conn)

@@ -35,6 +35,7 @@ from ..store.claims import Claim, Cursor
 from .capture import BatchResult
 from .capture_spread import SpreadPasses, lock_wait, one_target_each
 from .publisher import Publisher
+from .side_reads import SideReads
 from .spread_parts import Helper
 
 # A pass over this many sources or more claims its batches across them (:class:`~unilog.stream.capture_spread.
@@ -89,6 +90,7 @@ class TableCapture:
         streams: tuple[str, ...] | None,
         before: str | None = None,
         pass_seconds: float | None = None,
+        side: SideReads | None = None,
     ) -> None:
         self.publisher = publisher
         self.pass_seconds = pass_seconds  # a pass starts no new source after this long (a share of its deadline)
@@ -109,7 +111,9 @@ class TableCapture:
             before=before,
             pass_seconds=pass_seconds,
             helper=self._helper,
+            side=side,
         )
+        self._side = side  # reads a share's batch while this session claims the share before it
 
     def session_opened(self, conn: psycopg.Connection[Any]) -> None:
         """A new Postgres session: claims are read again from the table, cursors start over."""
@@ -247,6 +251,8 @@ class TableCapture:
     def close(self) -> None:
         """Stop the helper thread (idle here: a pass waits for its sends before it returns or raises)."""
         self._helper.shutdown()
+        if self._side is not None:
+            self._side.close()
 
     # -- one source's batches ----------------------------------------------------------------------------------------
 

@@ -24,7 +24,9 @@ class StreamerConfig:
     transaction (table mode claims every committed row, :mod:`unilog.stream.capture_table`; WAL mode reads commits).
     While Redis's ``used_memory`` is at or above ``redis_memory_limit`` of its ``maxmemory`` (read every
     ``redis_memory_interval`` seconds), the streamer publishes nothing, so Redis never has to refuse a batch (0: no such
-    pause; see :mod:`unilog.stream.backpressure`).
+    pause; see :mod:`unilog.stream.backpressure`). With ``side_session`` (the default), a pass over many streams
+    reads the next share of their backlog in a second Postgres session while its own claims the first
+    (:mod:`unilog.stream.side_reads`): one more connection per streamer, opened at the first such pass.
     """
 
     batch_size: int = 5000
@@ -43,6 +45,7 @@ class StreamerConfig:
     pg_timeout: float | None = 30.0
     redis_memory_limit: float = 0.9
     redis_memory_interval: float = 1.0
+    side_session: bool = True
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:

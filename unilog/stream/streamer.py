@@ -46,6 +46,7 @@ from .capture_table import TableCapture
 from .capture_wal import WalCapture
 from .publisher import Publisher
 from .settings import StreamerConfig
+from .side_reads import SideReads
 from .waiting import CommitListener
 
 log = structlog.get_logger(__name__)
@@ -68,6 +69,13 @@ class _Drain:
     timeout: float | None = None
     max_wait: float | None = None
     delay: float = POLL_MIN
+
+
+def _side_reads(conninfo: str, name: str, pg_timeout: float | None) -> SideReads:
+    """The side session of a streamer's table passes (:mod:`unilog.stream.side_reads`): a function of its settings
+    alone, no reference back to the streamer (a cycle would keep a dropped streamer's sessions and locks)."""
+    app, timeout = f"unilog-{name}-side"[:63], pg_timeout or None
+    return SideReads(lambda: store.connect(conninfo, application_name=app, timeout=timeout), timeout, app)
 
 
 class Streamer(Worker):
@@ -111,6 +119,7 @@ class Streamer(Worker):
             pipeline_batches=self.config.pipeline_batches,
             streams=self.config.streams,
             pass_seconds=PASS_SHARE * self.config.pg_timeout if self.config.pg_timeout else None,
+            side=_side_reads(settings.conninfo, name, self.config.pg_timeout) if self.config.side_session else None,
         )
         self._wal: WalCapture | None = (
             None  # while the database is in WAL capture mode (switched by unilog.stream.capture)
