@@ -712,10 +712,12 @@ def test_a_share_of_the_streams_is_claimed_and_sent_while_the_one_before_is_sent
     crashing = Streamer(settings, StreamerConfig(batch_size=10), faults=faults, name="crashing")
     with crashing, pytest.raises(InjectedCrash):
         crashing.run_once()
-    assert sorted(claimed) == [first, second], "a batch over each share"
+    assert sorted(claimed) == [first, second], "a batch over each share (the second read while the first is claimed)"
     assert saw == {"claimed": True, "sent": True}, "the second share claimed, then sent, while the first was in flight"
     saved = dict(pg.execute("SELECT source, records FROM unilog_claims").fetchall())
     assert saved == dict.fromkeys(names, 3), saved
+    order = [r[0] for r in pg.execute("SELECT source FROM unilog_claims ORDER BY claim").fetchall()]
+    assert order == first + second, "the first share's claims saved (and so re-sent) before the second's"
     assert sum(rds.xlen(n) for n in first) == 60 and sum(rds.xlen(n) for n in second) <= 60
     with Streamer(settings, StreamerConfig(batch_size=10), name="successor") as streamer:
         assert streamer.drain(timeout=60) == total

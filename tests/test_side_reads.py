@@ -194,3 +194,38 @@ def test_a_streamer_of_one_session_reads_no_share_beside(
         assert _side_pid(pg, "unilog-single-side") is None
     assert reads == []
     _assert_each_once_in_order(rds, names, 2)
+
+
+@pytest.mark.usefixtures("shares")
+def test_a_side_session_whose_server_stops_answering_holds_no_pass_up(
+    settings: Settings, pg: Any, rds: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The side session's server takes far longer than the deadline (here its read sleeps 30 s first): the streamer
+    waits a quarter of its deadline for the read, claims the share in its own session, and drains everything once
+    and in order; the read's own deadline breaks the side session, one line says so, and it is opened again."""
+    names = [f"s-{k:03d}" for k in range(40)]
+    total = _stage(settings, names, per_stream=2)
+    read_across = store.read_across
+    stuck = [True]
+
+    def read(conn: Any, *args: Any, **kw: Any) -> Any:
+        if stuck[0]:
+            stuck[0] = False
+            conn.execute("SELECT pg_sleep(30)")
+        return read_across(conn, *args, **kw)
+
+    monkeypatch.setattr(store, "read_across", read)
+    started = time.monotonic()
+    with capture_logs() as logs, Streamer(settings, StreamerConfig(batch_size=10, pg_timeout=4), name="stuck") as s:
+        assert s.drain(timeout=60) == total
+        drained = time.monotonic() - started
+        deadline = time.monotonic() + 20
+        while not any(e["event"] == SIDE_FAILED for e in logs) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert drained < 15, f"the drain waited for the stuck read ({drained:.1f} s)"
+    events = [e["event"] for e in logs]
+    assert any("still being read in the side session" in e for e in events), events
+    failed = [e for e in logs if e["event"] == SIDE_FAILED]
+    assert len(failed) == 1 and "deadline" in failed[0]["error"], failed
+    assert pg.execute("SELECT count(*) FROM unilog_claims").fetchone()[0] == 0
+    _assert_each_once_in_order(rds, names, 2)

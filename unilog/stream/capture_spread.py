@@ -149,8 +149,8 @@ class SpreadPasses:
             # each pass kept the others waiting for as long as it had records
             turn = self._turn % len(shares)
             shares, self._turn = shares[turn:] + shares[:turn], self._turn + 1
-        batch = self._first_claim(conn, shares, fresh)
         try:
+            batch = self._first_claim(conn, shares, fresh)
             published, full = self._batches(conn, batch, shares, fresh, waiting, kept, packed, started, published)
         finally:
             self._halt()  # a batch sent ahead and not settled (the pass failed): its claims stay saved
@@ -177,7 +177,7 @@ class SpreadPasses:
         full = False  # a batch since the last claim across every source took all it could: more may be waiting
         for i in range(self.pipeline_batches):
             while not batch.claims and shares and (i == 0 or not self._late(started)):
-                batch = self._claim(conn, shares.pop(0))
+                batch = self._claim_beside(conn, shares.pop(0))
                 conn.commit()
             claims = batch.claims
             if not claims:
@@ -231,7 +231,12 @@ class SpreadPasses:
         """The next share's batch (``fresh``), saved from the side session's read when that read this very share
         (none of its sources left out since), else claimed here; a read of another share is dropped."""
         beside, self._beside = self._beside, None
-        read = beside[1].result() if beside is not None and beside[0] is fresh else None
+        read = None
+        if beside is not None and beside[0] is fresh and self.side is not None:
+            if not beside[1].done():  # this session may have written (deletes): it waits idle in its transaction
+                store.open_while_sending(conn)
+            read = self.side.result(beside[1])
+        del beside
         saved = store.save_read(conn, read) if read is not None else None  # None: read on another server
         return saved if saved is not None else self._claim(conn, fresh)
 

@@ -12,9 +12,10 @@ Guarantees:
   streamer's own session, holding their buckets) saves what it read, and nothing but the owner deletes their rows,
   so the ids it read are still the rows it read. What it read is no different from a claim taken at its snapshot:
   rows committed later are left to a later claim, as any claim leaves them.
-* **It only ever speeds a pass up.** A read that fails (the session broken, the server gone, its deadline passed)
-  is logged in one line and the share is claimed in the streamer's own session, as without it; the session is
-  opened again for a later pass.
+* **It only ever speeds a pass up.** A read that fails (the session broken, the server gone, its deadline passed,
+  any error) is logged in one line and the share is claimed in the streamer's own session, as without it; the
+  session is opened again for a later pass. Every wait on it is bounded by the deadline: the read's (the session's
+  set-up included), and the streamer's wait for the read's result.
 """
 
 from __future__ import annotations
@@ -27,20 +28,21 @@ import psycopg
 import structlog
 
 from .. import store
-from ..errors import ServerUnreachable
 
 log = structlog.get_logger(__name__)
 
 
 class SideReads:
     """The side session and its thread, made on first use. ``connect`` opens a session (of the streamer's
-    database); ``timeout`` is a read's deadline. Not thread-safe: one pass at a time submits reads."""
+    database); ``timeout`` is a read's deadline, ``wait`` how long the streamer waits for a read's result (less: its
+    own pass has a deadline too). Not thread-safe: one pass at a time submits reads."""
 
-    def __init__(self, connect: Callable[[], psycopg.Connection[Any]], timeout: float | None, name: str) -> None:
-        self._connect, self.timeout, self.name = connect, timeout, name
+    def __init__(
+        self, connect: Callable[[], psycopg.Connection[Any]], timeout: float | None, name: str, wait: float | None
+    ) -> None:
+        self._connect, self.timeout, self.name, self.wait = connect, timeout, name, wait
         self._conn: psycopg.Connection[Any] | None = None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self.reads = 0  # reads that succeeded (a pass's claim saved from one)
 
     def submit(
         self, sources: list[str], limit: int, before: str | None, per_source: int
@@ -51,32 +53,40 @@ class SideReads:
             self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=self.name)
         return self._pool.submit(self._read, sources, limit, before, per_source)
 
-    def _read(self, sources: list[str], limit: int, before: str | None, per_source: int) -> store.Read | None:
+    def result(self, future: concurrent.futures.Future[store.Read | None]) -> store.Read | None:
+        """What ``future`` read, waiting ``wait`` seconds at most (None: it failed, or it is still reading: the read
+        goes on, to its deadline, and is dropped)."""
         try:
-            conn = self._session()
+            return future.result(self.wait)
+        except concurrent.futures.TimeoutError:
+            log.warning("a share's batch is still being read in the side session: it is claimed in the streamer's own")
+            return None
+
+    def _read(self, sources: list[str], limit: int, before: str | None, per_source: int) -> store.Read | None:
+        # any error: a read only ever saves a claim, which the streamer's own session takes as well without it
+        try:
+            conn, new = self._session()
             with store.deadline(conn, self.timeout):
+                if new:
+                    store.tune_streamer_session(conn)
                 read = store.read_across(conn, sources, limit, before, per_source)
                 conn.rollback()  # read only: ends the snapshot
-        except (psycopg.Error, ServerUnreachable) as exc:
+        except Exception as exc:
             log.warning(
                 "a share's batch could not be read in the side session: it is claimed in the streamer's own",
-                error=" ".join(str(exc).split())[:300],
+                error=f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}",
             )
             self._close_session()
             return None
-        self.reads += 1
         return read
 
-    def _session(self) -> psycopg.Connection[Any]:
-        if self._conn is None or self._conn.closed:
-            conn = self._connect()
-            try:
-                store.tune_streamer_session(conn)
-            except BaseException:
-                conn.close()
-                raise
-            self._conn = conn
-        return self._conn
+    def _session(self) -> tuple[psycopg.Connection[Any], bool]:
+        """The side session, and whether it is new (opened now: the connection attempt is bounded by its connect
+        timeout, the set-up by the read's deadline)."""
+        if self._conn is not None and not self._conn.closed:
+            return self._conn, False
+        self._conn = self._connect()
+        return self._conn, True
 
     def _close_session(self) -> None:
         conn, self._conn = self._conn, None

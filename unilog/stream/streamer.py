@@ -75,7 +75,8 @@ def _side_reads(conninfo: str, name: str, pg_timeout: float | None) -> SideReads
     """The side session of a streamer's table passes (:mod:`unilog.stream.side_reads`): a function of its settings
     alone, no reference back to the streamer (a cycle would keep a dropped streamer's sessions and locks)."""
     app, timeout = f"unilog-{name}-side"[:63], pg_timeout or None
-    return SideReads(lambda: store.connect(conninfo, application_name=app, timeout=timeout), timeout, app)
+    wait = PASS_SHARE * timeout if timeout else None  # a pass claims nothing after that share of its deadline either
+    return SideReads(lambda: store.connect(conninfo, application_name=app, timeout=timeout), timeout, app, wait)
 
 
 class Streamer(Worker):
