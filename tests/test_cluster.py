@@ -190,6 +190,39 @@ def test_a_streams_batches_in_one_pipeline_follow_each_other(cluster: EmbeddedRe
         api.close()
 
 
+def test_a_gap_found_on_one_node_is_logged_though_another_nodes_call_was_refused(cluster: EmbeddedRedisCluster) -> None:
+    """A batch across streams on a cluster, a call per stream in one pipeline per node: on one node the streams
+    sent first find positions Redis lost (a gap), then a later call is refused (here a stale epoch). The gap is
+    logged before the batch fails (its re-send finds none: Redis appended past it); before, the refusal was raised
+    at once and the replies read before it dropped."""
+    from structlog.testing import capture_logs
+
+    from unilog.engine import RedisStreams, connect
+    from unilog.errors import PublishError
+    from unilog.store import ProducerIdentity
+    from unilog.stream import sending
+    from unilog.wire import pack_rows
+
+    def rows(*ns: int) -> Any:
+        return pack_rows([(f'{{"n":{n}}}', "a", "o", 1_700_000_000_000 + n, None) for n in ns])
+
+    api = RedisStreams(connect(cluster.cluster_url))
+    tag = uuid.uuid4().hex[:8]
+    bad = f"stale-{tag}"
+    identity = ProducerIdentity("p-gaps", 1)
+    try:
+        node = api._pool(bad)  # the streams of the test on bad's node: one pipeline, bad's call last
+        names = [n for n in (f"gap-{tag}-{k}" for k in range(200)) if api._pool(n) is node][:4]
+        api.publish(bad, "p-gaps", 2, 1, rows(1))  # at epoch 2: a batch at epoch 1 is refused
+        sending.send_many(api, [(n, 1, rows(1, 2)) for n in names], identity, 0, 1000)
+        with capture_logs() as logs, pytest.raises(PublishError, match="UNILOG_STALE_EPOCH"):
+            sending.send_many(api, [*[(n, 6, rows(6)) for n in names], (bad, 2, rows(2))], identity, 0, 1000)
+    finally:
+        api.close()
+    gaps = [e for e in logs if "missing confirmed positions" in e["event"]]
+    assert [(e["streams"], e["high_water"], e["first_seq"]) for e in gaps] == [(4, 2, 6)], logs
+
+
 def test_bulk_pages_read_the_same_from_a_cluster(cluster: EmbeddedRedisCluster) -> None:
     """The Spark source's reader: a cluster client's nodes parse XRANGE their own way; the pages come out alike."""
     from unilog import engine

@@ -173,3 +173,31 @@ def test_a_batch_across_streams_logs_one_line_for_its_skipped_positions_and_one_
     gaps = [e for e in logs if "missing confirmed positions" in e["event"]]
     assert [(e["streams"], e["first"], e["high_water"], e["first_seq"]) for e in gaps] == [(40, "logs-000", 2, 6)]
     assert gaps[0]["named"] == names, "each stream to reconcile is named"
+
+
+def test_a_gap_found_by_one_call_of_a_batch_is_logged_though_another_call_was_refused(settings: Settings) -> None:
+    """A batch across streams goes in several script calls of one pipeline; Redis refused the first (here a stream's
+    key holds a string) and ran the next, which found positions Redis lost. The gap is logged before the batch
+    fails: its re-send finds none (Redis appended past it), so it is said now or never. Before, the first refusal
+    was raised at once and the replies after it dropped, the gap with them."""
+    from unilog.engine import Packed, RedisStreams, connect
+    from unilog.store import ProducerIdentity
+    from unilog.stream import sending
+
+    def payload(values: list[int]) -> Packed:
+        fields = [[b'{"n":%d}' % v, b"a", b"o", b"1700000000000", b""] for v in values]
+        return Packed(len(values), b"".join(b"$%d\r\n%s\r\n" % (len(f), f) for row in fields for f in row), 5)
+
+    api = RedisStreams(connect(settings.redis_url))
+    identity = ProducerIdentity("p-refused", 1)
+    names = [f"gaps-{k:03d}" for k in range(4)]
+    try:
+        api.client.set("gaps-bad", "not a stream")
+        sending.send_many(api, [(name, 1, payload([1, 2])) for name in names], identity, 0, 1000, per_call=10)
+        batches = [("gaps-bad", 1, payload([1])), *[(name, 6, payload([6])) for name in names]]
+        with capture_logs() as logs, pytest.raises(PublishError, match="WRONGTYPE"):
+            sending.send_many(api, batches, identity, 0, 1000, per_call=1)  # a call a stream: the bad one first
+    finally:
+        api.close()
+    gaps = [e for e in logs if "missing confirmed positions" in e["event"]]
+    assert [(e["streams"], e["first"], e["high_water"], e["first_seq"]) for e in gaps] == [(4, names[0], 2, 6)], logs

@@ -58,7 +58,7 @@ from .groups import Groups
 from .layout import Layout
 from .letters import Letters
 from .partitions import Partitions
-from .publish import PUBLISH_LUA, MemoryUse, Publishing, PublishResult  # noqa: F401 - the adapter's names
+from .publish import PUBLISH_LUA, MemoryUse, PartlyRefused, Publishing, PublishResult  # noqa: F401 - adapter's
 from .read import PAGE, Reading, StreamInfo  # noqa: F401 - the adapter's names
 from .refusals import (  # noqa: F401 - classifying refusals
     FATAL,

@@ -42,10 +42,28 @@ class PublishResult:
     replicas: int = 0
 
 
+class PartlyRefused(redis.exceptions.ResponseError):
+    """Redis refused some script calls of a pipeline (``refusal``: the first of them) and ran the others:
+    ``results`` holds, per batch, what a call that ran did (None: refused), so that a gap one of them found is
+    still reported (its re-send finds none: Redis appended past it)."""
+
+    def __init__(self, refusal: redis.exceptions.ResponseError, results: list[PublishResult | None]) -> None:
+        super().__init__(str(refusal))
+        self.refusal, self.results = refusal, results
+
+
+class _Refused(Exception):
+    """:func:`_replies`'s: every reply was read, and some were refusals (the first is ``refusal``)."""
+
+    def __init__(self, refusal: redis.exceptions.ResponseError, replies: list[Any], replicas: int) -> None:
+        super().__init__(str(refusal))
+        self.refusal, self.replies, self.replicas = refusal, replies, replicas
+
+
+NOT_FOLLOWING = "UNILOG_NOT_FOLLOWING"  # publish.lua's refusal of a batch whose positions before it are missing
 PUBLISH_SHA = hashlib.sha1(PUBLISH_LUA.encode()).hexdigest()
 
 # publish_many.lua: many streams' batches, each as publish.lua appends one, in one call on a single Redis
-NOT_FOLLOWING = "UNILOG_NOT_FOLLOWING"  # publish.lua's refusal of a batch whose positions before it are missing
 PUBLISH_MANY_LUA = (resources.files(__package__) / "publish_many.lua").read_text(encoding="utf-8")
 PUBLISH_MANY_SHA = hashlib.sha1(PUBLISH_MANY_LUA.encode()).hexdigest()
 
@@ -159,7 +177,12 @@ class Publishing(Adapter):
                 keys = [_b(stream), _b(hwm_key(stream))]
                 args = [b"EVALSHA", self._sha.encode(), b"2", *keys, *[_b(a) for a in head]]
                 commands += [_pack(args, more=batch.stride * batch.count), batch.body]
-            replies, replicas = self._evalsha_many(pool, commands, len(indexes), wait_replicas, wait_timeout_ms)
+            try:
+                replies, replicas = self._evalsha_many(pool, commands, len(indexes), wait_replicas, wait_timeout_ms)
+            except _Refused as refused:  # the other nodes' calls are not sent: the batch is sent again
+                for i, reply in zip(indexes, refused.replies, strict=True):
+                    results[i] = None if reply is None else _result(reply, refused.replicas)
+                raise PartlyRefused(refused.refusal, results) from refused.refusal
             for i, reply in zip(indexes, replies, strict=True):
                 results[i] = _result(reply, replicas)
         return [r for r in results if r is not None]
@@ -199,13 +222,20 @@ class Publishing(Adapter):
         head = [b"EVALSHA", PUBLISH_MANY_SHA.encode()]
         parts = [[(stream, first, batch) for _i, stream, first, batch in call] for call in calls]
         commands = (_together(head, part, _b(producer), b"%d" % epoch) for part in parts)  # encoded as written
-        replies, replicas = self._evalsha_many(
-            self._pool(batches[0][0]), commands, len(calls), wait_replicas, wait_timeout_ms, script=PUBLISH_MANY_LUA
-        )
+        refused = None
+        try:
+            replies, replicas = self._evalsha_many(
+                self._pool(batches[0][0]), commands, len(calls), wait_replicas, wait_timeout_ms, script=PUBLISH_MANY_LUA
+            )
+        except _Refused as exc:
+            refused, replies, replicas = exc, exc.replies, exc.replicas
         results: list[PublishResult | None] = [None] * len(batches)
         for call, part, reply in zip(calls, parts, replies, strict=True):
-            for (index, *_batch), result in zip(call, _results_together(reply, part, replicas), strict=True):
-                results[index] = result
+            if reply is not None:
+                for (index, *_batch), result in zip(call, _results_together(reply, part, replicas), strict=True):
+                    results[index] = result
+        if refused is not None:
+            raise PartlyRefused(refused.refusal, results) from refused.refusal
         return [r for r in results if r is not None]
 
     @issues("evalsha", "script|load", "wait", *script_commands(PUBLISH_LUA), *script_commands(PUBLISH_MANY_LUA))
@@ -346,9 +376,11 @@ def _replies(conn: Any, count: int, wait_replicas: int) -> tuple[list[Any], int]
     """Read ``count`` script calls' replies (and a ``WAIT``'s, with ``wait_replicas``). A NOSCRIPT refusal is raised
     once every reply is read: each call has run or been refused by then, so the script loaded after it lets no call
     of this pipeline run as well (one Redis had not read yet did, then ran again when sent again: skipped as present,
-    correct, and a line per stream). Any other refusal is raised at once."""
+    correct, and a line per stream). Any other refusal is raised once every reply is read too, with the replies
+    (:class:`_Refused`): a gap the calls that ran found is reported, not dropped with them."""
     replies: list[Any] = []
     forgotten: redis.exceptions.NoScriptError | None = None
+    refused: redis.exceptions.ResponseError | None = None
     for _ in range(count):
         try:
             replies.append(conn.read_response())
@@ -359,11 +391,13 @@ def _replies(conn: Any, count: int, wait_replicas: int) -> tuple[list[Any], int]
             # a batch refused as following one NOSCRIPT refused (another client loaded the script between them) is
             # sent again with it: the pipeline's failure is the NOSCRIPT's, retried here, not a failed pass
             if forgotten is None or NOT_FOLLOWING not in str(exc):
-                raise
+                refused = refused or exc
             replies.append(None)
     replicas = int(conn.read_response()) if wait_replicas else 0
     if forgotten is not None:
         raise forgotten
+    if refused is not None:
+        raise _Refused(refused, replies, replicas)
     return replies, replicas
 
 

@@ -65,6 +65,11 @@ def send_many(
             wait_timeout_ms=wait_timeout_ms,
             per_call=per_call,
         )
+    except engine.PartlyRefused as exc:
+        ran = [(b, r) for b, r in zip(batches, exc.results, strict=True) if r is not None]
+        _logged_many([b for b, _r in ran], [r for _b, r in ran], identity)  # a gap is said now or never
+        records = sum(payload.count for _s, _f, payload in batches)
+        raise _refused(exc.refusal, f"a batch of {records} records for {len(batches)} streams") from exc.refusal
     except (engine.RedisError, OSError) as exc:
         records = sum(payload.count for _s, _f, payload in batches)
         raise _refused(exc, f"a batch of {records} records for {len(batches)} streams") from exc
