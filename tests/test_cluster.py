@@ -190,11 +190,13 @@ def test_a_streams_batches_in_one_pipeline_follow_each_other(cluster: EmbeddedRe
         api.close()
 
 
-def test_a_gap_found_on_one_node_is_logged_though_another_nodes_call_was_refused(cluster: EmbeddedRedisCluster) -> None:
-    """A batch across streams on a cluster, a call per stream in one pipeline per node: on one node the streams
-    sent first find positions Redis lost (a gap), then a later call is refused (here a stale epoch). The gap is
-    logged before the batch fails (its re-send finds none: Redis appended past it); before, the refusal was raised
-    at once and the replies read before it dropped."""
+def test_gaps_found_before_a_refused_call_are_logged_from_its_node_and_the_nodes_before(
+    cluster: EmbeddedRedisCluster,
+) -> None:
+    """A batch across streams on a cluster, a call per stream in one pipeline per node, node after node: the streams
+    sent first find positions Redis lost (a gap), on the nodes before and on the node whose later call is refused
+    (here a stale epoch). Every gap is logged before the batch fails (its re-send finds none: Redis appended past
+    it); before, the refusal was raised at once and every reply read before it dropped."""
     from structlog.testing import capture_logs
 
     from unilog.engine import RedisStreams, connect
@@ -211,8 +213,10 @@ def test_a_gap_found_on_one_node_is_logged_though_another_nodes_call_was_refused
     bad = f"stale-{tag}"
     identity = ProducerIdentity("p-gaps", 1)
     try:
-        node = api._pool(bad)  # the streams of the test on bad's node: one pipeline, bad's call last
-        names = [n for n in (f"gap-{tag}-{k}" for k in range(200)) if api._pool(n) is node][:4]
+        node = api._pool(bad)  # streams on bad's node (its pipeline, bad's call last) and on the others (sent before)
+        candidates = [f"gap-{tag}-{k}" for k in range(200)]
+        others = [n for n in candidates if api._pool(n) is not node][:4]
+        names = others + [n for n in candidates if api._pool(n) is node][:4]
         api.publish(bad, "p-gaps", 2, 1, rows(1))  # at epoch 2: a batch at epoch 1 is refused
         sending.send_many(api, [(n, 1, rows(1, 2)) for n in names], identity, 0, 1000)
         with capture_logs() as logs, pytest.raises(PublishError, match="UNILOG_STALE_EPOCH"):
@@ -220,7 +224,7 @@ def test_a_gap_found_on_one_node_is_logged_though_another_nodes_call_was_refused
     finally:
         api.close()
     gaps = [e for e in logs if "missing confirmed positions" in e["event"]]
-    assert [(e["streams"], e["high_water"], e["first_seq"]) for e in gaps] == [(4, 2, 6)], logs
+    assert [(e["streams"], e["high_water"], e["first_seq"]) for e in gaps] == [(8, 2, 6)], logs
 
 
 def test_bulk_pages_read_the_same_from_a_cluster(cluster: EmbeddedRedisCluster) -> None:

@@ -169,8 +169,8 @@ def test_a_batch_refused_as_following_one_that_met_an_empty_script_cache_is_sent
             assert time.monotonic() < deadline, "the first call was never run"
         streams.client.script_load(PUBLISH_LUA)  # another client
         conn.send_packed_command([call(3, "2", 3)])
-        with pytest.raises(redis.exceptions.NoScriptError):
-            _replies(conn, 2, 0)
+        replies, _replicas, forgotten, refused = _replies(conn, 2, 0)
+        assert replies == [None, None] and forgotten is not None and refused is None, "NOSCRIPT: sent again whole"
     finally:
         pool.release(conn)
     assert streams.client.exists("s") == 0
@@ -224,3 +224,36 @@ def test_publish_many_keeps_a_streams_batches_in_one_call_so_a_refused_call_leav
     results = streams.publish_many(batches[1:], "p1", 1, per_call=2)
     assert [(r.appended, r.skipped) for r in results] == [(2, 0), (2, 0)]
     assert seqs(streams, "s") == [1, 2, 3, 4]
+
+
+def test_a_gap_a_call_found_before_its_pipeline_met_an_empty_script_cache_is_kept_through_the_retry(
+    streams: RedisStreams,
+) -> None:
+    """A pipeline's first call meets an empty script cache (NOSCRIPT), another client loads the script, and the
+    next call runs, finding positions Redis lost (a gap). The pipeline is sent again once the script is loaded: the
+    first call runs, the second's records are skipped as present. The second call's result is its first run's, gap
+    and all: the re-run found no gap (Redis appended past it), and the gap was never reported."""
+    from unilog.engine.publish import PUBLISH_MANY_LUA, PUBLISH_MANY_SHA, _results_together, _together
+    from unilog.wire import pack_rows
+
+    streams.publish("g", "p1", 1, 1, rows(1, 2))  # g's positions 3..5 will be missing: a gap before 6
+    calls = [[("a", 1, pack_rows(rows(1)))], [("g", 6, pack_rows(rows(6)))]]
+    head = [b"EVALSHA", PUBLISH_MANY_SHA.encode()]
+    streams.client.script_flush()
+    streams._loaded.add(PUBLISH_MANY_LUA)  # as a streamer that loaded it before the flush
+    refused = _noscript_refusals(streams)
+
+    def commands() -> Iterator[bytes]:
+        yield _together(head, calls[0], b"p1", b"1")
+        deadline = time.monotonic() + 30
+        while _noscript_refusals(streams) == refused:  # until Redis ran the first call: refused
+            assert time.monotonic() < deadline, "the first call was never run"
+        streams.client.script_load(PUBLISH_MANY_LUA)  # another client
+        yield _together(head, calls[1], b"p1", b"1")
+
+    pool = streams.client.connection_pool
+    replies, replicas = streams._evalsha_many(pool, commands(), 2, 0, 1000, script=PUBLISH_MANY_LUA)
+    [a], [g] = (_results_together(r, c, replicas) for r, c in zip(replies, calls, strict=True))
+    assert (a.appended, a.skipped, a.gap_after) == (1, 0, None)
+    assert (g.appended, g.skipped, g.gap_after) == (1, 0, 2), "the second call's first run: appended past a gap"
+    assert seqs(streams, "g") == [1, 2, 6]

@@ -95,6 +95,36 @@ def test_a_read_only_replica_stops_the_streamer_and_a_consumer_in_one_line(
         replica.stop(cleanup=True)
 
 
+@pytest.mark.parametrize("wait", ["0", "1"], ids=["no-wait", "wait-replicas"])
+@pytest.mark.parametrize("streams", [1, 40], ids=["one-stream", "across-streams"])
+def test_a_read_only_replica_is_named_over_many_streams_and_though_the_streamer_waits_for_replicas(
+    settings: Settings, pg: Any, own_redis: EmbeddedRedis, tmp_path: Path, streams: int, wait: str
+) -> None:
+    """A replica where the primary should be stops ``--once`` with the one line that names it, whatever the number
+    of streams (across streams the script quotes READONLY as a plain error: it was a retried "did not confirm"
+    exit 1) and with ``--wait-replicas`` (Redis refuses the script calls, then the WAIT after them, a replica
+    taking none: the WAIT's refusal, read last, was reported instead)."""
+    from unilog import emit_many
+
+    replica = EmbeddedRedis(tmp_path / "replica", binary=own_redis.binary).start()
+    try:
+        client = redis.Redis.from_url(replica.url)
+        client.replicaof("127.0.0.1", own_redis.port)
+        deadline = time.monotonic() + 20
+        while client.info("replication").get("master_link_status") != "up":
+            assert time.monotonic() < deadline, "the replica never synced"
+            time.sleep(0.05)
+        with psycopg.connect(settings.conninfo) as conn:
+            emit_many(conn, [{"action": "a", "object": "o", "data": {}, "stream": f"s-{k}"} for k in range(streams)])
+        result = unilog(settings, "streamer", "--once", "--wait-replicas", wait, redis_url=replica.url)
+        assert result.returncode == ExitCode.CONFIG, result.stderr
+        line = one_line(result)
+        assert "read-only replica" in line and "point REDIS_URL at the primary" in line, line
+        assert staged(pg) == streams, "nothing deleted"
+    finally:
+        replica.stop(cleanup=True)
+
+
 def test_redis_out_of_memory_is_retried_with_a_hint_and_loses_nothing(
     settings: Settings, pg: Any, own_redis: EmbeddedRedis
 ) -> None:

@@ -104,44 +104,56 @@ def _side_pid(pg: Any, app: str) -> int | None:
 
 
 @pytest.mark.usefixtures("shares")
-def test_a_side_session_that_broke_leaves_the_share_to_the_streamers_own_claim(
+def test_a_side_session_the_server_ended_is_opened_again_and_one_that_cannot_be_leaves_the_share_to_the_own_claim(
     settings: Settings, pg: Any, rds: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The side session is ended (as a server restart or an operator would) between passes: the next pass's read
-    fails, one line says so, the streamer's own session claims that share, and every record goes once, in order;
-    the pass after opens a side session again and reads with it."""
+    """The side session is ended between passes (as a server restart or an operator would): the next pass's read
+    opens it again at once, with no line. Ended while no new session can be opened: the read fails, one line says
+    so, the streamer's own session claims that share; once sessions open again, so does the side one. Every record
+    goes once, in order."""
+    from unilog.errors import ServerUnreachable
+
     names = [f"s-{k:03d}" for k in range(40)]
-    claim_across = store.claim_across
+    claim_across, connect = store.claim_across, store.connect
     claims: list[int] = []
 
     def claim(conn: Any, sources: list[str], *args: Any, **kw: Any) -> Any:
         claims.append(len(sources))
         return claim_across(conn, sources, *args, **kw)
 
+    def refused(*args: Any, **kw: Any) -> Any:
+        raise ServerUnreachable("injected: cannot connect to Postgres")
+
+    def end_side_session() -> None:
+        pid = _side_pid(pg, "unilog-broken-side")
+        assert pid is not None, "the drain before read in a side session"
+        pg.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        deadline = time.monotonic() + 10
+        while _side_pid(pg, "unilog-broken-side") == pid and time.monotonic() < deadline:
+            time.sleep(0.05)
+
     monkeypatch.setattr(store, "claim_across", claim)
-    config = StreamerConfig(batch_size=10)
-    with Streamer(settings, config, name="broken") as streamer:
-        for round_ in range(3):
+    with Streamer(settings, StreamerConfig(batch_size=10), name="broken") as streamer:
+        for round_ in range(4):
             total = _stage(settings, names, per_stream=2)
             claims.clear()
-            if round_ == 1:
-                pid = _side_pid(pg, "unilog-broken-side")
-                assert pid is not None, "the first drain read in a side session"
-                pg.execute("SELECT pg_terminate_backend(%s)", (pid,))
-                deadline = time.monotonic() + 10
-                while _side_pid(pg, "unilog-broken-side") == pid and time.monotonic() < deadline:
-                    time.sleep(0.05)
+            if round_ in (1, 2):
+                end_side_session()
+            if round_ == 2:
+                monkeypatch.setattr(store, "connect", refused)  # the side session's next attempt
             with capture_logs() as logs:
                 assert streamer.drain(timeout=60) == total
+            monkeypatch.setattr(store, "connect", connect)
             failed = [e for e in logs if e["event"] == SIDE_FAILED]
-            if round_ == 1:
+            if round_ == 2:
                 assert len(failed) == 1 and failed[0]["log_level"] == "warning", logs
+                assert "injected" in failed[0]["error"]
                 assert claims == [20, 20], "both shares claimed in the streamer's own session"
             else:
-                assert failed == [] and claims == [20], "the second share saved from the side session's read"
+                assert failed == [] and claims == [20], f"round {round_}: the second share saved from the side read"
     assert pg.execute("SELECT count(*) FROM unilog_claims").fetchone()[0] == 0
     assert pg.execute("SELECT count(*) FROM staged_log_records").fetchone()[0] == 0
-    _assert_rounds_in_order(rds, names, rounds=3, per_stream=2)
+    _assert_rounds_in_order(rds, names, rounds=4, per_stream=2)
 
 
 def _assert_rounds_in_order(rds: redis.Redis, names: list[str], rounds: int, per_stream: int) -> None:

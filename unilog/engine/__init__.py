@@ -62,6 +62,7 @@ from .publish import PUBLISH_LUA, MemoryUse, PartlyRefused, Publishing, PublishR
 from .read import PAGE, Reading, StreamInfo  # noqa: F401 - the adapter's names
 from .refusals import (  # noqa: F401 - classifying refusals
     FATAL,
+    batch_refusal,
     fatal,
     hint,
     no_permission,

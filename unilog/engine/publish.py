@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -43,17 +44,19 @@ class PublishResult:
 
 
 class PartlyRefused(redis.exceptions.ResponseError):
-    """Redis refused some script calls of a pipeline (``refusal``: the first of them) and ran the others:
-    ``results`` holds, per batch, what a call that ran did (None: refused), so that a gap one of them found is
-    still reported (its re-send finds none: Redis appended past it)."""
+    """Redis refused some script calls of a pipeline (``refusal``: the first of them; on a cluster, or a node's
+    pipeline failed after others ran) and ran the others: ``results`` holds, per batch, what a call that ran did
+    (None: refused, or not sent), so that a gap one of them found is still reported (its re-send finds none: Redis
+    appended past it)."""
 
-    def __init__(self, refusal: redis.exceptions.ResponseError, results: list[PublishResult | None]) -> None:
+    def __init__(self, refusal: Exception, results: list[PublishResult | None]) -> None:
         super().__init__(str(refusal))
         self.refusal, self.results = refusal, results
 
 
 class _Refused(Exception):
-    """:func:`_replies`'s: every reply was read, and some were refusals (the first is ``refusal``)."""
+    """:meth:`Publishing._evalsha_many`'s: every reply was read, and some were refusals (the first is
+    ``refusal``)."""
 
     def __init__(self, refusal: redis.exceptions.ResponseError, replies: list[Any], replicas: int) -> None:
         super().__init__(str(refusal))
@@ -183,6 +186,10 @@ class Publishing(Adapter):
                 for i, reply in zip(indexes, refused.replies, strict=True):
                     results[i] = None if reply is None else _result(reply, refused.replicas)
                 raise PartlyRefused(refused.refusal, results) from refused.refusal
+            except (redis.RedisError, OSError) as exc:
+                if any(r is not None for r in results):  # the nodes before it ran: a gap they found is news still
+                    raise PartlyRefused(exc, results) from exc
+                raise
             for i, reply in zip(indexes, replies, strict=True):
                 results[i] = _result(reply, replicas)
         return [r for r in results if r is not None]
@@ -260,6 +267,7 @@ class Publishing(Adapter):
             # records sent again whole once the script was loaded
             self.client.script_load(script)
             self._loaded.add(script)
+        earlier: list[Any] | None = None  # the replies of the first attempt, which met an empty script cache
         for attempt in (1, 2):
             conn = pool.get_connection()
             try:
@@ -272,17 +280,22 @@ class Publishing(Adapter):
                     conn.send_packed_command(
                         [_pack([b"WAIT", b"%d" % wait_replicas, b"%d" % wait_timeout_ms])], check_health=False
                     )
-                replies, replicas = _replies(conn, count, wait_replicas)
-            except redis.exceptions.NoScriptError:
-                if attempt == 2:
-                    raise
-                self.client.script_load(script)
-                continue
+                replies, replicas, forgotten, refused = _replies(conn, count, wait_replicas)
             except BaseException:
                 conn.disconnect()  # the connection's state is unknown; never reuse it
                 raise
             finally:
                 pool.release(conn)
+            if earlier is not None:  # a call that ran before the script was loaded: its reply says what it did
+                replies = [e if e is not None else r for e, r in zip(earlier, replies, strict=True)]
+            if forgotten is not None:
+                if attempt == 2:
+                    raise forgotten
+                earlier = replies
+                self.client.script_load(script)
+                continue
+            if refused is not None:
+                raise _Refused(refused, replies, replicas)
             return replies, replicas
         raise AssertionError("unreachable")
 
@@ -309,8 +322,12 @@ class Publishing(Adapter):
                 conn.send_packed_command(packed, check_health=True)
                 try:
                     reply = conn.read_response()
-                finally:
-                    replicas = int(conn.read_response()) if wait_replicas else 0
+                except redis.exceptions.ResponseError:
+                    if wait_replicas:  # read, and refused too on a replica: the call's refusal is the news
+                        with contextlib.suppress(redis.exceptions.ResponseError):
+                            conn.read_response()
+                    raise
+                replicas = int(conn.read_response()) if wait_replicas else 0
             except redis.exceptions.NoScriptError:
                 if attempt == 2:
                     raise
@@ -372,12 +389,15 @@ def _high_water(mark: Any) -> tuple[int, int] | None:
 _HEAD = b"$%d\r\n%b\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n"
 
 
-def _replies(conn: Any, count: int, wait_replicas: int) -> tuple[list[Any], int]:
-    """Read ``count`` script calls' replies (and a ``WAIT``'s, with ``wait_replicas``). A NOSCRIPT refusal is raised
-    once every reply is read: each call has run or been refused by then, so the script loaded after it lets no call
-    of this pipeline run as well (one Redis had not read yet did, then ran again when sent again: skipped as present,
-    correct, and a line per stream). Any other refusal is raised once every reply is read too, with the replies
-    (:class:`_Refused`): a gap the calls that ran found is reported, not dropped with them."""
+def _replies(
+    conn: Any, count: int, wait_replicas: int
+) -> tuple[list[Any], int, redis.exceptions.NoScriptError | None, redis.exceptions.ResponseError | None]:
+    """Read ``count`` script calls' replies (None for a refused call) and a ``WAIT``'s (with ``wait_replicas``),
+    every one of them; then the first NOSCRIPT refusal and the first other refusal, if any. Every reply is read
+    before either is acted on: each call has run or been refused by then, so the script loaded after a NOSCRIPT
+    lets no call of this pipeline run as well (one Redis had not read yet did, then ran again when sent again:
+    skipped as present, correct, and a line per stream), and a gap the calls that ran found is reported, not
+    dropped with them. A connection error is raised at once."""
     replies: list[Any] = []
     forgotten: redis.exceptions.NoScriptError | None = None
     refused: redis.exceptions.ResponseError | None = None
@@ -389,16 +409,17 @@ def _replies(conn: Any, count: int, wait_replicas: int) -> tuple[list[Any], int]
             replies.append(None)
         except redis.exceptions.ResponseError as exc:
             # a batch refused as following one NOSCRIPT refused (another client loaded the script between them) is
-            # sent again with it: the pipeline's failure is the NOSCRIPT's, retried here, not a failed pass
+            # sent again with it: the pipeline's failure is the NOSCRIPT's, retried, not a failed pass
             if forgotten is None or NOT_FOLLOWING not in str(exc):
                 refused = refused or exc
             replies.append(None)
-    replicas = int(conn.read_response()) if wait_replicas else 0
-    if forgotten is not None:
-        raise forgotten
-    if refused is not None:
-        raise _Refused(refused, replies, replicas)
-    return replies, replicas
+    try:
+        replicas = int(conn.read_response()) if wait_replicas else 0
+    except redis.exceptions.ResponseError:
+        if forgotten is None and refused is None:
+            raise
+        replicas = 0  # refused as the calls were (a replica's READONLY, then its WAIT): the calls' refusal is the news
+    return replies, replicas, forgotten, refused
 
 
 def _together(head: list[bytes], batches: list[tuple[str, int, Packed]], producer: bytes, epoch: bytes) -> bytes:

@@ -75,6 +75,12 @@ def type_checked(stream: str) -> tuple[str, str]:
     return stream, hwm_key(stream)
 
 
+def batch_refusal(exc: BaseException) -> Exception | None:
+    """:func:`refusal` of a batch across streams (no one stream to name, no key types read), or None: a replica's
+    ``READONLY`` or an ACL refusal, quoted by a script as a plain error, is the one line a single stream's gets."""
+    return refusal(exc, "", {}) if isinstance(exc, redis.ResponseError) else None
+
+
 def refusal(exc: redis.ResponseError, stream: str, kinds: Mapping[str, str]) -> Exception | None:
     """The one-line error for a refusal no retry can fix, or None: ``kinds`` are the types of the keys of
     :func:`type_checked` (read by the caller, sync or asyncio, only for a ``WRONGTYPE`` refusal)."""

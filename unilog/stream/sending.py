@@ -65,14 +65,15 @@ def send_many(
             wait_timeout_ms=wait_timeout_ms,
             per_call=per_call,
         )
-    except engine.PartlyRefused as exc:
-        ran = [(b, r) for b, r in zip(batches, exc.results, strict=True) if r is not None]
-        _logged_many([b for b, _r in ran], [r for _b, r in ran], identity)  # a gap is said now or never
-        records = sum(payload.count for _s, _f, payload in batches)
-        raise _refused(exc.refusal, f"a batch of {records} records for {len(batches)} streams") from exc.refusal
     except (engine.RedisError, OSError) as exc:
+        cause = exc.refusal if isinstance(exc, engine.PartlyRefused) else exc
+        if isinstance(exc, engine.PartlyRefused):
+            ran = [(b, r) for b, r in zip(batches, exc.results, strict=True) if r is not None]
+            _logged_many([b for b, _r in ran], [r for _b, r in ran], identity)  # a gap is said now or never
+        if (no_retry := engine.batch_refusal(cause)) is not None:  # a replica, an ACL refusal: as one stream's
+            raise no_retry from cause
         records = sum(payload.count for _s, _f, payload in batches)
-        raise _refused(exc, f"a batch of {records} records for {len(batches)} streams") from exc
+        raise _refused(cause, f"a batch of {records} records for {len(batches)} streams") from cause
     _logged_many(batches, results, identity)  # before a short acknowledgement raises: the re-send skips the gap
     for (stream, _first_seq, _payload), result in zip(batches, results, strict=True):
         _acknowledged(result, stream, wait_replicas, wait_timeout_ms)

@@ -14,8 +14,9 @@ Guarantees:
   rows committed later are left to a later claim, as any claim leaves them.
 * **It only ever speeds a pass up.** A read that fails (the session broken, the server gone, its deadline passed,
   any error) is logged in one line and the share is claimed in the streamer's own session, as without it; the
-  session is opened again for a later pass. Every wait on it is bounded by the deadline: the read's (the session's
-  set-up included), and the streamer's wait for the read's result.
+  session is opened again for a later pass. A session the server ended while it sat idle between passes (a
+  restart) is opened again at once, without a line. Every wait on it is bounded by the deadline: the read's (the
+  session's set-up included), and the streamer's wait for the read's result.
 """
 
 from __future__ import annotations
@@ -64,21 +65,29 @@ class SideReads:
 
     def _read(self, sources: list[str], limit: int, before: str | None, per_source: int) -> store.Read | None:
         # any error: a read only ever saves a claim, which the streamer's own session takes as well without it
-        try:
-            conn, new = self._session()
-            with store.deadline(conn, self.timeout):
-                if new:
-                    store.tune_streamer_session(conn)
-                read = store.read_across(conn, sources, limit, before, per_source)
-                conn.rollback()  # read only: ends the snapshot
-        except Exception as exc:
-            log.warning(
-                "a share's batch could not be read in the side session: it is claimed in the streamer's own",
-                error=f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}",
-            )
-            self._close_session()
-            return None
-        return read
+        reopened = False
+        while True:
+            new = False
+            try:
+                conn, new = self._session()
+                with store.deadline(conn, self.timeout):
+                    if new:
+                        store.tune_streamer_session(conn)
+                    read = store.read_across(conn, sources, limit, before, per_source)
+                    conn.rollback()  # read only: ends the snapshot
+                return read
+            except Exception as exc:
+                self._close_session()
+                # a session the server ended while it sat idle (a restart, an operator): opened again at once, with
+                # no line (the streamer's own session says what happened to the server); a deadline is not retried
+                if isinstance(exc, psycopg.OperationalError) and not new and not reopened:
+                    reopened = True
+                    continue
+                log.warning(
+                    "a share's batch could not be read in the side session: it is claimed in the streamer's own",
+                    error=f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}",
+                )
+                return None
 
     def _session(self) -> tuple[psycopg.Connection[Any], bool]:
         """The side session, and whether it is new (opened now: the connection attempt is bounded by its connect
