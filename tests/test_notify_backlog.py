@@ -24,8 +24,10 @@ from unilog.harness.pytest_plugin import running
 COMMITS = 10_000
 # What a LISTEN session may keep, and NOTIFYs sent: before the fix, one per commit (10,000, of which ~4,700 kept). A
 # streamer woken by a commit keeps the wake-up lock through the look that follows (issue 26: the look does not wait
-# for the unlock), so commits during that look notify too: a few hundred in all here.
-BOUND = 500
+# for the unlock), so commits during that look notify too: a few hundred in all here, more on a loaded machine (622
+# to 726 in three runs of five on 2026-11-30, on this code and the one before it: 500 failed the suite now and then).
+# A fifth of the commits still tells the defect (every commit) apart.
+BOUND = COMMITS // 5
 
 
 def backlog(streamer: Streamer) -> int:
