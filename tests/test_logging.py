@@ -144,13 +144,9 @@ def test_a_batch_across_streams_logs_one_line_for_its_skipped_positions_and_one_
     """A batch across many streams sent again (after a failover, say) is skipped as present by Redis: one line says
     how many streams and records, naming the first, not a line per stream (ten thousand of them over ten thousand
     streams). Positions Redis lost (a gap before the batch) are one error line the same way."""
-    from unilog.engine import Packed, RedisStreams, connect
+    from unilog.engine import RedisStreams, connect
     from unilog.store import ProducerIdentity
     from unilog.stream import sending
-
-    def payload(values: list[int]) -> Packed:
-        fields = [[b'{"n":%d}' % v, b"a", b"o", b"1700000000000", b""] for v in values]
-        return Packed(len(values), b"".join(b"$%d\r\n%s\r\n" % (len(f), f) for row in fields for f in row), 5)
 
     api = RedisStreams(connect(settings.redis_url))
     identity = ProducerIdentity("p-logs", 1)
@@ -180,13 +176,9 @@ def test_a_gap_found_by_one_call_of_a_batch_is_logged_though_another_call_was_re
     key holds a string) and ran the next, which found positions Redis lost. The gap is logged before the batch
     fails: its re-send finds none (Redis appended past it), so it is said now or never. Before, the first refusal
     was raised at once and the replies after it dropped, the gap with them."""
-    from unilog.engine import Packed, RedisStreams, connect
+    from unilog.engine import RedisStreams, connect
     from unilog.store import ProducerIdentity
     from unilog.stream import sending
-
-    def payload(values: list[int]) -> Packed:
-        fields = [[b'{"n":%d}' % v, b"a", b"o", b"1700000000000", b""] for v in values]
-        return Packed(len(values), b"".join(b"$%d\r\n%s\r\n" % (len(f), f) for row in fields for f in row), 5)
 
     api = RedisStreams(connect(settings.redis_url))
     identity = ProducerIdentity("p-refused", 1)
@@ -201,3 +193,11 @@ def test_a_gap_found_by_one_call_of_a_batch_is_logged_though_another_call_was_re
         api.close()
     gaps = [e for e in logs if "missing confirmed positions" in e["event"]]
     assert [(e["streams"], e["first"], e["high_water"], e["first_seq"]) for e in gaps] == [(4, names[0], 2, 6)], logs
+
+
+def payload(values: list[int]) -> Any:
+    """A batch of records ``{"n": value}`` packed for Redis (five fields a record, no key)."""
+    from unilog.engine import Packed
+
+    fields = [[b'{"n":%d}' % v, b"a", b"o", b"1700000000000", b""] for v in values]
+    return Packed(len(values), b"".join(b"$%d\r\n%s\r\n" % (len(f), f) for row in fields for f in row), 5)

@@ -11,6 +11,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -70,17 +71,26 @@ def test_noauth_and_wrongpass_are_one_line_and_the_right_password_works(
     assert done.returncode == 0 and "streamed 3 records" in done.stdout, done.stderr
 
 
-def test_a_read_only_replica_stops_the_streamer_and_a_consumer_in_one_line(
-    settings: Settings, pg: Any, own_redis: EmbeddedRedis, tmp_path: Path
-) -> None:
-    replica = EmbeddedRedis(tmp_path / "replica", binary=own_redis.binary).start()
+@contextmanager
+def replica_of(primary: EmbeddedRedis, tmp_path: Path) -> Iterator[EmbeddedRedis]:
+    """A Redis replica of ``primary``, synced, stopped after the block."""
+    replica = EmbeddedRedis(tmp_path / "replica", binary=primary.binary).start()
     try:
         client = redis.Redis.from_url(replica.url)
-        client.replicaof("127.0.0.1", own_redis.port)
+        client.replicaof("127.0.0.1", primary.port)
         deadline = time.monotonic() + 20
         while client.info("replication").get("master_link_status") != "up":
             assert time.monotonic() < deadline, "the replica never synced"
             time.sleep(0.05)
+        yield replica
+    finally:
+        replica.stop(cleanup=True)
+
+
+def test_a_read_only_replica_stops_the_streamer_and_a_consumer_in_one_line(
+    settings: Settings, pg: Any, own_redis: EmbeddedRedis, tmp_path: Path
+) -> None:
+    with replica_of(own_redis, tmp_path) as replica:
         stage(settings)
         result = unilog(settings, "streamer", "--once", redis_url=replica.url)
         assert result.returncode == ExitCode.CONFIG, result.stderr
@@ -91,8 +101,6 @@ def test_a_read_only_replica_stops_the_streamer_and_a_consumer_in_one_line(
         consumer = unilog(settings, "consume", "handlers:cli_handler", "--name", "cli", redis_url=replica.url)
         assert consumer.returncode == ExitCode.CONFIG, consumer.stderr
         assert "read-only replica" in one_line(consumer)
-    finally:
-        replica.stop(cleanup=True)
 
 
 @pytest.mark.parametrize("wait", ["0", "1"], ids=["no-wait", "wait-replicas"])
@@ -106,14 +114,7 @@ def test_a_read_only_replica_is_named_over_many_streams_and_though_the_streamer_
     taking none: the WAIT's refusal, read last, was reported instead)."""
     from unilog import emit_many
 
-    replica = EmbeddedRedis(tmp_path / "replica", binary=own_redis.binary).start()
-    try:
-        client = redis.Redis.from_url(replica.url)
-        client.replicaof("127.0.0.1", own_redis.port)
-        deadline = time.monotonic() + 20
-        while client.info("replication").get("master_link_status") != "up":
-            assert time.monotonic() < deadline, "the replica never synced"
-            time.sleep(0.05)
+    with replica_of(own_redis, tmp_path) as replica:
         with psycopg.connect(settings.conninfo) as conn:
             emit_many(conn, [{"action": "a", "object": "o", "data": {}, "stream": f"s-{k}"} for k in range(streams)])
         result = unilog(settings, "streamer", "--once", "--wait-replicas", wait, redis_url=replica.url)
@@ -121,8 +122,6 @@ def test_a_read_only_replica_is_named_over_many_streams_and_though_the_streamer_
         line = one_line(result)
         assert "read-only replica" in line and "point REDIS_URL at the primary" in line, line
         assert staged(pg) == streams, "nothing deleted"
-    finally:
-        replica.stop(cleanup=True)
 
 
 def test_redis_out_of_memory_is_retried_with_a_hint_and_loses_nothing(

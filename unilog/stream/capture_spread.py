@@ -14,7 +14,9 @@ hands it its passes over more than one source):
   confirmed every script call of the batch (a refused one fails the batch: nothing of it is deleted). A large batch
   goes in pieces, each piece's claims deleted in that transaction while Redis appends the next.
 * **Claimed while Redis appends.** Over many sources a pass claims a share of them at a time (``SHARES``, disjoint),
-  the next share's batch committed while Redis appends the one before: no row is in two batches in flight.
+  the next share's batch committed while Redis appends the one before: no row is in two batches in flight. The
+  second share's batch is read in a side session while the first is claimed, and saved here
+  (:mod:`unilog.stream.side_reads`).
 * **A re-send is the same batch.** Claims are sent in claim order, each in id order, from the last committed
   positions; after a crash, saved claims are re-sent the same way, so each record gets the position it had, and the
   publish script (:mod:`unilog.engine.publish`) skips what Redis already holds, a command redis-py or the network
