@@ -28,6 +28,10 @@ COMMITS = 10_000
 # to 726 in three runs of five on 2026-11-30, on this code and the one before it: 500 failed the suite now and then).
 # A fifth of the commits still tells the defect (every commit) apart.
 BOUND = COMMITS // 5
+# The second test needs NOTIFYs to show anything; a loaded machine delivered as few as 1,631 of 10,000 (the idle
+# streamer is not always asleep on the wake-up when a commit lands). Before the fix the busy session kept about half
+# of what it received, so a fifth of what was sent still tells the defect apart.
+NOTIFIED = COMMITS // 10
 
 
 def backlog(streamer: Streamer) -> int:
@@ -132,8 +136,8 @@ def test_a_busy_streamer_keeps_no_notifications_while_another_sleeps(settings: S
         sent = notifies[0]
     idle.close()
     busy.close()
-    assert sent > BOUND, "the idle streamer should have slept on the wake-up (the test would show nothing)"
-    assert worst[0] <= BOUND, f"the busy streamer's LISTEN session kept {worst[0]} of {sent} notifications"
+    assert sent > NOTIFIED, f"{sent} NOTIFYs: the idle streamer should have slept on the wake-up (nothing to show)"
+    assert worst[0] <= sent // 5, f"the busy streamer's LISTEN session kept {worst[0]} of {sent} notifications"
 
 
 def test_the_listener_is_the_only_session_that_listens() -> None:
