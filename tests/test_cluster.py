@@ -227,6 +227,26 @@ def test_gaps_found_before_a_refused_call_are_logged_from_its_node_and_the_nodes
     assert [(e["streams"], e["high_water"], e["first_seq"]) for e in gaps] == [(8, 2, 6)], logs
 
 
+def test_a_string_at_one_of_many_streams_is_named_on_a_cluster(cluster: EmbeddedRedisCluster) -> None:
+    """A batch across streams on a cluster, one stream's key holding a string: the refused call's stream is named,
+    as a batch of that stream alone is (exit 3 from the streamer), not a retried "did not confirm"."""
+    from unilog.engine import RedisStreams, connect
+    from unilog.errors import WrongKeyType
+    from unilog.store import ProducerIdentity
+    from unilog.stream import sending
+    from unilog.wire import pack_rows
+
+    api = RedisStreams(connect(cluster.cluster_url))
+    names = [f"typed-{uuid.uuid4().hex[:8]}-{k}" for k in range(12)]
+    try:
+        api.client.set(names[7], "another application's value")
+        batches = [(n, 1, pack_rows([('{"n":1}', "a", "o", 1_700_000_000_000, None)])) for n in names]
+        with pytest.raises(WrongKeyType, match=f"the Redis key '{names[7]}' holds a string, not a stream"):
+            sending.send_many(api, batches, ProducerIdentity("p-typed", 1), 0, 1000)
+    finally:
+        api.close()
+
+
 def test_bulk_pages_read_the_same_from_a_cluster(cluster: EmbeddedRedisCluster) -> None:
     """The Spark source's reader: a cluster client's nodes parse XRANGE their own way; the pages come out alike."""
     from unilog import engine

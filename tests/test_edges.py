@@ -9,7 +9,7 @@ import psycopg
 from cli import one_line, unilog
 from structlog.testing import capture_logs
 
-from unilog import Consumer, ConsumerConfig, Settings, emit
+from unilog import Consumer, ConsumerConfig, Settings, emit, emit_many
 from unilog.cli import ExitCode
 
 
@@ -52,3 +52,28 @@ def test_a_consumer_of_a_stream_that_does_not_exist_says_so_and_lists_those_that
     with capture_logs() as logs, Consumer(settings, ConsumerConfig(name="c1", stream="rides"), print) as consumer:
         consumer.connect()
     assert not [e for e in logs if e["event"].startswith("the stream does not exist")]
+
+
+def test_a_string_at_one_of_many_streams_names_it_and_stops_the_streamer_in_one_line(
+    settings: Settings, pg: Any, rds: Any
+) -> None:
+    """Over many streams the batch goes in script calls of many streams each; one stream's key holding a string
+    refused the whole call, quoted as the script's internals, and ``--once`` exited 1 for a retry that could never
+    succeed. The stream is named as over one stream, and the streams appended before it are not appended twice."""
+    names = [f"tenant-{k:03d}" for k in range(300)]
+    rds.set(names[150], "another application's value")
+    with psycopg.connect(settings.conninfo) as conn:
+        for name in names:
+            emit_many(conn, [{"action": "a", "object": "o", "data": {"n": n}, "stream": name} for n in range(3)])
+    result = unilog(settings, "streamer", "--once")
+    assert result.returncode == ExitCode.CONFIG, result.stderr
+    line = one_line(result)
+    assert f"the Redis key '{names[150]}' holds a string, not a stream" in line, line
+    assert "script" not in line.lower() and "lua" not in line.lower(), line
+    staged = "SELECT count(*) FROM staged_log_records WHERE stream = %s"
+    assert pg.execute(staged, (names[150],)).fetchone() == (3,), "nothing lost"
+    rds.delete(names[150])
+    done = unilog(settings, "streamer", "--once")
+    assert done.returncode == 0, done.stderr
+    assert {name: rds.xlen(name) for name in names} == dict.fromkeys(names, 3), "each record once"
+    assert pg.execute("SELECT count(*) FROM staged_log_records").fetchone() == (0,)

@@ -253,7 +253,7 @@ def test_a_gap_a_call_found_before_its_pipeline_met_an_empty_script_cache_is_kep
 
     pool = streams.client.connection_pool
     replies, replicas = streams._evalsha_many(pool, commands(), 2, 0, 1000, script=PUBLISH_MANY_LUA)
-    [a], [g] = (_results_together(r, c, replicas) for r, c in zip(replies, calls, strict=True))
+    [a], [g] = (_results_together(r, c, replicas)[0] for r, c in zip(replies, calls, strict=True))
     assert (a.appended, a.skipped, a.gap_after) == (1, 0, None)
     assert (g.appended, g.skipped, g.gap_after) == (1, 0, 2), "the second call's first run: appended past a gap"
     assert seqs(streams, "g") == [1, 2, 6]

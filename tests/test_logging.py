@@ -16,7 +16,7 @@ from structlog.testing import capture_logs
 
 from unilog import Consumer, ConsumerConfig, Settings, Streamer, emit
 from unilog.consume.progress import RewindWatch
-from unilog.errors import PublishError
+from unilog.errors import PublishError, WrongKeyType
 from unilog.log import configure_logging
 
 
@@ -187,8 +187,37 @@ def test_a_gap_found_by_one_call_of_a_batch_is_logged_though_another_call_was_re
         api.client.set("gaps-bad", "not a stream")
         sending.send_many(api, [(name, 1, payload([1, 2])) for name in names], identity, 0, 1000, per_call=10)
         batches = [("gaps-bad", 1, payload([1])), *[(name, 6, payload([6])) for name in names]]
-        with capture_logs() as logs, pytest.raises(PublishError, match="WRONGTYPE"):
+        with capture_logs() as logs, pytest.raises(WrongKeyType, match="'gaps-bad' holds a string"):
             sending.send_many(api, batches, identity, 0, 1000, per_call=1)  # a call a stream: the bad one first
+    finally:
+        api.close()
+    gaps = [e for e in logs if "missing confirmed positions" in e["event"]]
+    assert [(e["streams"], e["first"], e["high_water"], e["first_seq"]) for e in gaps] == [(4, names[0], 2, 6)], logs
+
+
+@pytest.mark.parametrize("refusal", ["WRONGTYPE", "UNILOG_STALE_EPOCH"])
+def test_a_gap_found_before_a_refusal_inside_the_same_script_call_is_logged(settings: Settings, refusal: str) -> None:
+    """One script call of many streams; the last stream is refused inside it (its key holds a string, or another
+    producer's mark is at a later epoch) after the streams before it were appended, one of them past a gap. A script
+    has no rollback: their re-send finds no gap, so the call says what they did before the refusal. Before, the
+    refusal was the call's whole reply and the gap went unsaid."""
+    from unilog.engine import RedisStreams, connect
+    from unilog.store import ProducerIdentity
+    from unilog.stream import sending
+
+    api = RedisStreams(connect(settings.redis_url))
+    identity = ProducerIdentity("p-inside", 1)
+    names = [f"inside-{k:03d}" for k in range(4)]
+    try:
+        if refusal == "WRONGTYPE":
+            api.client.set("inside-bad", "not a stream")
+        else:
+            sending.send_many(api, [("inside-bad", 1, payload([1]))], ProducerIdentity("p-inside", 2), 0, 1000)
+        sending.send_many(api, [(name, 1, payload([1, 2])) for name in names], identity, 0, 1000)
+        batches = [*[(name, 6, payload([6])) for name in names], ("inside-bad", 2, payload([2]))]
+        with capture_logs() as logs, pytest.raises(Exception, match=refusal if "EPOCH" in refusal else "string"):
+            sending.send_many(api, batches, identity, 0, 1000)  # one call: the bad stream last
+        assert [api.client.xlen(name) for name in names] == [3] * 4, "the streams before it were appended"
     finally:
         api.close()
     gaps = [e for e in logs if "missing confirmed positions" in e["event"]]

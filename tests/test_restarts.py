@@ -195,10 +195,19 @@ def wait_for(check: Callable[[], Any], what: str, timeout: float = 45.0, process
         time.sleep(0.2)
 
 
-def stage(app: Settings, numbers: range) -> None:
+FANOUT = 12  # streamer-many's streams: a pass over 10 or more claims them in two shares, one in the side session
+
+
+def streams_of(app: Settings, fanout: int) -> list[str]:
+    return [app.stream] if fanout == 1 else [f"{app.stream}.{k:02d}" for k in range(fanout)]
+
+
+def stage(app: Settings, numbers: range, fanout: int = 1) -> None:
+    """Stage ``numbers`` in one transaction, each on every one of the ``fanout`` streams of :func:`streams_of`."""
     with psycopg.connect(app.conninfo) as conn:
         for n in numbers:
-            emit(conn, action="create", object="ride", data={"n": n}, key=str(n), stream=app.stream)
+            for stream in streams_of(app, fanout):
+                emit(conn, action="create", object="ride", data={"n": n}, key=str(n), stream=stream)
 
 
 def publish(app: Settings, numbers: range) -> None:
@@ -208,12 +217,12 @@ def publish(app: Settings, numbers: range) -> None:
         streamer.drain(timeout=30)
 
 
-def published(app: Settings) -> list[int]:
-    """The records' numbers in the stream (each partition's too), sorted: a double send shows twice."""
+def published(app: Settings, fanout: int = 1) -> list[int]:
+    """The records' numbers in the streams (each partition's too), sorted: a double send shows twice."""
     client = connect(app.redis_url)  # a cluster's URL too
     try:
         keys = [
-            app.stream,
+            *streams_of(app, fanout),
             *(partition_stream(app.stream, i) for i in range(RedisStreams(client).partitions(app.stream))),
         ]
         found = []
@@ -254,6 +263,7 @@ class Kind:
     args: list[str]
     setup: Callable[[Settings], None] = lambda app: None
     worker: bool = True  # consumes or publishes records (else it serves a report)
+    fanout: int = 1  # a streamer's: the streams each record is staged on
     teardown: Callable[[Settings], None] = lambda app: None  # after the process stopped, both servers up
 
 
@@ -281,6 +291,8 @@ KINDS = {
     "streamer-wal": Kind(
         ["streamer", "--poll-interval", "0.2", "--metrics-port", "{port}"], setup=_wal_mode, teardown=_table_mode
     ),
+    # over many streams: the side session that reads a share's batch is ended by each restart too, and reopened
+    "streamer-many": Kind(["streamer", "--poll-interval", "0.2", "--metrics-port", "{port}"], fanout=FANOUT),
     "checkpoint": Kind(["consume", "restart_handlers:apply", "--name", "{name}", "--metrics-port", "{port}"]),
     "group": Kind(
         ["consume", "restart_handlers:apply", "--group", "{name}", "--worker", "w1", "--metrics-port", "{port}"],
@@ -298,9 +310,13 @@ def works(kind: str, process: Process, app: Settings, numbers: range, when: str)
     """The process does its work for ``numbers`` and answers, ``when`` (for the messages)."""
     spec = KINDS[kind]
     if kind.startswith("streamer"):
-        stage(app, numbers)
-        expected = list(range(numbers.stop))
-        wait_for(lambda: published(app) == expected, f"the streamer to publish {numbers} once, {when}", process=process)
+        stage(app, numbers, spec.fanout)
+        expected = sorted(list(range(numbers.stop)) * spec.fanout)
+        wait_for(
+            lambda: published(app, spec.fanout) == expected,
+            f"the streamer to publish {numbers} once, {when}",
+            process=process,
+        )
     elif spec.worker:
         publish(app, numbers)
         expected = list(range(numbers.stop))
@@ -323,8 +339,19 @@ def terminate_sessions(app: Settings) -> int:
     return len(rows)
 
 
-@pytest.mark.parametrize("server", ["postgres", "redis"])
-@pytest.mark.parametrize("kind", list(KINDS))
+def side_sessions(app: Settings) -> int:
+    """Open side sessions of streamers (``unilog-<name>-side``) on the module's Postgres."""
+    with psycopg.connect(app.conninfo, autocommit=True) as conn:
+        sql = "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'unilog-%%-side'"
+        row = conn.execute(sql).fetchone()
+        return int(row[0]) if row else 0
+
+
+# the side session is Postgres's alone: a Redis restart of the many-stream streamer would repeat the streamer's
+CASES = [(k, s) for k in KINDS for s in ("postgres", "redis") if (k, s) != ("streamer-many", "redis")]
+
+
+@pytest.mark.parametrize(("kind", "server"), CASES)
 def test_a_process_started_while_a_server_is_down_waits_and_rides_out_its_restarts(
     kind: str, server: str, servers: Servers, app: Settings, tmp_path: Path
 ) -> None:
@@ -351,6 +378,9 @@ def test_a_process_started_while_a_server_is_down_waits_and_rides_out_its_restar
             terminate_sessions(app)
             works(kind, process, app, range(6, 9), "after its Postgres sessions were terminated")
         process.assert_alive("at the end")
+        if kind == "streamer-many":
+            assert side_sessions(app) == 1, "the side session was reopened and read the last share"
+            assert "side session" not in process.text(), "a side session ended while idle is reopened without a line"
         if kind == "streamer-wal":
             assert "streaming from the WAL" in process.text(), "the streamer read the slot, not the table"
     finally:

@@ -185,7 +185,8 @@ class Publishing(Adapter):
             except _Refused as refused:  # the other nodes' calls are not sent: the batch is sent again
                 for i, reply in zip(indexes, refused.replies, strict=True):
                     results[i] = None if reply is None else _result(reply, refused.replicas)
-                raise PartlyRefused(refused.refusal, results) from refused.refusal
+                at = next((batches[i][0] for i, r in zip(indexes, refused.replies, strict=True) if r is None), None)
+                raise self._partly(refused.refusal, results, at) from refused.refusal
             except (redis.RedisError, OSError) as exc:
                 if any(r is not None for r in results):  # the nodes before it ran: a gap they found is news still
                     raise PartlyRefused(exc, results) from exc
@@ -237,13 +238,30 @@ class Publishing(Adapter):
         except _Refused as exc:
             refused, replies, replicas = exc, exc.replies, exc.replicas
         results: list[PublishResult | None] = [None] * len(batches)
+        first: tuple[Exception, str | None] | None = None  # the first refusal, and the stream it names if it does
         for call, part, reply in zip(calls, parts, replies, strict=True):
             if reply is not None:
-                for (index, *_batch), result in zip(call, _results_together(reply, part, replicas), strict=True):
+                ran, inside = _results_together(reply, part, replicas)
+                for (index, *_batch), result in zip(call, ran, strict=True):
                     results[index] = result
-        if refused is not None:
-            raise PartlyRefused(refused.refusal, results) from refused.refusal
+                first = first or inside
+        if refused is not None and (first is None or first[0] is not refused.refusal):
+            first = (refused.refusal, None)  # a whole call's, before any stream's inside a call
+        if first is not None:
+            raise self._partly(first[0], results, first[1]) from first[0]
         return [r for r in results if r is not None]
+
+    @issues(via=("explained",))
+    def _partly(self, refusal: Exception, results: list[PublishResult | None], stream: str | None) -> PartlyRefused:
+        """The :class:`PartlyRefused` of ``refusal``, made the one line no retry fixes when it names a ``stream``
+        (:meth:`explained`: a key of another type at its name), as a batch of that stream alone is refused."""
+        if stream is not None and isinstance(refusal, redis.ResponseError):
+            try:
+                with self.explained(stream):
+                    raise refusal
+            except Exception as exc:  # the refusal itself, or its one line
+                refusal = exc
+        return PartlyRefused(refusal, results)
 
     @issues("evalsha", "script|load", "wait", *script_commands(PUBLISH_LUA), *script_commands(PUBLISH_MANY_LUA))
     def _evalsha_many(
@@ -392,8 +410,9 @@ _HEAD = b"$%d\r\n%b\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n"
 def _replies(
     conn: Any, count: int, wait_replicas: int
 ) -> tuple[list[Any], int, redis.exceptions.NoScriptError | None, redis.exceptions.ResponseError | None]:
-    """Read ``count`` script calls' replies (None for a refused call) and a ``WAIT``'s (with ``wait_replicas``),
-    every one of them; then the first NOSCRIPT refusal and the first other refusal, if any. Every reply is read
+    """Read ``count`` script calls' replies (None for a refused call; a ``publish_many.lua`` call that ended at a
+    stream Redis refused keeps its reply, the refusal last) and a ``WAIT``'s (with ``wait_replicas``), every one of
+    them; then the first NOSCRIPT refusal and the first other refusal, if any. Every reply is read
     before either is acted on: each call has run or been refused by then, so the script loaded after a NOSCRIPT
     lets no call of this pipeline run as well (one Redis had not read yet did, then ran again when sent again:
     skipped as present, correct, and a line per stream), and a gap the calls that ran found is reported, not
@@ -403,7 +422,9 @@ def _replies(
     refused: redis.exceptions.ResponseError | None = None
     for _ in range(count):
         try:
-            replies.append(conn.read_response())
+            replies.append(reply := conn.read_response())
+            if isinstance(reply, list) and reply and isinstance(reply[-1], redis.exceptions.ResponseError):
+                refused = refused or reply[-1]  # publish_many.lua's refusal of a stream, after the others' replies
         except redis.exceptions.NoScriptError as exc:
             forgotten = forgotten or exc
             replies.append(None)
@@ -435,9 +456,12 @@ def _together(head: list[bytes], batches: list[tuple[str, int, Packed]], produce
     return b"".join([_pack([*head, b"%d" % len(keys), *keys, producer, epoch], more=more), *parts])
 
 
-def _results_together(reply: list[Any], batches: list[tuple[str, int, Packed]], replicas: int) -> list[PublishResult]:
+def _results_together(
+    reply: list[Any], batches: list[tuple[str, int, Packed]], replicas: int
+) -> tuple[list[PublishResult | None], tuple[Exception, str] | None]:
     """A ``publish_many.lua`` reply as one result per batch: {appended in all, then (index, skipped, gap) of each
-    batch not appended whole}."""
+    batch not appended whole, and last (-index, refusal) of a batch Redis refused}; that batch and those after it in
+    the call did not run (None), and the refusal comes with its stream."""
     whole: dict[int, PublishResult] = {}
     results: list[PublishResult] = []
     for _stream, _first, batch in batches:
@@ -448,10 +472,16 @@ def _results_together(reply: list[Any], batches: list[tuple[str, int, Packed]], 
                 appended=count, skipped=0, first_id=None, last_id=None, replicas=replicas
             )
         results.append(result)
+    ran: list[PublishResult | None] = list(results)
+    inside = None
+    if len(reply) % 3 == 0:  # {..., -index, refusal}: the call ended at that batch
+        at, refusal = -int(reply[-2]) - 1, reply[-1]
+        ran[at:] = [None] * (len(ran) - at)
+        inside, reply = (refusal, batches[at][0]), reply[:-2]
     for k in range(1, len(reply), 3):
         i, skipped, gap = int(reply[k]) - 1, int(reply[k + 1]), int(reply[k + 2])
         count = results[i].appended
-        results[i] = PublishResult(
+        ran[i] = PublishResult(
             appended=count - skipped,
             skipped=skipped,
             first_id=None,
@@ -459,7 +489,7 @@ def _results_together(reply: list[Any], batches: list[tuple[str, int, Packed]], 
             gap_after=None if gap < 0 else gap,
             replicas=replicas,
         )
-    return results
+    return ran, inside
 
 
 def _result(reply: Any, replicas: int) -> PublishResult:

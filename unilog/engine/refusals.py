@@ -77,7 +77,10 @@ def type_checked(stream: str) -> tuple[str, str]:
 
 def batch_refusal(exc: BaseException) -> Exception | None:
     """:func:`refusal` of a batch across streams (no one stream to name, no key types read), or None: a replica's
-    ``READONLY`` or an ACL refusal, quoted by a script as a plain error, is the one line a single stream's gets."""
+    ``READONLY`` or an ACL refusal, quoted by a script as a plain error, is the one line a single stream's gets; a
+    refusal the adapter already made one line (of the stream a script call stopped at) is that line."""
+    if isinstance(exc, ConfigurationError):
+        return exc
     return refusal(exc, "", {}) if isinstance(exc, redis.ResponseError) else None
 
 
