@@ -24,7 +24,7 @@ from cli import one_line, unilog
 
 from unilog import Settings, emit
 from unilog.cli import ExitCode
-from unilog.harness.embedded import EmbeddedRedis, ServerNotFound, free_port
+from unilog.harness.embedded import EmbeddedRedis, ServerNotFound, find_redis_servers, free_port
 
 
 def stage(settings: Settings, n: int = 3) -> None:
@@ -35,6 +35,14 @@ def stage(settings: Settings, n: int = 3) -> None:
 
 def staged(pg: Any) -> int:
     return int(pg.execute("SELECT count(*) FROM staged_log_records").fetchone()[0])
+
+
+@pytest.fixture(params=find_redis_servers(), ids=lambda b: f"redis-{b.version}")
+def each_redis(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[EmbeddedRedis]:
+    """A throw-away Redis of this test's own, of each version found (Redis 6.2 and 7 word refusals inside a script
+    differently)."""
+    with EmbeddedRedis(tmp_path / "redis", binary=request.param) as server:
+        yield server
 
 
 @pytest.fixture
@@ -106,7 +114,7 @@ def test_a_read_only_replica_stops_the_streamer_and_a_consumer_in_one_line(
 @pytest.mark.parametrize("wait", ["0", "1"], ids=["no-wait", "wait-replicas"])
 @pytest.mark.parametrize("streams", [1, 40], ids=["one-stream", "across-streams"])
 def test_a_read_only_replica_is_named_over_many_streams_and_though_the_streamer_waits_for_replicas(
-    settings: Settings, pg: Any, own_redis: EmbeddedRedis, tmp_path: Path, streams: int, wait: str
+    settings: Settings, pg: Any, each_redis: EmbeddedRedis, tmp_path: Path, streams: int, wait: str
 ) -> None:
     """A replica where the primary should be stops ``--once`` with the one line that names it, whatever the number
     of streams (across streams the script quotes READONLY as a plain error: it was a retried "did not confirm"
@@ -114,7 +122,7 @@ def test_a_read_only_replica_is_named_over_many_streams_and_though_the_streamer_
     taking none: the WAIT's refusal, read last, was reported instead)."""
     from unilog import emit_many
 
-    with replica_of(own_redis, tmp_path) as replica:
+    with replica_of(each_redis, tmp_path) as replica:
         with psycopg.connect(settings.conninfo) as conn:
             emit_many(conn, [{"action": "a", "object": "o", "data": {}, "stream": f"s-{k}"} for k in range(streams)])
         result = unilog(settings, "streamer", "--once", "--wait-replicas", wait, redis_url=replica.url)
@@ -122,6 +130,29 @@ def test_a_read_only_replica_is_named_over_many_streams_and_though_the_streamer_
         line = one_line(result)
         assert "read-only replica" in line and "point REDIS_URL at the primary" in line, line
         assert staged(pg) == streams, "nothing deleted"
+
+
+@pytest.mark.parametrize("streams", [1, 40], ids=["one-stream", "across-streams"])
+def test_a_user_refused_a_command_inside_the_publish_script_is_named_over_one_stream_or_many(
+    settings: Settings, pg: Any, each_redis: EmbeddedRedis, streams: int
+) -> None:
+    """A Redis user allowed the script but not ``XADD`` is refused inside it: Redis 6.2 says "the user executing the
+    script can't run this command", 7 "ACL failure in script"; the second was a retried "did not confirm" (exit 1).
+    Either is the NOPERM line, without the script's internals, and nothing staged is deleted."""
+    from unilog import emit_many
+
+    admin = redis.Redis.from_url(each_redis.url)
+    admin.acl_setuser("no-xadd", enabled=True, passwords=["+pw"], commands=["+@all", "-xadd"], keys=["*"])
+    admin.close()
+    parts = urlsplit(each_redis.url)
+    url = urlunsplit(parts._replace(netloc=f"no-xadd:pw@{parts.hostname}:{parts.port}"))
+    with psycopg.connect(settings.conninfo) as conn:
+        emit_many(conn, [{"action": "a", "object": "o", "data": {}, "stream": f"s-{k}"} for k in range(streams)])
+    result = unilog(settings, "streamer", "--once", redis_url=url)
+    assert result.returncode == ExitCode.CONFIG, result.stderr
+    line = one_line(result)
+    assert "NOPERM" in line and "unilog acl" in line and "user_script" not in line, line
+    assert staged(pg) == streams, "nothing deleted"
 
 
 def test_redis_out_of_memory_is_retried_with_a_hint_and_loses_nothing(

@@ -44,10 +44,11 @@ class PublishResult:
 
 
 class PartlyRefused(redis.exceptions.ResponseError):
-    """Redis refused some script calls of a pipeline (``refusal``: the first of them; on a cluster, or a node's
-    pipeline failed after others ran) and ran the others: ``results`` holds, per batch, what a call that ran did
-    (None: refused, or not sent), so that a gap one of them found is still reported (its re-send finds none: Redis
-    appended past it)."""
+    """Redis refused some script calls of a pipeline, or a stream inside one (``refusal``: the first; made the one
+    line no retry fixes when it names its stream; on a cluster, or a node's pipeline failed after others ran) and
+    ran the others: ``results`` holds, per batch, what Redis did (None: refused, not run after a refusal inside its
+    call, or not sent), so that a gap one of them found is still reported (its re-send finds none: Redis appended
+    past it)."""
 
     def __init__(self, refusal: Exception, results: list[PublishResult | None]) -> None:
         super().__init__(str(refusal))
@@ -144,7 +145,7 @@ class Publishing(Adapter):
             gap_after=None if int(gap) < 0 else int(gap),
         )
 
-    @issues(via=("_pool", "_evalsha_many", "_publish_together"))
+    @issues(via=("_pool", "_evalsha_many", "_publish_together", "_partly"))
     def publish_many(
         self,
         batches: Sequence[tuple[str, int, Sequence[PublishRow] | Packed]],
@@ -195,7 +196,7 @@ class Publishing(Adapter):
                 results[i] = _result(reply, replicas)
         return [r for r in results if r is not None]
 
-    @issues(via=("_pool", "_evalsha_many"))
+    @issues(via=("_pool", "_evalsha_many", "_partly"))
     def _publish_together(
         self,
         batches: Sequence[tuple[str, int, Sequence[PublishRow] | Packed]],

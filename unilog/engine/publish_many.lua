@@ -59,9 +59,12 @@ for k = 1, #KEYS / 2 do
       if ARGV[b + 7] ~= '' then f[#f + 1] = 'tracestate'; f[#f + 1] = ARGV[b + 7] end
       id = redis.pcall('XADD', stream, '*', unpack(f))
     end
-    -- a refusal is met at a stream's first XADD (a key of another type, or no memory before anything was written),
-    -- never after some of its entries: its mark below stays where the entries appended are
-    if refused(id) then out[#out + 1] = -k; out[#out + 1] = id; return out end
+    -- a refusal is met at a stream's first XADD (a key of another type, or no memory before anything was written);
+    -- were it ever met after some of its entries, the mark still says which, or their re-send would append them twice
+    if refused(id) then
+      if i > skip then redis.call('HSET', marks, producer, ARGV[2] .. ':' .. tostring(first + i - 1)) end
+      out[#out + 1] = -k; out[#out + 1] = id; return out
+    end
   end
   if n > skip then
     redis.call('HSET', marks, producer, ARGV[2] .. ':' .. tostring(first + n - 1))

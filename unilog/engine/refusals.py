@@ -7,6 +7,7 @@ connecting is :mod:`unilog.engine.connection`'s.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 import redis
@@ -33,10 +34,17 @@ def fatal(exc: BaseException) -> ConfigurationError | None:
     return None
 
 
+# where a refusal inside a script says it came from: Redis 6.2's "Error running script (call to f_...): @user_script:1:
+# @user_script: 1: ...", 7's "... script: on @user_script:1." (the script's internals, not the user's business)
+_SCRIPT_CONTEXT = re.compile(
+    r"Error running script \(call to f_[0-9a-f]+\): |@user_script: ?\d+: | script: on @user_script:\d+\."
+)
+
+
 def no_permission(detail: str, stream: str | None = None) -> RedisPermissionDenied:
     """The one line for ``NOPERM``: what Redis refused (the command, or a key), and where the right ACL comes from."""
     detail = detail.strip().splitlines()[0] if detail.strip() else "permission denied"
-    detail = detail.removeprefix("NOPERM ").removeprefix("-NOPERM ")
+    detail = _SCRIPT_CONTEXT.sub("", detail).removeprefix("NOPERM ").removeprefix("-NOPERM ")
     where = f" on {stream!r}" if stream else ""
     return RedisPermissionDenied(
         f"Redis refused (NOPERM){where}: {detail}. The Redis user in REDIS_URL lacks a permission this process needs: "
@@ -95,9 +103,12 @@ def refusal(exc: redis.ResponseError, stream: str, kinds: Mapping[str, str]) -> 
                 f"the Redis key {key!r} holds a {kind}, not a {wanted}: another application uses that "
                 "name; use another stream name (UNILOG_STREAM, emit(stream=...)) or remove that key"
             )
-    if "READONLY" in text:  # inside a script the reply is a plain error quoting it
+    if "READONLY" in text:  # inside a script (Redis 6.2) the reply is a plain error quoting it
         return read_only(text.rpartition("-")[2] or text)
-    script_refused = "user executing the script can't" in text  # an ACL refusal inside the publish script
+    if isinstance(exc, redis.ReadOnlyError):  # Redis 7 names it inside a script too (redis-py drops the word)
+        return read_only(text)
+    # an ACL refusal inside the publish script: Redis 6.2's words, then 7's
+    script_refused = "user executing the script can't" in text or "ACL failure in script" in text
     if "NOPERM" in text or script_refused or isinstance(exc, redis.exceptions.NoPermissionError):
         return no_permission(text, stream)
     return None

@@ -71,7 +71,7 @@ def send_many(
             ran = [(b, r) for b, r in zip(batches, exc.results, strict=True) if r is not None]
             _logged_many([b for b, _r in ran], [r for _b, r in ran], identity)  # a gap is said now or never
         if (no_retry := engine.batch_refusal(cause)) is not None:  # a replica, an ACL refusal: as one stream's
-            raise no_retry from cause
+            raise no_retry from (exc if no_retry is cause else cause)
         records = sum(payload.count for _s, _f, payload in batches)
         raise _refused(cause, f"a batch of {records} records for {len(batches)} streams") from cause
     _logged_many(batches, results, identity)  # before a short acknowledgement raises: the re-send skips the gap
