@@ -379,7 +379,7 @@ def test_a_process_started_while_a_server_is_down_waits_and_rides_out_its_restar
             works(kind, process, app, range(6, 9), "after its Postgres sessions were terminated")
         process.assert_alive("at the end")
         if kind == "streamer-many":
-            assert side_sessions(app) == 1, "the side session was reopened and read the last share"
+            assert side_sessions(app) >= 1, "the side session was reopened and read the last share"
             assert "side session" not in process.text(), "a side session ended while idle is reopened without a line"
         if kind == "streamer-wal":
             assert "streaming from the WAL" in process.text(), "the streamer read the slot, not the table"
