@@ -63,7 +63,9 @@ def test_the_streamer_pauses_before_redis_refuses_and_resumes_when_it_has_room(
         assert rds.xlen(settings.stream) == 0, "published while Redis was nearly out of memory"
         assert staged(pg) == RECORDS
         assert metrics.STREAMER_PAUSED.labels("bp", "redis_memory")._value.get() == 1
-        assert 0.9 <= metrics.REDIS_MEMORY_RATIO._value.get() < 1.0
+        # above the limit, so paused; Redis's own use grows a little after the limit is set (the streamer's clients):
+        # 1.01 once on a loaded CI run. That the pause came before any refusal is the no-error check below
+        assert metrics.REDIS_MEMORY_RATIO._value.get() >= 0.9
         rds.config_set("maxmemory", "0")  # room again
         deadline = time.monotonic() + 20
         while staged(pg) and time.monotonic() < deadline:
@@ -73,6 +75,7 @@ def test_the_streamer_pauses_before_redis_refuses_and_resumes_when_it_has_room(
     published_once_in_order(rds, settings.stream, RECORDS)
     assert metrics.STREAMER_PAUSED.labels("bp", "redis_memory")._value.get() == 0
     events = [e["event"] for e in logs]
+    assert not [e for e in logs if e["log_level"] == "error"], "a write was tried and refused before the pause"
     assert events.count("publishing paused: Redis is nearly out of memory; records stay staged in Postgres") == 1
     assert events.count("publishing resumed: Redis has room again") == 1
 
@@ -114,11 +117,14 @@ def test_the_pause_does_not_stop_retention(settings: Settings, rds: redis.Redis,
     """Trimming frees memory: a streamer keeps trimming its streams behind their consumers while it holds off
     publishing."""
     stage(settings, 20)
-    streamer = Streamer(settings, StreamerConfig(retention_interval=0.1, redis_memory_interval=0.1), name="bp2")
+    # paused from half of maxmemory, set at 0.8 of what Redis uses: on a fresh Redis (about 1 MB in use) the trim and
+    # a closed client freed more than the 5 % between 0.95 and the default limit of 0.9, and the pause ended
+    config = StreamerConfig(retention_interval=0.1, redis_memory_interval=0.1, redis_memory_limit=0.5)
+    streamer = Streamer(settings, config, name="bp2")
     try:
         assert streamer.drain() == 20  # it holds the stream now
         rds.hset(f"unilog:consumers:{{{settings.stream}}}", "c", rds.xrange(settings.stream)[-1][0])
-        limited(0.95)
+        limited(0.8)
         paused = []
         for _ in range(30):
             paused.append(streamer.run_once().paused)
