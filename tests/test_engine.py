@@ -257,3 +257,49 @@ def test_a_gap_a_call_found_before_its_pipeline_met_an_empty_script_cache_is_kep
     assert (a.appended, a.skipped, a.gap_after) == (1, 0, None)
     assert (g.appended, g.skipped, g.gap_after) == (1, 0, 2), "the second call's first run: appended past a gap"
     assert seqs(streams, "g") == [1, 2, 6]
+
+
+def test_a_call_cut_short_at_a_refused_stream_before_an_empty_script_cache_keeps_both_runs_replies(
+    streams: RedisStreams, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pipeline's first call meets an empty script cache (NOSCRIPT); the second runs, appends past a gap on one
+    stream and is cut short at the next, whose key holds a string. The key is gone by the time the pipeline is sent
+    again: the second run appends the refused stream. The call's result is the first run's up to the refusal (the
+    gap) and the second's from it on; before, the first run's reply was kept whole and the call raised a refusal for
+    records Redis had appended."""
+    from unilog.engine.publish import PUBLISH_MANY_LUA, PUBLISH_MANY_SHA, _results_together, _together
+    from unilog.wire import pack_rows
+
+    streams.publish("g", "p1", 1, 1, rows(1, 2))  # g's positions 3..5 will be missing: a gap before 6
+    streams.client.set("bad", "not a stream")
+    calls = [[("a", 1, pack_rows(rows(1)))], [("g", 6, pack_rows(rows(6))), ("bad", 1, pack_rows(rows(1)))]]
+    head = [b"EVALSHA", PUBLISH_MANY_SHA.encode()]
+    streams.client.script_flush()
+    streams._loaded.add(PUBLISH_MANY_LUA)
+    refused = _noscript_refusals(streams)
+    load = streams.client.script_load
+
+    def load_after_the_fix(script: str) -> object:  # between the two runs: the other application's key is removed
+        streams.client.delete("bad")
+        return load(script)
+
+    def commands() -> Iterator[bytes]:
+        yield _together(head, calls[0], b"p1", b"1")
+        deadline = time.monotonic() + 30
+        while _noscript_refusals(streams) == refused:
+            assert time.monotonic() < deadline, "the first call was never run"
+        load(PUBLISH_MANY_LUA)
+        yield _together(head, calls[1], b"p1", b"1")
+
+    monkeypatch.setattr(streams.client, "script_load", load_after_the_fix)
+    pool = streams.client.connection_pool
+    replies, replicas = streams._evalsha_many(pool, commands(), 2, 0, 1000, script=PUBLISH_MANY_LUA)
+    [(ran_a, inside_a), (ran_g, inside_g)] = [
+        _results_together(r, c, replicas) for r, c in zip(replies, calls, strict=True)
+    ]
+    assert inside_a is None and inside_g is None, "no refusal: the second run appended the refused stream"
+    [a], [g, bad] = ran_a, ran_g
+    assert a is not None and g is not None and bad is not None
+    assert (g.appended, g.gap_after) == (1, 2), "the first run's: appended past the gap"
+    assert (bad.appended, bad.skipped) == (1, 0), "the second run's: appended once the key was gone"
+    assert seqs(streams, "g") == [1, 2, 6] and seqs(streams, "bad") == [1]

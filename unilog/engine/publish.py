@@ -306,7 +306,7 @@ class Publishing(Adapter):
             finally:
                 pool.release(conn)
             if earlier is not None:  # a call that ran before the script was loaded: its reply says what it did
-                replies = [e if e is not None else r for e, r in zip(earlier, replies, strict=True)]
+                replies = [_merged(e, r) for e, r in zip(earlier, replies, strict=True)]
             if forgotten is not None:
                 if attempt == 2:
                     raise forgotten
@@ -442,6 +442,24 @@ def _replies(
             raise
         replicas = 0  # refused as the calls were (a replica's READONLY, then its WAIT): the calls' refusal is the news
     return replies, replicas, forgotten, refused
+
+
+def _cut_short(reply: Any) -> bool:
+    """Whether ``reply`` is a ``publish_many.lua`` call's that ended at a stream Redis refused (the refusal last)."""
+    return isinstance(reply, list) and bool(reply) and isinstance(reply[-1], redis.exceptions.ResponseError)
+
+
+def _merged(first: Any, again: Any) -> Any:
+    """A call's reply from a pipeline's two runs (the second sent after a NOSCRIPT): the first run's says what it did
+    (a gap it found is not found again), but a call it cut short at a refused stream ran on in the second, whose reply
+    says what the refused batch and those after it did (their gaps, a refusal that persists)."""
+    if first is None or not (_cut_short(first) and isinstance(again, list)):
+        return again if first is None else first
+    at = -int(first[-2])
+    before = [first[k : k + 3] for k in range(1, len(first) - 2, 3) if int(first[k]) < at]
+    end = len(again) - (2 if _cut_short(again) else 0)
+    after = [again[k : k + 3] for k in range(1, end, 3) if int(again[k]) >= at]
+    return [first[0], *(v for triple in before + after for v in triple), *again[end:]]
 
 
 def _together(head: list[bytes], batches: list[tuple[str, int, Packed]], producer: bytes, epoch: bytes) -> bytes:
