@@ -424,7 +424,7 @@ def _replies(
     for _ in range(count):
         try:
             replies.append(reply := conn.read_response())
-            if isinstance(reply, list) and reply and isinstance(reply[-1], redis.exceptions.ResponseError):
+            if _cut_short(reply):
                 refused = refused or reply[-1]  # publish_many.lua's refusal of a stream, after the others' replies
         except redis.exceptions.NoScriptError as exc:
             forgotten = forgotten or exc
@@ -493,7 +493,7 @@ def _results_together(
         results.append(result)
     ran: list[PublishResult | None] = list(results)
     inside = None
-    if len(reply) % 3 == 0:  # {..., -index, refusal}: the call ended at that batch
+    if _cut_short(reply):  # {..., -index, refusal}: the call ended at that batch
         at, refusal = -int(reply[-2]) - 1, reply[-1]
         ran[at:] = [None] * (len(ran) - at)
         inside, reply = (refusal, batches[at][0]), reply[:-2]
